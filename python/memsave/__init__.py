@@ -1,0 +1,41 @@
+"""memsave: train bigger models and batches on the GPU you have.
+
+Three levers and one instrument:
+
+* recompute in backward: :func:`checkpoint`, :func:`checkpointed`, :func:`checkpoint_sequential`, :func:`wrap`;
+* memory-efficient operators: :mod:`memsave.functional`, :mod:`memsave.nn`;
+* measurement: :func:`measure`.
+
+Example:
+    >>> import memsave
+    >>> memsave.wrap(model, (MyBlock,))           # recompute every MyBlock in backward
+    >>> print(memsave.measure(model, x))          # peak and activation bytes of one training step
+"""
+from __future__ import annotations
+
+from ._build import load_extension
+
+_C = load_extension()
+
+from . import _ops  # noqa: E402,F401  (registers fake kernels and autograd for torch.ops.memsave.*)
+from . import functional  # noqa: E402
+from ._dispatch import dispatch_table  # noqa: E402
+
+__version__: str = _C.build_info()["version"]
+
+
+def build_info() -> dict:
+    """The facts memsave was built with.
+
+    Returns:
+        dict with ``version``, ``torch_version`` (the torch it was compiled against), ``cuda`` (CUDA kernels built),
+        ``cuda_archs``, ``cuda_runtime_version`` and ``compiler``.
+
+    Example:
+        >>> memsave.build_info()["cuda"]
+        True
+    """
+    return dict(_C.build_info())
+
+
+__all__ = ["build_info", "dispatch_table", "functional", "__version__"]

@@ -1,0 +1,7 @@
+"""Python halves of the ``torch.ops.memsave`` operators: one module per operator.
+
+Each module registers, for its operator, the fake (meta) kernel used by ``torch.compile`` and FakeTensorMode, and
+the autograd formula, which saves only what the memory win needs and calls the operator's own ``*_backward``
+operator. The schemas and the CPU/CUDA kernels live in ``csrc/ops``.
+"""
+from . import relu  # noqa: F401

@@ -1,0 +1,31 @@
+"""Functional forms of memsave's memory-efficient operators (``torch.ops.memsave.*`` with autograd).
+
+Each function computes exactly what its ``torch.nn.functional`` namesake computes, but keeps less for backward.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["relu"]
+
+
+def relu(input: torch.Tensor) -> torch.Tensor:
+    """ReLU that keeps a 1-bit mask for backward (``ceil(numel / 8)`` bytes) instead of its output.
+
+    Outputs and gradients are bitwise equal to :func:`torch.nn.functional.relu`.
+
+    Args:
+        input: a floating-point tensor (float32, float64, float16 or bfloat16) on CPU or CUDA.
+
+    Returns:
+        ``max(input, 0)`` with NaN propagated, as torch does.
+
+    Example:
+        >>> x = torch.randn(4, 8, requires_grad=True)
+        >>> y = memsave.functional.relu(x)
+        >>> y.sum().backward()   # x.grad == (x > 0)
+    """
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"memsave.functional.relu expects a torch.Tensor, got {type(input).__name__}")
+    out, _mask = torch.ops.memsave.relu(input)
+    return out
