@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Set up memsave from a fresh machine (python3, pip, and for CUDA kernels nvcc): torch, build tools, ccache, then an
+# editable build of memsave against the installed torch. Idempotent: a second run installs nothing and the build is
+# a ninja no-op (seconds).
+#   bash tools/setup.sh            # runtime + build
+#   bash tools/setup.sh --test     # also the test dependencies
+# Environment: MEMSAVE_TORCH (pip requirement used only when torch is missing; default torch==2.11.0, built for
+# CUDA 13.0), MEMSAVE_CUDA=AUTO|ON|OFF, TORCH_CUDA_ARCH_LIST (default 9.0 here; set yours, e.g. "8.0;9.0").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+PY="${PYTHON:-python3}"
+WITH_TEST=0
+[[ "${1:-}" == "--test" ]] && WITH_TEST=1
+
+pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
+have_module() { "$PY" -c "import $1" >/dev/null 2>&1; }
+
+if ! have_module torch; then
+  echo "[setup] installing ${MEMSAVE_TORCH:-torch==2.11.0} (several GB the first time; pip caches it)"
+  pip_install "${MEMSAVE_TORCH:-torch==2.11.0}"
+fi
+
+need=()
+for spec in "scikit_build_core:scikit-build-core>=0.10" "pybind11:pybind11>=2.12" "ninja:ninja" "numpy:numpy" "tqdm:tqdm"; do
+  have_module "${spec%%:*}" || need+=("${spec#*:}")
+done
+if [[ $WITH_TEST == 1 ]]; then
+  for spec in "pytest:pytest>=7" "expecttest:expecttest" "hypothesis:hypothesis" "matplotlib:matplotlib" \
+              "pandas:pandas" "nbformat:nbformat" "nbclient:nbclient" "ipykernel:ipykernel"; do
+    have_module "${spec%%:*}" || need+=("${spec#*:}")
+  done
+fi
+if (( ${#need[@]} )); then
+  echo "[setup] installing ${need[*]}"
+  pip_install "${need[@]}"
+fi
+command -v cmake >/dev/null || { echo "[setup] installing cmake"; pip_install "cmake>=3.24"; }
+
+# ccache makes a rebuild in a fresh clone on the same machine take seconds; paths are hashed relative to the clone.
+if ! command -v ccache >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  echo "[setup] installing ccache"
+  (apt-get install -y -qq ccache >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq ccache >/dev/null 2>&1; }) \
+    || echo "[setup] ccache unavailable; building without it"
+fi
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=true CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-include_file_ctime,include_file_mtime,time_macros}"
+
+# Rebuild only when a source changed since the last successful build (or memsave does not import).
+stamp="build/.memsave-build-stamp"
+sources_hash="$( (git ls-files -z -- csrc CMakeLists.txt pyproject.toml python/memsave/_build_config.py.in 2>/dev/null \
+                  | xargs -0 cat 2>/dev/null; "$PY" -c 'import torch; print(torch.__version__)') | sha1sum | cut -d' ' -f1)"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$sources_hash" ]] && (cd /tmp && "$PY" -c "import memsave" 2>/dev/null) \
+   && [[ "$("$PY" -c 'import memsave,os;print(os.path.dirname(memsave.__file__))' 2>/dev/null)" == "$ROOT/python/memsave" ]]; then
+  echo "[setup] memsave is built and up to date"
+else
+  echo "[setup] building memsave (MEMSAVE_CUDA=${MEMSAVE_CUDA:-AUTO}, TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0})"
+  mkdir -p build
+  TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+    flock /tmp/memsave-build.lock "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+    --no-build-isolation --no-deps -e . -Ccmake.define.MEMSAVE_CUDA="${MEMSAVE_CUDA:-AUTO}"
+  echo "$sources_hash" > "$stamp"
+fi
+(cd /tmp && "$PY" -c "import memsave; i = memsave.build_info(); print(f\"[setup] memsave {i['version']} ready (torch {i['torch_version']}, CUDA kernels: {i['cuda']})\")")
