@@ -1,0 +1,36 @@
+"""Exceptions and warnings raised by memsave's recompute-in-backward core.
+
+Every error says which region it concerns (the ``name`` passed to :func:`memsave.checkpoint`, the qualified
+name of a wrapped module, or the function's ``__qualname__``) and what to do about it.
+"""
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "RecomputeMismatchError", "InplaceModificationError", "MemsaveWarning"]
+
+
+class CheckpointError(RuntimeError):
+    """Base class of the errors raised by a checkpointed region (forward or recompute in backward)."""
+
+
+class RecomputeMismatchError(CheckpointError):
+    """The recompute of a region in backward did not reproduce what its forward saved.
+
+    Raised when the recompute saves a different number of tensors, or tensors of another shape, dtype or
+    device, than the original forward (and, with ``strict=True``, other values). The usual cause is a region
+    whose behaviour depends on state that changed between forward and backward: a global counter, a
+    data-dependent branch on non-deterministic values, or ``preserve_rng_state=False`` with random shapes.
+    """
+
+
+class InplaceModificationError(CheckpointError):
+    """A tensor a region needs for its recompute was modified in place.
+
+    Either the region modified one of its own arguments in place during forward (its recompute would start
+    from the modified value), or an argument / a tensor the region saved was modified between forward and
+    backward. Eager PyTorch reports the second case as "one of the variables needed for gradient computation
+    has been modified by an inplace operation".
+    """
+
+
+class MemsaveWarning(UserWarning):
+    """A memsave call did something other than the user probably intended (e.g. a wrap policy matched nothing)."""
