@@ -179,10 +179,11 @@ class _Frame:
             if has_history and t._version != version:
                 raise InplaceModificationError(
                     f"memsave: one of the variables needed for gradient computation has been modified by an "
-                    f"inplace operation: saved tensor #{i} of checkpointed region '{self.name}' ({_describe(t)}) "
-                    f"is at version {t._version} in the recompute but was saved at version {version}. A tensor "
-                    f"the region uses but does not receive as an argument (a closure variable?) was modified in "
-                    f"place between forward and backward; clone it before modifying it, or pass it as an argument.")
+                    f"inplace operation: {self._tensor_label(t, i)} saved by checkpointed region '{self.name}' "
+                    f"({_describe(t)}) is at version {t._version} in the recompute but was saved at version "
+                    f"{version}. A parameter, or a tensor the region uses without receiving it as an argument (a "
+                    f"closure variable), was modified in place between forward and backward; do not modify it "
+                    f"before backward (e.g. optimizer.step()), or clone it before modifying it.")
             if self.strict:
                 _strict_compare(self.name, i, self.strict_values[i], t)
             detached = t.detach()
@@ -208,15 +209,16 @@ class _Frame:
                 f"backward but its forward saved {n}. {_MISMATCH_ADVICE}")
 
     def _tensor_label(self, t: torch.Tensor, index: int) -> str:
+        base = t._base if t._base is not None else t  # e.g. weight.t() saved by linear
         owners: List[Any] = [self.fn, getattr(self.fn, "__self__", None)]
         owners += [rec.module_ref() for rec in self.module_records.values()]
         for owner in owners:
             if isinstance(owner, nn.Module):
                 for pname, p in owner.named_parameters():
-                    if p is t:
+                    if p is base:
                         return f"parameter '{pname}' of {type(owner).__name__}"
                 for bname, b in owner.named_buffers():
-                    if b is t:
+                    if b is base:
                         return f"buffer '{bname}' of {type(owner).__name__}"
         return f"saved tensor #{index}"
 
