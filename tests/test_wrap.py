@@ -1,0 +1,190 @@
+"""memsave.wrap / unwrap: in place, state_dict keys unchanged, repr, idempotence, exact unwrap, policies, copies."""
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import warnings
+from typing import Any, List
+
+import pytest
+import torch
+from torch import nn
+
+import models
+from memsave.errors import MemsaveWarning
+from memsave.wrap import _wrap_module, is_wrapped, unwrap, wrap
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> List[torch.Tensor]:
+    torch.manual_seed(11)
+    model(x).float().pow(2).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_state_dict_repr_and_exact_unwrap() -> None:
+    model = models.transformer()
+    keys = list(model.state_dict().keys())
+    plain_repr = repr(model)
+    assert wrap(model, models.TransformerBlock) is model
+    assert list(model.state_dict().keys()) == keys
+    assert [n for n, m in model.named_modules() if is_wrapped(m)] == [f"blocks.{i}" for i in range(4)]
+    text = repr(model)
+    assert text.count("[memsave.checkpoint]") == 4
+    assert "TransformerBlock(\n      [memsave.checkpoint]" in text
+    # Loading a plain checkpoint into the wrapped model and back works with the same keys.
+    model.load_state_dict(models.transformer().state_dict())
+    assert unwrap(model) is model
+    assert repr(model) == plain_repr
+    assert not any(is_wrapped(m) for m in model.modules())
+    assert all("forward" not in m.__dict__ and "extra_repr" not in m.__dict__ for m in model.modules())
+
+
+def test_leaf_module_repr_keeps_its_extra_repr() -> None:
+    lin = nn.Linear(3, 4)
+    wrap(lin, nn.Linear)
+    assert repr(lin) == "Linear(in_features=3, out_features=4, bias=True, [memsave.checkpoint])"
+
+
+def test_wrapped_model_recomputes_and_matches_eager() -> None:
+    eager = models.unet()
+    ours = copy.deepcopy(eager)
+    x = models.example_input("unet")
+    expected = _step(eager, x)
+    runs = {"fwd": 0, "bwd": 0}
+
+    def hook(module: nn.Module, args: Any) -> None:
+        runs["bwd" if _in_backward() else "fwd"] += 1
+
+    for block in (ours.enc1, ours.dec1):
+        block[0].register_forward_pre_hook(hook)
+    wrap(ours, models.DoubleConv)
+    got = _step(ours, x)
+    assert all(torch.equal(e, g) for e, g in zip(expected, got))
+    assert runs == {"fwd": 2, "bwd": 2}
+    assert all(torch.equal(a, b) for a, b in zip(eager.buffers(), ours.buffers()))
+    unwrap(ours)
+    runs.update(fwd=0, bwd=0)
+    _step(ours, x)
+    assert runs == {"fwd": 2, "bwd": 0}
+
+
+def test_wrapping_twice_is_a_noop() -> None:
+    model = models.mlp()
+    wrap(model, nn.Linear)
+    forwards = [m.__dict__.get("forward") for m in model.modules()]
+    wrap(model, nn.Linear)
+    wrap(model, (nn.Linear, nn.GELU))
+    assert [m.__dict__.get("forward") for m in model.modules() if isinstance(m, nn.Linear)] == \
+        [f for f in forwards if f is not None]
+    assert repr(model).count("[memsave.checkpoint]") == 5  # 4 Linear + 1 GELU, once each
+    assert _wrap_module(model[0], "again") is False
+    unwrap(model)
+    assert "[memsave.checkpoint]" not in repr(model)
+
+
+def test_root_module_and_predicate_policy() -> None:
+    eager = models.mlp()
+    ours = copy.deepcopy(eager)
+    seen: List[str] = []
+
+    def policy(name: str, module: nn.Module) -> bool:
+        seen.append(name)
+        return name == ""
+
+    wrap(ours, policy)
+    assert seen[0] == "" and "0" in seen and is_wrapped(ours) and not is_wrapped(ours[0])
+    assert repr(ours).startswith("Sequential(\n  [memsave.checkpoint]\n")
+    x = models.example_input("mlp").requires_grad_()
+    assert all(torch.equal(e, g) for e, g in zip(_step(eager, x), _step(ours, x)))
+
+
+def test_policy_errors_and_warning() -> None:
+    model = models.mlp()
+    with pytest.warns(MemsaveWarning, match="selected no module of Sequential.*class of the blocks"):
+        wrap(model, nn.Conv2d)
+    with pytest.warns(MemsaveWarning):
+        wrap(model, lambda name, m: False)
+    with pytest.raises(TypeError, match="module instance.*pass its class"):
+        wrap(model, model[0])
+    with pytest.raises(TypeError, match="policy must be"):
+        wrap(model, "Linear")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not an nn.Module subclass"):
+        wrap(model, (nn.Linear, int))
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        wrap([nn.Linear(2, 2)], nn.Linear)  # type: ignore[arg-type]
+    assert not any(is_wrapped(m) for m in model.modules())
+
+
+def test_inplace_modules_and_sequential_with_leading_inplace_child() -> None:
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3),
+                                                           nn.Conv2d(4, 4, 1)), nn.ReLU(inplace=True))
+    ours = copy.deepcopy(eager)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrap(ours, lambda name, m: name in ("1", "2"))  # a Sequential starting with ReLU(inplace), and a ReLU
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    expected = _step(eager, x)
+    assert all(torch.equal(e, g) for e, g in zip(expected, _step(ours, x)))
+
+
+def test_existing_instance_forward_is_kept_and_restored() -> None:
+    lin = nn.Linear(2, 2)
+    calls: List[int] = []
+    original = lin.forward
+
+    def patched(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return original(x)
+
+    lin.forward = patched
+    wrap(lin, nn.Linear)
+    lin(torch.randn(3, 2, requires_grad=True)).sum().backward()
+    assert len(calls) == 2  # forward + recompute through the user's own instance forward
+    unwrap(lin)
+    assert lin.__dict__["forward"] is patched
+
+
+def test_deepcopy_and_pickle_keep_wrapping() -> None:
+    model = models.cnn()
+    wrap(model, models.ConvBlock)
+    clone = copy.deepcopy(model)
+    assert [is_wrapped(m) for m in clone.modules()] == [is_wrapped(m) for m in model.modules()]
+    assert clone[0].__dict__["forward"].module is clone[0]
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    restored = pickle.loads(pickle.dumps(model))
+    x = models.example_input("cnn").requires_grad_()
+    expected = _step(model, x)
+    for other in (clone, loaded, restored):
+        assert other[0].__dict__["forward"].module is other[0]
+        assert all(torch.equal(e, g) for e, g in zip(expected, _step(other, x)))
+        unwrap(other)
+        assert not any(is_wrapped(m) for m in other.modules())
+
+
+def test_eval_and_no_grad_run_plain_forward() -> None:
+    model = models.mlp()
+    wrap(model, nn.Linear)
+    x = models.example_input("mlp")
+    model.eval()
+    with torch.no_grad():
+        y = model(x)
+    unwrap(model)
+    with torch.no_grad():
+        assert torch.equal(y, model(x))
+
+
+def test_is_wrapped_reachable_from_wrap_function() -> None:
+    lin = nn.Linear(2, 2)
+    wrap(lin, nn.Linear)
+    assert wrap.is_wrapped(lin)  # type: ignore[attr-defined]  (memsave.wrap.is_wrapped once re-exported)
