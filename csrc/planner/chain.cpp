@@ -1,0 +1,165 @@
+#include "planner/chain.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace memsave {
+namespace planner {
+
+namespace {
+
+std::string stage_label(const Chain& chain, int i) {
+  std::ostringstream os;
+  os << "stage " << i;
+  if (!chain.stages[i].name.empty()) os << " ('" << chain.stages[i].name << "')";
+  return os.str();
+}
+
+void check_bytes(const Chain& chain, int i, const char* field, std::int64_t v) {
+  if (v < 0) {
+    std::ostringstream os;
+    os << stage_label(chain, i) << ": " << field << " is " << v << "; byte counts must be >= 0";
+    throw std::invalid_argument(os.str());
+  }
+}
+
+void check_time(const Chain& chain, int i, const char* field, double v) {
+  if (!std::isfinite(v) || v < 0.0) {
+    std::ostringstream os;
+    os << stage_label(chain, i) << ": " << field << " is " << v << "; times must be finite and >= 0";
+    throw std::invalid_argument(os.str());
+  }
+}
+
+}  // namespace
+
+void Chain::validate() const {
+  if (stages.empty()) throw std::invalid_argument("the chain has no stages; give at least one stage");
+  if (base_bytes < 0) throw std::invalid_argument("base_bytes must be >= 0");
+  const int L = size();
+  for (int i = 0; i < L; ++i) {
+    const Stage& s = stages[i];
+    check_time(*this, i, "fwd_time", s.fwd_time);
+    check_time(*this, i, "bwd_time", s.bwd_time);
+    check_bytes(*this, i, "input_bytes", s.input_bytes);
+    check_bytes(*this, i, "output_bytes", s.output_bytes);
+    check_bytes(*this, i, "input_grad_bytes", s.input_grad_bytes);
+    check_bytes(*this, i, "output_grad_bytes", s.output_grad_bytes);
+    check_bytes(*this, i, "saved_bytes", s.saved_bytes);
+    check_bytes(*this, i, "fwd_transient_bytes", s.fwd_transient_bytes);
+    check_bytes(*this, i, "bwd_transient_bytes", s.bwd_transient_bytes);
+    check_bytes(*this, i, "param_grad_bytes", s.param_grad_bytes);
+    if (i + 1 < L) {
+      const Stage& n = stages[i + 1];
+      if (s.output_bytes != n.input_bytes || s.output_grad_bytes != n.input_grad_bytes) {
+        std::ostringstream os;
+        os << stage_label(*this, i) << " writes a boundary of " << s.output_bytes << " bytes (gradient "
+           << s.output_grad_bytes << ") but " << stage_label(*this, i + 1) << " reads " << n.input_bytes
+           << " bytes (gradient " << n.input_grad_bytes
+           << "); neighbouring stages share one boundary, so these must be equal";
+        throw std::invalid_argument(os.str());
+      }
+    }
+  }
+  for (std::size_t k = 0; k < skips.size(); ++k) {
+    const Skip& sk = skips[k];
+    if (sk.producer < 0 || sk.consumer >= L || sk.producer >= sk.consumer) {
+      std::ostringstream os;
+      os << "skip " << k << ": producer " << sk.producer << " and consumer " << sk.consumer
+         << " must satisfy 0 <= producer < consumer < " << L;
+      throw std::invalid_argument(os.str());
+    }
+    if (sk.bytes < 0 || sk.grad_bytes < 0) {
+      std::ostringstream os;
+      os << "skip " << k << ": bytes and grad_bytes must be >= 0";
+      throw std::invalid_argument(os.str());
+    }
+  }
+}
+
+std::int64_t Chain::boundary_bytes(int j) const {
+  return j < size() ? stages[j].input_bytes : stages[j - 1].output_bytes;
+}
+
+std::int64_t Chain::boundary_grad_bytes(int j) const {
+  return j < size() ? stages[j].input_grad_bytes : stages[j - 1].output_grad_bytes;
+}
+
+double Chain::eager_time() const {
+  double t = 0.0;
+  for (const Stage& s : stages) t += s.fwd_time + s.bwd_time;
+  return t;
+}
+
+void validate_schedule(const Chain& chain, const Schedule& schedule) {
+  const int L = chain.size();
+  int next = 0;
+  for (std::size_t k = 0; k < schedule.size(); ++k) {
+    const Segment& seg = schedule[k];
+    if (seg.begin != next || seg.end <= seg.begin || seg.end > L) {
+      std::ostringstream os;
+      os << "schedule segment " << k << " is [" << seg.begin << ", " << seg.end << ") but the next segment must "
+         << "start at stage " << next << ", be non-empty and end at most at " << L;
+      throw std::invalid_argument(os.str());
+    }
+    if (seg.recompute) {
+      for (int i = seg.begin; i < seg.end; ++i) {
+        if (!chain.stages[i].recomputable) {
+          throw std::invalid_argument("schedule segment " + std::to_string(k) + " recomputes " +
+                                      stage_label(chain, i) + ", which is marked not recomputable");
+        }
+        if (i > seg.begin && !chain.stages[i].joins_previous) {
+          throw std::invalid_argument("schedule segment " + std::to_string(k) + " puts " + stage_label(chain, i) +
+                                      " in one checkpointed segment with the stage before it, which it refuses "
+                                      "(joins_previous is false)");
+        }
+      }
+    }
+    next = seg.end;
+  }
+  if (next != L) {
+    throw std::invalid_argument("schedule covers stages 0.." + std::to_string(next) + " but the chain has " +
+                                std::to_string(L) + " stages");
+  }
+}
+
+Schedule normalize_schedule(const Schedule& schedule) {
+  Schedule out;
+  for (const Segment& seg : schedule) {
+    if (!seg.recompute && !out.empty() && !out.back().recompute && out.back().end == seg.begin) {
+      out.back().end = seg.end;
+    } else {
+      out.push_back(seg);
+    }
+  }
+  return out;
+}
+
+StageAssignment assign_stages(const Chain& chain, const Schedule& schedule) {
+  const int L = chain.size();
+  StageAssignment a;
+  a.recompute.assign(L, false);
+  a.segment_begin.assign(L, 0);
+  a.segment_end.assign(L, 0);
+  for (const Segment& seg : schedule) {
+    for (int i = seg.begin; i < seg.end; ++i) {
+      a.recompute[i] = seg.recompute;
+      a.segment_begin[i] = seg.recompute ? seg.begin : i;
+      a.segment_end[i] = seg.recompute ? seg.end : i + 1;
+    }
+  }
+  return a;
+}
+
+double extra_time(const Chain& chain, const Schedule& schedule) {
+  double t = 0.0;
+  for (const Segment& seg : schedule) {
+    if (!seg.recompute) continue;
+    for (int i = seg.begin; i < seg.end; ++i) t += chain.stages[i].fwd_time;
+  }
+  return t;
+}
+
+}  // namespace planner
+}  // namespace memsave

@@ -1,0 +1,107 @@
+// The chain model of memsave's checkpoint planner: a training step seen as a sequence of stages, each of which may
+// be run normally (kept) or inside a checkpointed segment (activations dropped in forward, recomputed once in
+// backward). Pure C++17, no torch.
+//
+// Memory conventions (all sizes in bytes, all peaks relative to what was allocated before the step):
+//   * Boundary j (0 <= j <= L) is the activation between stage j-1 and stage j: stage i reads boundary i
+//     (`input_bytes`) and writes boundary i+1 (`output_bytes`). Boundary 0 is the chain input (held by the caller
+//     for the whole step), boundary L is the chain output. The gradient of boundary j has `*_grad_bytes` bytes.
+//   * `saved_bytes` are the bytes a stage keeps for its backward when run normally, NOT counting storage shared with
+//     its input or output boundary (those are counted once, as boundaries). A kept stage is assumed to hold both its
+//     input and its output boundary until its own backward has finished.
+//   * `fwd_transient_bytes` / `bwd_transient_bytes` are working memory above everything else that is live while the
+//     stage runs (kernel workspaces, temporaries freed before the stage returns).
+//   * `param_grad_bytes` are allocated by the stage's backward and live until the end of the step.
+//   * A Skip is a tensor made by stage `producer` and read by stage `consumer` > producer that is not part of the
+//     boundaries in between (a residual or UNet skip connection); its gradient lives from the consumer's backward to
+//     the producer's backward.
+// The exact lifetime rules are those of simulate() in simulate.h; the solvers use the same rules (see
+// cost_terms.h) and the tests check that both agree on every schedule of small chains.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace memsave {
+namespace planner {
+
+struct Stage {
+  std::string name;
+  double fwd_time = 0.0;  // seconds (or any unit, used consistently) of one forward run
+  double bwd_time = 0.0;
+  std::int64_t input_bytes = 0;
+  std::int64_t output_bytes = 0;
+  std::int64_t input_grad_bytes = 0;   // gradient of the input boundary (0 if it does not require grad)
+  std::int64_t output_grad_bytes = 0;  // gradient of the output boundary
+  std::int64_t saved_bytes = 0;
+  std::int64_t fwd_transient_bytes = 0;
+  std::int64_t bwd_transient_bytes = 0;
+  std::int64_t param_grad_bytes = 0;
+  bool recomputable = true;    // may be placed in a checkpointed segment
+  bool joins_previous = true;  // may share a checkpointed segment with the stage before it
+};
+
+struct Skip {
+  int producer = 0;  // stage index whose forward creates the tensor
+  int consumer = 0;  // last stage index whose forward reads it (> producer)
+  std::int64_t bytes = 0;
+  std::int64_t grad_bytes = 0;
+};
+
+struct Chain {
+  std::vector<Stage> stages;
+  std::vector<Skip> skips;
+  std::int64_t base_bytes = 0;  // live for the whole step on top of everything the model describes
+
+  int size() const { return static_cast<int>(stages.size()); }
+
+  // Throws std::invalid_argument with a message naming the offending stage/field when the chain is empty, a size
+  // or time is negative or not finite, neighbouring boundaries disagree (stage i's output vs stage i+1's input,
+  // bytes or gradient bytes), or a skip's indices are out of range or not increasing.
+  void validate() const;
+
+  // Bytes of boundary j (0..L) and of its gradient.
+  std::int64_t boundary_bytes(int j) const;
+  std::int64_t boundary_grad_bytes(int j) const;
+
+  // Sum over stages of fwd_time + bwd_time: the compute of one eager step, the denominator of an overhead ratio.
+  double eager_time() const;
+};
+
+// A contiguous run of stages [begin, end) that is either kept (run normally) or checkpointed (recompute == true:
+// forward keeps only the segment's input, backward re-runs the segment once before its backward).
+struct Segment {
+  int begin = 0;
+  int end = 0;  // exclusive
+  bool recompute = false;
+  bool operator==(const Segment& o) const {
+    return begin == o.begin && end == o.end && recompute == o.recompute;
+  }
+};
+
+using Schedule = std::vector<Segment>;
+
+// Throws std::invalid_argument unless the segments cover stages 0..L-1 exactly once, in order, with no empty
+// segment, and every checkpointed segment contains only recomputable stages and no stage that refuses to join its
+// predecessor (except at the segment's start).
+void validate_schedule(const Chain& chain, const Schedule& schedule);
+
+// The same schedule with consecutive kept segments merged and each checkpointed segment left as it is; the
+// canonical form the solvers return.
+Schedule normalize_schedule(const Schedule& schedule);
+
+// Per-stage view: recompute flag of each stage and the index of the segment start it belongs to (for checkpointed
+// stages; kept stages get their own index).
+struct StageAssignment {
+  std::vector<bool> recompute;
+  std::vector<int> segment_begin;
+  std::vector<int> segment_end;  // exclusive
+};
+StageAssignment assign_stages(const Chain& chain, const Schedule& schedule);
+
+// Sum of fwd_time over the stages in checkpointed segments: the extra compute of one step.
+double extra_time(const Chain& chain, const Schedule& schedule);
+
+}  // namespace planner
+}  // namespace memsave

@@ -1,0 +1,55 @@
+// The reference cost model: replays one training step of a chain under a schedule, allocation by allocation, and
+// reports the peak of live bytes. Written as a plain event simulation (not in terms of the solver's formulas) so
+// that the tests can hold the solvers to it.
+//
+// Lifetime rules (conservative where the real runtime may free earlier):
+// Forward, stage i in order: its output boundary and the skips it produces are allocated, plus its saved bytes if it
+//   is kept; the moment "forward i" adds fwd_transient_bytes. A stage inside a checkpointed segment then frees its
+//   input boundary unless it is the segment's first stage, and frees skips it consumes that were produced in the
+//   same checkpointed segment.
+// Backward starts by allocating the output gradient (boundary L); the original output boundary is freed if the last
+//   stage was checkpointed. Stages then run in reverse. On reaching the last stage e of a checkpointed segment
+//   [b, e]: skips produced in it and read after it are freed (their originals), then stages b..e are re-run in
+//   order, each allocating its saved bytes, a new copy of its output boundary and of the skips it produces; moment
+//   "recompute j" adds fwd_transient_bytes. The backward of stage i (kept or recomputed) allocates the gradients of
+//   the skips it consumes, the gradient of its input boundary and its parameter gradients; moment "backward i" adds
+//   bwd_transient_bytes; then it frees its saved bytes, the gradient of its output boundary, its output boundary
+//   (the copy it holds), its input boundary if the stage before it ends a checkpointed segment, the skips it
+//   produced and their gradients. The chain input, its gradient and all parameter gradients stay to the end.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "planner/chain.h"
+
+namespace memsave {
+namespace planner {
+
+enum class Phase { kForward = 0, kBackwardStart = 1, kRecompute = 2, kBackward = 3 };
+
+const char* phase_name(Phase p);
+
+struct Moment {
+  Phase phase;
+  int stage;               // the stage running (L for kBackwardStart)
+  std::int64_t live_bytes;  // everything live at that moment, transient working memory included
+};
+
+struct SimResult {
+  std::int64_t peak_bytes = 0;
+  Phase peak_phase = Phase::kForward;
+  int peak_stage = 0;
+  double extra_time = 0.0;         // recompute: sum of fwd_time over checkpointed stages
+  std::int64_t end_bytes = 0;      // live after the step: base, chain input, its gradient, parameter gradients
+  std::vector<Moment> timeline;    // filled only when asked for
+};
+
+// Simulates one forward+backward step of `chain` under `schedule` (validated first; throws std::invalid_argument on
+// a bad chain or schedule).
+// Example: SimResult r = simulate(chain, {{0, 2, true}, {2, 3, false}});  // r.peak_bytes
+SimResult simulate(const Chain& chain, const Schedule& schedule, bool keep_timeline = false);
+
+}  // namespace planner
+}  // namespace memsave
