@@ -5,3 +5,4 @@ the autograd formula, which saves only what the memory win needs and calls the o
 operator. The schemas and the CPU/CUDA kernels live in ``csrc/ops``.
 """
 from . import relu  # noqa: F401
+from . import amp_unscale  # noqa: F401

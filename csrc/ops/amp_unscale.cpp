@@ -1,0 +1,217 @@
+// memsave::unscale_and_check_ / memsave::amp_update_scale_ — the two device-side halves of dynamic loss scaling.
+//
+//   unscale_and_check_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale, Tensor(c!)? per_tensor=None) -> ()
+//     One pass over every gradient of a list (one device, any mix of float/double/half/bfloat16): multiplies each
+//     element by inv_scale in place and sets found_inf (float32, one element) to 1 when any element was inf or NaN.
+//     found_inf is never cleared here (the caller zeroes it), so calls can share one flag. When per_tensor (float32,
+//     one element per gradient) is given, per_tensor[i] is set to 1 for every gradient i that held a non-finite value
+//     (overflow diagnostics). Values follow torch._amp_foreach_non_finite_check_and_unscale_ exactly: the product is
+//     taken in float (double for double tensors) and rounded back; inv_scale == 1 leaves the gradients untouched.
+//
+//   amp_update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) overflow_tracker, Tensor found_inf,
+//                     float growth_factor, float backoff_factor, int growth_interval, int hysteresis) -> ()
+//     torch._amp_update_scale_ with hysteresis: overflow_tracker (int32) counts consecutive overflowing steps and the
+//     scale backs off only once it reaches `hysteresis` (then on every further consecutive overflow). A clean step
+//     resets it. With hysteresis == 1 the scale and growth tracker evolve exactly as torch's.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "amp_unscale.h"
+
+namespace memsave {
+namespace {
+
+// Elements per parallel task. Tasks cut the concatenation of all gradients, so a thousand small tensors cost as
+// little scheduling as one big one, and the two threads of a small machine share the work evenly.
+constexpr int64_t kGrain = 1 << 16;
+
+// x86-64 builds get an AVX2 clone of the hot loops, picked at load time when the CPU has it; the default clone
+// is plain SSE2. The loops are written so that the compiler vectorizes them (integer OR reduction, no float
+// reduction that would need reassociation).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MEMSAVE_HOT __attribute__((target_clones("avx2", "default"))) __attribute__((noinline))
+#else
+#define MEMSAVE_HOT __attribute__((noinline))
+#endif
+
+// Each returns true when any of the n values was inf or NaN (exponent bits all set), unscaling in place unless
+// `unscale` is false (inv_scale == 1: torch then returns the value itself, so the memory is left untouched).
+MEMSAVE_HOT bool unscale_f32(float* __restrict p, int64_t n, float inv, bool unscale) {
+  uint32_t bad = 0;
+  if (unscale) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, p + i, sizeof(bits));
+      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+      p[i] = p[i] * inv;
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, p + i, sizeof(bits));
+      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+  }
+  return bad != 0;
+}
+
+MEMSAVE_HOT bool unscale_f64(double* __restrict p, int64_t n, float inv, bool unscale) {
+  constexpr uint64_t kExp = 0x7ff0000000000000ull;
+  const double inv_d = static_cast<double>(inv);
+  uint64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t bits;
+    std::memcpy(&bits, p + i, sizeof(bits));
+    bad |= static_cast<uint64_t>((bits & kExp) == kExp);
+    if (unscale) {
+      p[i] = p[i] * inv_d;
+    }
+  }
+  return bad != 0;
+}
+
+// Half and bfloat16: checked on their own exponent bits; unscaled through float and rounded back to nearest even,
+// the rounding torch's kernel uses.
+template <typename scalar_t, uint16_t kExp>
+bool unscale_16(scalar_t* __restrict p, int64_t n, float inv, bool unscale) {
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(p);
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= static_cast<uint32_t>((raw[i] & kExp) == kExp);
+  }
+  if (unscale) {
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = static_cast<scalar_t>(static_cast<float>(p[i]) * inv);
+    }
+  }
+  return bad != 0;
+}
+
+bool unscale_segment(at::ScalarType dtype, void* data, int64_t begin, int64_t end, float inv, bool unscale) {
+  const int64_t n = end - begin;
+  switch (dtype) {
+    case at::kFloat:
+      return unscale_f32(static_cast<float*>(data) + begin, n, inv, unscale);
+    case at::kDouble:
+      return unscale_f64(static_cast<double*>(data) + begin, n, inv, unscale);
+    case at::kHalf:
+      return unscale_16<c10::Half, 0x7c00>(static_cast<c10::Half*>(data) + begin, n, inv, unscale);
+    case at::kBFloat16:
+      return unscale_16<c10::BFloat16, 0x7f80>(static_cast<c10::BFloat16*>(data) + begin, n, inv, unscale);
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unscale_and_check_: unexpected dtype ", dtype);
+  }
+  return false;
+}
+
+void unscale_and_check_cpu(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale,
+                           const std::optional<at::Tensor>& per_tensor) {
+  check_unscale_args(grads, found_inf, inv_scale, per_tensor, at::kCPU);
+  if (grads.empty()) {
+    return;
+  }
+  const float inv = *inv_scale.const_data_ptr<float>();
+  const bool unscale = inv != 1.f;
+
+  // Dense gradients are walked as flat memory; the rare strided one goes through a contiguous copy.
+  const size_t count = grads.size();
+  std::vector<at::Tensor> work;
+  work.reserve(count);
+  std::vector<int64_t> offsets(count + 1, 0);
+  for (size_t i = 0; i < count; ++i) {
+    const at::Tensor& g = grads[i];
+    work.push_back(g.is_non_overlapping_and_dense() ? g : g.contiguous());
+    offsets[i + 1] = offsets[i] + g.numel();
+  }
+  const int64_t total = offsets[count];
+
+  std::atomic<bool> any_bad{false};
+  std::unique_ptr<std::atomic<bool>[]> tensor_bad;
+  if (per_tensor.has_value()) {
+    tensor_bad.reset(new std::atomic<bool>[count]);
+    for (size_t i = 0; i < count; ++i) {
+      tensor_bad[i].store(false, std::memory_order_relaxed);
+    }
+  }
+
+  at::parallel_for(0, total, kGrain, [&](int64_t lo, int64_t hi) {
+    // First gradient that holds element `lo` of the concatenation (skipping empty ones).
+    size_t t = static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), lo) - offsets.begin()) - 1;
+    bool task_bad = false;
+    for (int64_t pos = lo; pos < hi; ++t) {
+      const int64_t seg_end = std::min(hi, offsets[t + 1]);
+      if (seg_end <= pos) {
+        continue;
+      }
+      const at::Tensor& g = work[t];
+      const bool bad =
+          unscale_segment(g.scalar_type(), g.data_ptr(), pos - offsets[t], seg_end - offsets[t], inv, unscale);
+      if (bad) {
+        task_bad = true;
+        if (tensor_bad) {
+          tensor_bad[t].store(true, std::memory_order_relaxed);
+        }
+      }
+      pos = seg_end;
+    }
+    if (task_bad) {
+      any_bad.store(true, std::memory_order_relaxed);
+    }
+  });
+
+  for (size_t i = 0; i < count; ++i) {
+    if (!work[i].is_same(grads[i])) {
+      grads[i].copy_(work[i]);
+    }
+  }
+  if (any_bad.load()) {
+    *found_inf.mutable_data_ptr<float>() = 1.f;
+  }
+  if (per_tensor.has_value()) {
+    float* flags = per_tensor->mutable_data_ptr<float>();
+    for (size_t i = 0; i < count; ++i) {
+      if (tensor_bad[i].load(std::memory_order_relaxed)) {
+        flags[i] = 1.f;
+      }
+    }
+  }
+}
+
+void amp_update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                          const at::Tensor& overflow_tracker, const at::Tensor& found_inf, double growth_factor,
+                          double backoff_factor, int64_t growth_interval, int64_t hysteresis) {
+  check_update_args(scale, growth_tracker, overflow_tracker, found_inf, hysteresis, at::kCPU);
+  update_scale_step(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),
+                    overflow_tracker.mutable_data_ptr<int32_t>(), found_inf.const_data_ptr<float>(), growth_factor,
+                    backoff_factor, growth_interval, hysteresis);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(memsave, m) {
+  m.def(
+      "unscale_and_check_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale, Tensor(c!)? per_tensor=None) "
+      "-> ()");
+  m.def(
+      "amp_update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) overflow_tracker, "
+      "Tensor found_inf, float growth_factor, float backoff_factor, int growth_interval, int hysteresis) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(memsave, CPU, m) {
+  m.impl("unscale_and_check_", &unscale_and_check_cpu);
+  m.impl("amp_update_scale_", &amp_update_scale_cpu);
+}
+
+}  // namespace memsave
