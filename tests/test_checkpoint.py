@@ -618,3 +618,49 @@ def test_frames_are_freed_with_the_graph() -> None:
     y = checkpoint(lambda t: t.sin().exp(), x, name="probe")
     del y  # graph dropped without backward
     assert live_probe_frames() == 0
+
+
+# ---- CUDA (skipped without a GPU) ----------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_rng_replayed_on_every_device() -> None:
+    devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 2))]
+
+    def f(*ts: torch.Tensor) -> List[torch.Tensor]:
+        # Dropout on each device and on the CPU: every generator must be replayed.
+        return [torch.nn.functional.dropout(t.sin(), 0.5) * torch.rand_like(t) for t in ts]
+
+    xs = [torch.randn(4096, device=d, requires_grad=True) for d in devices] + [_leaf(64)]
+    torch.manual_seed(9)
+    sum(o.sum().cpu() for o in f(*xs)).backward()
+    expected = [x.grad.clone() for x in xs]
+    states = [torch.cuda.get_rng_state(d.index) for d in devices]
+    for x in xs:
+        x.grad = None
+    torch.manual_seed(9)
+    sum(o.sum().cpu() for o in checkpoint(f, *xs)).backward()
+    assert all(torch.equal(e, x.grad) for e, x in zip(expected, xs))
+    assert all(torch.equal(s, torch.cuda.get_rng_state(d.index)) for s, d in zip(states, devices))
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_batchnorm_dropout_block_matches_eager() -> None:
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
+                          nn.Dropout(0.3)).cuda()
+    ours = copy.deepcopy(block)
+    x = torch.randn(4, 3, 16, 16, device="cuda", requires_grad=True)
+    with torch.backends.cudnn.flags(deterministic=True, benchmark=False):
+        torch.manual_seed(1)
+        block(x).pow(2).sum().backward()
+        expected = _grads(x, *block.parameters())
+        x.grad = None
+        torch.manual_seed(1)
+        checkpoint(ours, x).pow(2).sum().backward()
+    assert all(torch.equal(e, g) for e, g in zip(expected, _grads(x, *ours.parameters())))
+    assert all(torch.equal(a, b) for a, b in zip(block.buffers(), ours.buffers()))
