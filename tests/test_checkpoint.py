@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-import models
 from memsave import _state
 from memsave.checkpoint import checkpoint, checkpoint_sequential, checkpointed
 from memsave.errors import CheckpointError, InplaceModificationError, RecomputeMismatchError
@@ -219,6 +218,24 @@ def test_retain_graph_double_backward_recomputes_again() -> None:
     z.backward(retain_graph=True)
     z.backward()
     assert torch.equal(got, x.grad)
+
+
+def test_retain_graph_with_batchnorm_updates_buffers_once() -> None:
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, momentum=None), nn.Dropout(0.5))
+    ours = copy.deepcopy(block)
+    x = _leaf(6, 4)
+    results = []
+    for model, run in ((block, lambda t: block(t)), (ours, lambda t: checkpoint(ours, t))):
+        torch.manual_seed(4)
+        y = run(x).pow(2).sum()
+        y.backward(retain_graph=True)
+        y.backward()
+        results.append([x.grad.clone(), *(p.grad.clone() for p in model.parameters()), *model.buffers()])
+        x.grad = None
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert int(ours[1].num_batches_tracked) == 1
+    assert not _state.module_hooks_active()
 
 
 def test_higher_order_gradients() -> None:

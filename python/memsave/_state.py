@@ -208,6 +208,14 @@ class ReplayedModuleState:
         self.undo: List[Tuple[nn.Module, str, Any]] = []
 
     def __enter__(self) -> "ReplayedModuleState":
+        try:
+            self._replay()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _replay(self) -> None:
         for rec in self.records.values():
             module = rec.module_ref()
             if module is None:
@@ -221,7 +229,6 @@ class ReplayedModuleState:
                         continue
                     self.undo.append((module, name, module._buffers[name]))
                     module._buffers[name] = None if value is None else value.clone()
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         for module, name, value in reversed(self.undo):
