@@ -141,29 +141,55 @@ class CpuMemoryStats:
 
 
 def _cpu_memory_deltas(prof: Any) -> List[Tuple[int, int]]:
-    """(time_ns, signed bytes) of every CPU allocation (+) and free (-) the profiler recorded.
+    """(time_ns, signed bytes) of the CPU allocations (+) made during the trace and of their frees (-), in order.
 
-    ``prof.events()`` drops the memory events of nested operators on torch 2.11, so read the kineto results, which
-    keep every ``[memory]`` event with ``nbytes()`` (negative for a free) and its start time.
+    Why the event tree and address matching: PyTorch's CPU allocator learns a block's size from a table it fills
+    only while memory profiling is on, and it looks blocks up (and erases them) only while profiling is on too. A
+    block allocated in one profiled call and freed outside it leaves a stale entry; a later block at the same address,
+    allocated outside profiling and freed inside, is then reported as a free of the *stale* size. So only frees of
+    blocks allocated within this trace are counted, matched by address. Frees of blocks that existed before the
+    call are left out (their size is unknown or wrong): the figure is the peak of the memory the call allocated,
+    which is the peak relative to the start whenever the call frees nothing older than itself (a training step
+    with gradients set to None beforehand). ``prof.events()`` cannot be used: on torch 2.11 it drops the memory
+    events of nested operators.
     """
     try:
-        events = prof.kineto_results.events()
-    except AttributeError as e:  # pragma: no cover - guards a future torch that moves the private results
+        tree = prof.kineto_results.experimental_event_tree()
+        from torch._C._profiler import _EventType
+    except (AttributeError, ImportError) as e:  # pragma: no cover - guards a future torch that moves the results
         raise RuntimeError(
-            f"cpu_peak_bytes: this torch ({torch.__version__}) does not expose the profiler's kineto results "
-            "(torch.autograd.profiler.profile().kineto_results); memsave's CPU memory measure needs them"
+            f"cpu_peak_bytes: this torch ({torch.__version__}) does not expose the profiler's event tree "
+            "(torch.autograd.profiler.profile().kineto_results.experimental_event_tree()); memsave's CPU memory "
+            "measure needs it"
         ) from e
-    cpu = torch.autograd.DeviceType.CPU
-    out = [(e.start_ns(), int(e.nbytes())) for e in events if e.name() == "[memory]" and e.device_type() == cpu]
-    out.sort(key=lambda te: te[0])
+    raw: List[Tuple[int, int, int, int]] = []
+    stack = list(tree)
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation:
+            f = node.extra_fields
+            if f.device.type == "cpu" and f.alloc_size != 0:
+                raw.append((node.start_time_ns, f.id, f.ptr, f.alloc_size))
+    raw.sort()
+    live: Dict[int, int] = {}
+    out: List[Tuple[int, int]] = []
+    for t, _, ptr, size in raw:
+        if size > 0:
+            live[ptr] = size
+            out.append((t, size))
+        elif ptr in live:
+            out.append((t, -live.pop(ptr)))
     return out
 
 
 def cpu_memory_stats(fn: Callable[[], Any]) -> CpuMemoryStats:
     """Run ``fn()`` once under the profiler and return its CPU allocator-level memory statistics.
 
-    Every CPU allocation and free made while ``fn`` runs (by operators, kernel temporaries, autograd) is recorded
-    with its size and time; ``peak_bytes`` is the maximum of their running sum, relative to the start.
+    Every CPU allocation made while ``fn`` runs (by operators, kernel temporaries, autograd) and its free, when that
+    happens during the call too, is recorded with its size and time; ``peak_bytes`` is the maximum of their running
+    sum, relative to the start. Blocks that existed before the call and are freed during it are not subtracted
+    (see ``_cpu_memory_deltas``): keep such frees out of ``fn`` (clear gradients before it, for example).
 
     Args:
         fn: the work to measure, called with no arguments (one training step, say).
@@ -178,9 +204,8 @@ def cpu_memory_stats(fn: Callable[[], Any]) -> CpuMemoryStats:
     """
     if not callable(fn):
         raise TypeError(f"cpu_memory_stats: fn must be callable, got {type(fn).__name__}")
-    # Free cyclic garbage first: the CPU allocator's profiling size table keeps entries of blocks allocated during an
-    # earlier profiled call and freed outside one, so a stale block collected *during* this call can be reported as
-    # a free of the wrong size (seen after several profiled steps in one process: a peak 45% too low).
+    # Free cyclic garbage first, so that blocks older than the call are not collected during it (such frees are not
+    # counted, see _cpu_memory_deltas, but the collection's own timing would otherwise vary from run to run).
     gc.collect()
     # The autograd profiler is what torch.profiler.profile wraps; used directly it records CPU activity only and
     # does not warn about profiling cycles.
