@@ -49,6 +49,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench = sub.add_parser("bench", help="benchmark a model across strategies (see --help)", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(run=_bench)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("demo", "bench"):  # argparse.REMAINDER drops leading options: pass them through as is
+        return int((_demo if argv[0] == "demo" else _bench)(argparse.Namespace(rest=argv[1:])) or 0)
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)
 
