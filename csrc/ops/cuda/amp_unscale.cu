@@ -235,4 +235,9 @@ TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
   m.impl("amp_update_scale_", &amp_update_scale_cuda);
 }
 
+// A sparse gradient in the list sends the call to the Sparse key: the same kernel rejects it with a clear message.
+TORCH_LIBRARY_IMPL(memsave, SparseCUDA, m) {
+  m.impl("unscale_and_check_", &unscale_and_check_cuda);
+}
+
 }  // namespace memsave
