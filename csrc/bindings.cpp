@@ -2,9 +2,7 @@
 // operators are registered with the PyTorch dispatcher (TORCH_LIBRARY in csrc/ops) when this library loads.
 #include <pybind11/pybind11.h>
 
-#ifndef MEMSAVE_NO_PLANNER
 #include "planner_bindings.h"
-#endif
 
 #ifdef MEMSAVE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -44,7 +42,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info,
         "The facts memsave was built with: version, torch_version, cuda (bool), cuda_archs, cuda_runtime_version, "
         "compiler.");
-#ifndef MEMSAVE_NO_PLANNER
   memsave::bind_planner(m);
-#endif
 }

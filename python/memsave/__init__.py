@@ -20,6 +20,17 @@ _C = load_extension()
 from . import _ops  # noqa: E402,F401  (registers fake kernels and autograd for torch.ops.memsave.*)
 from . import functional  # noqa: E402
 from ._dispatch import dispatch_table  # noqa: E402
+from .checkpoint import checkpoint, checkpoint_sequential, checkpointed  # noqa: E402
+from .errors import (  # noqa: E402
+    CheckpointError,
+    InplaceModificationError,
+    MemsaveWarning,
+    RecomputeMismatchError,
+)
+from .measure import Measurement, measure  # noqa: E402
+from .wrap import unwrap, wrap  # noqa: E402
+from . import amp  # noqa: E402
+from .accumulate import accumulate  # noqa: E402
 
 __version__: str = _C.build_info()["version"]
 
@@ -38,4 +49,4 @@ def build_info() -> dict:
     return dict(_C.build_info())
 
 
-__all__ = ["build_info", "dispatch_table", "functional", "__version__"]
+__all__ = ["accumulate", "amp", "build_info", "dispatch_table", "functional", "__version__"]
