@@ -660,3 +660,10 @@ def _update_scale_fallback(
     scale.copy_(torch.where(back_off, shrunk, torch.where(grow, grown, scale)))
     growth_tracker.copy_(torch.where(found | at_interval, torch.zeros_like(successful), successful))
     overflow_tracker.copy_(torch.where(found, overflows, torch.zeros_like(overflows)))
+
+
+# Gradient accumulation lives in memsave/accumulate.py; re-exported here because ``memsave.accumulate`` names the
+# function, which shadows that module as an attribute of the package.
+from .accumulate import Accumulator, accumulate  # noqa: E402
+
+__all__ += ["Accumulator", "accumulate"]
