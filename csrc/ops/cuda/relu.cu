@@ -1,5 +1,7 @@
-// CUDA kernels of memsave::relu / memsave::relu_backward (schemas and CPU kernels: csrc/ops/relu.cpp).
+// CUDA kernels of memsave::relu / relu_ / relu_backward (schemas and CPU kernels: csrc/ops/relu.cpp).
 #include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -13,9 +15,9 @@ namespace {
 
 // One thread per element; a warp's 32 pass bits are gathered with a ballot and written as 4 bytes by lanes 0..3,
 // so mask writes are coalesced. The loop bound is warp-uniform so every lane takes part in each ballot.
+// `out` may alias `in` (relu_), so neither is __restrict__.
 template <typename scalar_t>
-__global__ void relu_forward_kernel(const scalar_t* __restrict__ in, scalar_t* __restrict__ out,
-                                    uint8_t* __restrict__ mask, int64_t n) {
+__global__ void relu_forward_kernel(const scalar_t* in, scalar_t* out, uint8_t* __restrict__ mask, int64_t n) {
   const int lane = threadIdx.x % cuda::kWarp;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / cuda::kWarp);
   const int64_t nbytes = packed_mask_bytes(n);
@@ -25,8 +27,10 @@ __global__ void relu_forward_kernel(const scalar_t* __restrict__ in, scalar_t* _
     bool pass = false;
     if (i < n) {
       const scalar_t v = in[i];
-      pass = !(static_cast<float>(v) <= 0.f);
-      out[i] = pass ? v : scalar_t(0);
+      // Compare in the op-math type: a tiny negative double must not round to -0.0 first.
+      const auto f = static_cast<at::opmath_type<scalar_t>>(v);
+      pass = !(f <= 0);               // NaN passes its gradient, -0.0 does not (threshold_backward)
+      out[i] = f < 0 ? scalar_t(0) : v;  // -0.0 and NaN stay as they are (torch.relu)
     }
     const unsigned bits = __ballot_sync(0xffffffffu, pass);
     const int64_t byte = warp * 4 + lane;
@@ -46,15 +50,10 @@ __global__ void relu_backward_kernel(const scalar_t* __restrict__ grad_out, cons
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> relu_cuda(const at::Tensor& self) {
-  check_floating_input(self, "relu");
-  const c10::cuda::CUDAGuard guard(self.device());
-  const at::Tensor x = self.contiguous();
-  at::Tensor out = at::empty_like(x);
+void relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
   const int64_t n = x.numel();
-  at::Tensor mask = at::empty({packed_mask_bytes(n)}, x.options().dtype(at::kByte));
   if (n == 0) {
-    return {out, mask};
+    return;
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_relu_cuda", [&] {
@@ -62,7 +61,31 @@ std::tuple<at::Tensor, at::Tensor> relu_cuda(const at::Tensor& self) {
         x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), mask.mutable_data_ptr<uint8_t>(), n);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+}
+
+std::tuple<at::Tensor, at::Tensor> relu_cuda(const at::Tensor& self) {
+  check_floating_input(self, "relu");
+  const c10::cuda::CUDAGuard guard(self.device());
+  const at::Tensor x = self.contiguous();
+  at::Tensor out = at::empty_like(x);
+  at::Tensor mask = at::empty({packed_mask_bytes(x.numel())}, x.options().dtype(at::kByte));
+  relu_cuda_into(x, out, mask);
   return {out, mask};
+}
+
+at::Tensor relu_inplace_cuda(at::Tensor& self) {
+  check_floating_input(self, "relu_");
+  at::assert_no_internal_overlap(self);
+  const c10::cuda::CUDAGuard guard(self.device());
+  at::Tensor mask = at::empty({packed_mask_bytes(self.numel())}, self.options().dtype(at::kByte));
+  if (self.is_contiguous()) {
+    relu_cuda_into(self, self, mask);
+  } else {
+    const at::Tensor x = self.contiguous();
+    relu_cuda_into(x, x, mask);
+    self.copy_(x);
+  }
+  return mask;
 }
 
 at::Tensor relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& mask) {
@@ -88,6 +111,7 @@ at::Tensor relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& mask
 
 TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
   m.impl("relu", &relu_cuda);
+  m.impl("relu_", &relu_inplace_cuda);
   m.impl("relu_backward", &relu_backward_cuda);
 }
 

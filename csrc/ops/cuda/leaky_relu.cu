@@ -1,0 +1,85 @@
+// CUDA kernels of memsave::leaky_relu / leaky_relu_ / leaky_relu_backward (schemas, CPU kernels and semantics:
+// csrc/ops/leaky_relu.cpp).
+#include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include "../bitmask.h"
+#include "launch.cuh"
+#include "mask_kernels.cuh"
+
+namespace memsave {
+namespace {
+
+struct LeakyReluOp {
+  template <typename scalar_t>
+  static __device__ __forceinline__ scalar_t apply(scalar_t v, at::opmath_type<scalar_t> slope, bool* bit) {
+    const auto f = static_cast<at::opmath_type<scalar_t>>(v);
+    *bit = f > 0;
+    return *bit ? v : static_cast<scalar_t>(f * slope);
+  }
+};
+
+void leaky_relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
+  const int64_t n = x.numel();
+  if (n == 0) {
+    return;
+  }
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_leaky_relu_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    cuda::mask_forward_kernel<scalar_t, LeakyReluOp><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
+        x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), mask.mutable_data_ptr<uint8_t>(), n,
+        static_cast<opmath_t>(slope));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> leaky_relu_cuda(const at::Tensor& self, double negative_slope) {
+  check_floating_input(self, "leaky_relu");
+  const c10::cuda::CUDAGuard guard(self.device());
+  const at::Tensor x = self.contiguous();
+  at::Tensor out = at::empty_like(x);
+  at::Tensor mask = at::empty({packed_mask_bytes(x.numel())}, x.options().dtype(at::kByte));
+  leaky_relu_cuda_into(x, out, mask, negative_slope);
+  return {out, mask};
+}
+
+at::Tensor leaky_relu_inplace_cuda(at::Tensor& self, double negative_slope) {
+  check_floating_input(self, "leaky_relu_");
+  at::assert_no_internal_overlap(self);
+  const c10::cuda::CUDAGuard guard(self.device());
+  at::Tensor mask = at::empty({packed_mask_bytes(self.numel())}, self.options().dtype(at::kByte));
+  if (self.is_contiguous()) {
+    leaky_relu_cuda_into(self, self, mask, negative_slope);
+  } else {
+    const at::Tensor x = self.contiguous();
+    leaky_relu_cuda_into(x, x, mask, negative_slope);
+    self.copy_(x);
+  }
+  return mask;
+}
+
+at::Tensor leaky_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& mask, double negative_slope) {
+  check_mask_matches(grad_out, mask, "leaky_relu_backward");
+  const c10::cuda::CUDAGuard guard(grad_out.device());
+  const at::Tensor g = grad_out.contiguous();
+  const at::Tensor mk = mask.contiguous();
+  at::Tensor grad_in = at::empty_like(g);
+  cuda::launch_apply_mask<cuda::Apply::kLeaky>(g, mk, grad_in, 1.0, negative_slope);
+  return grad_in;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
+  m.impl("leaky_relu", &leaky_relu_cuda);
+  m.impl("leaky_relu_", &leaky_relu_inplace_cuda);
+  m.impl("leaky_relu_backward", &leaky_relu_backward_cuda);
+}
+
+}  // namespace memsave

@@ -1,0 +1,48 @@
+// Autograd of the in-place mask-saving operators (relu_, leaky_relu_, dropout_): schema `op_(Tensor(a!) self, ...)
+// -> Tensor mask`. It overwrites `self` with the result, bumps its version counter, marks it dirty so autograd
+// re-bases its history onto this node (exactly as torch's own in-place ops do), and saves only the mask.
+//
+// Registered in C++ at the Autograd key because torch.library.register_autograd accepts functional schemas only.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace memsave {
+
+// Spec provides, for one operator with one float argument (ignored by operators without one):
+//   static at::Tensor run(at::Tensor& self, double scalar);      the in-place operator, called below autograd
+//   static at::Tensor backward(const at::Tensor& grad, const at::Tensor& mask, double scalar);
+template <class Spec>
+struct InplaceMaskFunction : public torch::autograd::Function<InplaceMaskFunction<Spec>> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor self,
+                                                double scalar) {
+    at::Tensor mask;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      mask = Spec::run(self, scalar);
+    }
+    torch::autograd::increment_version(self);
+    ctx->mark_dirty({self});
+    ctx->mark_non_differentiable({mask});
+    ctx->save_for_backward({mask});
+    ctx->saved_data["scalar"] = scalar;
+    return {self, mask};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor mask = ctx->get_saved_variables()[0];
+    const double scalar = ctx->saved_data["scalar"].toDouble();
+    return {Spec::backward(grads[0], mask, scalar), at::Tensor()};
+  }
+};
+
+// The Autograd-key kernel: returns the mask; `self` now holds the result and carries its new history.
+template <class Spec>
+at::Tensor inplace_mask_autograd(at::Tensor& self, double scalar) {
+  return InplaceMaskFunction<Spec>::apply(self, scalar)[1];
+}
+
+}  // namespace memsave

@@ -1,0 +1,145 @@
+// memsave::max_pool2d — 2D max pooling that saves the in-window argmax as one byte per output element for backward
+// (torch saves int64 indices, 8 bytes, and its input).
+//   max_pool2d(Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode)
+//       -> (Tensor out, Tensor argmax)                       argmax: uint8, the shape of out (code: max_pool2d_common.h)
+//   max_pool2d_backward(Tensor grad_out, Tensor argmax, SymInt[] input_size, int[2] kernel_size, int[2] stride,
+//       int[2] padding, int[2] dilation) -> Tensor
+// The backward needs only the input's sizes, so the input itself is not kept. Semantics match torch's CPU kernels
+// exactly: the first maximum of a window wins, scanning rows then columns, NaN wins over anything; the backward adds
+// gradients in output order (rows, then columns) in the input dtype, as torch's CPU backward does.
+#include <cmath>
+#include <limits>
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include "max_pool2d_common.h"
+
+namespace memsave {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> max_pool2d_cpu(const at::Tensor& self, at::IntArrayRef kernel_size,
+                                                  at::IntArrayRef stride, at::IntArrayRef padding,
+                                                  at::IntArrayRef dilation, bool ceil_mode) {
+  const Pool2dParams p = check_pool2d_params(kernel_size, stride, padding, dilation, "max_pool2d");
+  const std::vector<int64_t> out_sizes = max_pool2d_output_sizes(self, p, ceil_mode, "max_pool2d");
+  const at::Tensor x = self.contiguous();
+  at::Tensor out = at::empty(out_sizes, x.options());
+  at::Tensor argmax = at::empty(out_sizes, x.options().dtype(at::kByte));
+  const int64_t dim = x.dim();
+  const int64_t H = x.size(dim - 2), W = x.size(dim - 1);
+  const int64_t OH = out_sizes[dim - 2], OW = out_sizes[dim - 1];
+  const int64_t planes = H * W == 0 ? 0 : x.numel() / (H * W);
+  if (planes == 0) {
+    return {out, argmax};
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_max_pool2d_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const scalar_t* in = x.const_data_ptr<scalar_t>();
+    scalar_t* y = out.mutable_data_ptr<scalar_t>();
+    uint8_t* am = argmax.mutable_data_ptr<uint8_t>();
+    // One task per output row of a plane; a row costs about OW * kH * kW comparisons.
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, OW * p.kH * p.kW));
+    at::parallel_for(0, planes * OH, grain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t plane = r / OH;
+        const int64_t oh = r % OH;
+        const scalar_t* src = in + plane * H * W;
+        const int64_t ih0 = oh * p.sH - p.pH;
+        const int64_t hend = std::min(ih0 + (p.kH - 1) * p.dH + 1, H);
+        const int64_t kh0 = ih0 < 0 ? (-ih0 + p.dH - 1) / p.dH : 0;
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const int64_t iw0 = ow * p.sW - p.pW;
+          const int64_t wend = std::min(iw0 + (p.kW - 1) * p.dW + 1, W);
+          const int64_t kw0 = iw0 < 0 ? (-iw0 + p.dW - 1) / p.dW : 0;
+          opmath_t best = -std::numeric_limits<opmath_t>::infinity();
+          int64_t code = kh0 * p.kW + kw0;
+          for (int64_t kh = kh0, ih = ih0 + kh0 * p.dH; ih < hend; ++kh, ih += p.dH) {
+            for (int64_t kw = kw0, iw = iw0 + kw0 * p.dW; iw < wend; ++kw, iw += p.dW) {
+              const opmath_t v = static_cast<opmath_t>(src[ih * W + iw]);
+              if (v > best || std::isnan(v)) {
+                best = v;
+                code = kh * p.kW + kw;
+              }
+            }
+          }
+          y[r * OW + ow] = static_cast<scalar_t>(best);
+          am[r * OW + ow] = static_cast<uint8_t>(code);
+        }
+      }
+    });
+  });
+  return {out, argmax};
+}
+
+at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_out, const at::Tensor& argmax,
+                                   c10::SymIntArrayRef input_size_sym, at::IntArrayRef kernel_size,
+                                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const Pool2dParams p = check_pool2d_params(kernel_size, stride, padding, dilation, "max_pool2d_backward");
+  const at::IntArrayRef input_size = C10_AS_INTARRAYREF_SLOW(input_size_sym);
+  const int64_t dim = static_cast<int64_t>(input_size.size());
+  TORCH_CHECK(dim == 3 || dim == 4, "memsave.max_pool2d_backward: input_size must have 3 or 4 values, got ",
+              input_size);
+  TORCH_CHECK(argmax.scalar_type() == at::kByte && argmax.sizes() == grad_out.sizes(),
+              "memsave.max_pool2d_backward: argmax must be uint8 with the gradient's sizes ", grad_out.sizes(),
+              ", got ", argmax.scalar_type(), " ", argmax.sizes(), "; pass the argmax the forward returned");
+  TORCH_CHECK(argmax.device() == grad_out.device(), "memsave.max_pool2d_backward: argmax is on ", argmax.device(),
+              " but the gradient is on ", grad_out.device());
+  TORCH_CHECK(grad_out.dim() == dim && grad_out.size(0) == input_size[0] && (dim == 3 || grad_out.size(1) ==
+              input_size[1]), "memsave.max_pool2d_backward: gradient sizes ", grad_out.sizes(),
+              " do not fit input_size ", input_size);
+  const at::Tensor g = grad_out.contiguous();
+  const at::Tensor am = argmax.contiguous();
+  at::Tensor grad_in = at::zeros(input_size, g.options());
+  const int64_t H = input_size[dim - 2], W = input_size[dim - 1];
+  const int64_t OH = g.size(dim - 2), OW = g.size(dim - 1);
+  const int64_t planes = OH * OW == 0 ? 0 : g.numel() / (OH * OW);
+  if (planes == 0) {
+    return grad_in;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_max_pool2d_backward_cpu",
+                                  [&] {
+    const scalar_t* go = g.const_data_ptr<scalar_t>();
+    const uint8_t* code = am.const_data_ptr<uint8_t>();
+    scalar_t* gi = grad_in.mutable_data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 32768 / (OH * OW));
+    // One task per plane: overlapping windows add into the same input element, in torch's order.
+    at::parallel_for(0, planes, grain, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        scalar_t* dst = gi + c * H * W;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            const int64_t o = (c * OH + oh) * OW + ow;
+            const int64_t k = code[o];
+            const int64_t ih = pool_input_pos(oh, k / p.kW, p.sH, p.pH, p.dH);
+            const int64_t iw = pool_input_pos(ow, k % p.kW, p.sW, p.pW, p.dW);
+            if (ih >= 0 && ih < H && iw >= 0 && iw < W) {
+              dst[ih * W + iw] += go[o];
+            }
+          }
+        }
+      }
+    });
+  });
+  return grad_in;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(memsave, m) {
+  m.def("max_pool2d(Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, "
+        "bool ceil_mode) -> (Tensor, Tensor)");
+  m.def("max_pool2d_backward(Tensor grad_out, Tensor argmax, SymInt[] input_size, int[2] kernel_size, "
+        "int[2] stride, int[2] padding, int[2] dilation) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(memsave, CPU, m) {
+  m.impl("max_pool2d", &max_pool2d_cpu);
+  m.impl("max_pool2d_backward", &max_pool2d_backward_cpu);
+}
+
+}  // namespace memsave
