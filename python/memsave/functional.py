@@ -29,3 +29,9 @@ def relu(input: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"memsave.functional.relu expects a torch.Tensor, got {type(input).__name__}")
     out, _mask = torch.ops.memsave.relu(input)
     return out
+
+
+# The fused recompute-in-backward operators (memsave.nn.BatchNormAct2d, InPlaceABN2d, LayerNormLinear, ActLinear).
+from ._fused_functional import act_linear, batch_norm_act, inplace_abn, layer_norm_linear  # noqa: E402
+
+__all__ += ["batch_norm_act", "inplace_abn", "layer_norm_linear", "act_linear"]

@@ -6,3 +6,7 @@ operator. The schemas and the CPU/CUDA kernels live in ``csrc/ops``.
 """
 from . import relu  # noqa: F401
 from . import amp_unscale  # noqa: F401
+from . import batch_norm_act  # noqa: F401
+from . import inplace_abn  # noqa: F401
+from . import layer_norm_linear  # noqa: F401
+from . import act_linear  # noqa: F401

@@ -1,0 +1,45 @@
+// CUDA kernel of memsave::batch_norm_act_backward (schemas, forward and CPU kernel: csrc/ops/batch_norm_act.cpp).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include "../bn_act_common.h"
+#include "bn_act_kernels.cuh"
+
+namespace memsave {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd, bool training,
+    c10::string_view act, double act_param) {
+  constexpr const char* op = "batch_norm_act_backward";
+  const Act a = parse_act(act, op);
+  check_bn_input(input, op);
+  check_same_shape(grad_out, input, op);
+  check_channel_vector(weight, input, "weight", op);
+  check_channel_vector(bias, input, "bias", op);
+  check_channel_vector(mean, input, "mean", op);
+  check_channel_vector(invstd, input, "invstd", op);
+  const c10::cuda::CUDAGuard guard(input.device());
+
+  const at::MemoryFormat fmt = bn_memory_format(input);
+  const at::Tensor x = input.contiguous(fmt);
+  const at::Tensor go = grad_out.to(x.scalar_type()).contiguous(fmt);
+  const BnLayout l = bn_layout(x, fmt);
+  const at::ScalarType sd = bn_stat_dtype(x);
+  const ChannelTensors ct = make_channel_tensors(x, weight, bias, mean, invstd, sd, false);
+  at::Tensor grad_in = at::empty_like(x);
+  at::Tensor sums = at::empty({2, l.C}, x.options().dtype(sd));
+  cuda::bn::backward<false>(go, x, ct, a, act_param, training, l, grad_in, sums);
+  const bool affine = weight.has_value() && weight->defined();
+  const at::ScalarType pd = affine ? weight->scalar_type() : sd;
+  return {grad_in, sums[1].to(pd, false, true), sums[0].to(pd, false, true)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(memsave, CUDA, m) { m.impl("batch_norm_act_backward", &batch_norm_act_backward_cuda); }
+
+}  // namespace memsave

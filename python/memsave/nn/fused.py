@@ -1,0 +1,576 @@
+"""Fused recompute-in-backward modules: BatchNormAct2d, InPlaceABN2d, LayerNormLinear, ActLinear.
+
+Each replaces two torch modules and keeps less for backward, recomputing the cheap intermediate there:
+
+============================  =====================================  ==========================================
+module                        torch keeps                            memsave keeps
+============================  =====================================  ==========================================
+BatchNormAct2d                BN input + BN output (+ act input)     BN input + 2 per-channel vectors
+InPlaceABN2d                  BN input + BN output (+ act input)     the output (written over the input)
+LayerNormLinear               LN input + normalized tensor           LN input + per-row mean/rstd
+ActLinear (gelu, silu, ...)   act input + act output                 act input
+============================  =====================================  ==========================================
+
+State dicts: BatchNormAct2d and InPlaceABN2d have nn.BatchNorm2d's parameters and buffers under the same names
+(``weight``, ``bias``, ``running_mean``, ``running_var``, ``num_batches_tracked``), so BatchNorm2d checkpoints load
+unchanged; ActLinear has nn.Linear's; LayerNormLinear has ``weight``/``bias`` (the Linear's) and ``norm.weight`` /
+``norm.bias`` (the LayerNorm's). :func:`fuse_norm_linear` fuses a LayerNorm and a Linear that live in different
+places of a model while keeping every state_dict key where it was.
+
+SyncBatchNorm: not supported. Statistics are per process, as with nn.BatchNorm2d under DDP without
+SyncBatchNorm. ``memsave.convert`` leaves ``nn.SyncBatchNorm`` untouched, :meth:`BatchNormAct2d.from_batchnorm`
+raises TypeError for one, and ``nn.SyncBatchNorm.convert_sync_batchnorm`` does not recognize these modules (they
+are not ``_BatchNorm`` subclasses, deliberately: it would replace them with a SyncBatchNorm and drop the
+activation), so convert to SyncBatchNorm first and fuse only the layers that stay per-process.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from .. import _fused_functional as F
+
+Tensor = torch.Tensor
+
+__all__ = [
+    "ActLinear",
+    "BatchNormAct2d",
+    "DeferredLayerNorm",
+    "InPlaceABN2d",
+    "LayerNormLinear",
+    "activation_spec",
+    "fuse_norm_linear",
+]
+
+
+def activation_spec(module: nn.Module) -> Optional[Tuple[str, Optional[float]]]:
+    """The fused-operator activation equivalent to ``module``, or None.
+
+    Recognizes nn.ReLU, nn.LeakyReLU, nn.ELU (with scale 1), nn.GELU (both approximations), nn.SiLU, nn.Identity,
+    and memsave.nn's ReLU / LeakyReLU.
+
+    Args:
+        module: an activation module.
+
+    Returns:
+        ``(act, act_param)`` for the fused operators, or None when ``module`` is not a recognized activation.
+
+    Example:
+        >>> activation_spec(torch.nn.LeakyReLU(0.2))
+        ('leaky_relu', 0.2)
+    """
+    if isinstance(module, nn.ReLU):
+        return "relu", None
+    if isinstance(module, nn.LeakyReLU):
+        return "leaky_relu", float(module.negative_slope)
+    if isinstance(module, nn.ELU):
+        return "elu", float(module.alpha)
+    if isinstance(module, nn.GELU):
+        return ("gelu_tanh" if module.approximate == "tanh" else "gelu"), None
+    if isinstance(module, nn.SiLU):
+        return "silu", None
+    if type(module) is nn.Identity:
+        return "identity", None
+    # memsave's own mask-saving activations (same math as torch's).
+    if type(module).__module__.startswith("memsave.nn"):
+        name = type(module).__name__
+        if name == "ReLU":
+            return "relu", None
+        if name == "LeakyReLU":
+            return "leaky_relu", float(getattr(module, "negative_slope", 0.01))
+    return None
+
+
+class _BatchNormActBase(nn.Module):
+    """nn.BatchNorm2d's parameters, buffers, state_dict handling and running-statistics policy."""
+
+    _version = 2  # nn.BatchNorm2d's state_dict version (num_batches_tracked present)
+    _invertible = False
+
+    def __init__(
+        self,
+        num_features: int,
+        act: str,
+        act_param: Optional[float],
+        eps: float,
+        momentum: Optional[float],
+        affine: bool,
+        track_running_stats: bool,
+        device: Any,
+        dtype: Any,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.act, self.act_param = F.resolve_activation(act, act_param, invertible=self._invertible)
+        self.num_features = int(num_features)
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        if affine:
+            self.weight = nn.Parameter(torch.empty(num_features, **factory))
+            self.bias = nn.Parameter(torch.empty(num_features, **factory))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", torch.zeros(num_features, **factory))
+            self.register_buffer("running_var", torch.ones(num_features, **factory))
+            self.running_mean: Optional[Tensor]
+            self.running_var: Optional[Tensor]
+            self.register_buffer(
+                "num_batches_tracked",
+                torch.tensor(0, dtype=torch.long, **{k: v for k, v in factory.items() if k != "dtype"}),
+            )
+            self.num_batches_tracked: Optional[Tensor]
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        """Zero the running mean, set the running variance to one, reset num_batches_tracked (as nn.BatchNorm2d)."""
+        if self.track_running_stats:
+            self.running_mean.zero_()  # type: ignore[union-attr]
+            self.running_var.fill_(1)  # type: ignore[union-attr]
+            self.num_batches_tracked.zero_()  # type: ignore[union-attr]
+
+    def reset_parameters(self) -> None:
+        """Reset running statistics; weight to 1 and bias to 0 (as nn.BatchNorm2d)."""
+        self.reset_running_stats()
+        if self.affine:
+            nn.init.ones_(self.weight)
+            nn.init.zeros_(self.bias)
+
+    def extra_repr(self) -> str:
+        act = self.act if self.act_param == 0.0 else f"{self.act}({self.act_param})"
+        return (
+            f"{self.num_features}, act={act}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+            f"track_running_stats={self.track_running_stats}"
+        )
+
+    def _load_from_state_dict(
+        self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool, missing_keys: list,
+        unexpected_keys: list, error_msgs: list,
+    ) -> None:
+        # Checkpoints from before num_batches_tracked existed (version < 2) load with 0, as nn.BatchNorm2d does.
+        version = local_metadata.get("version", None)
+        if (version is None or version < 2) and self.track_running_stats:
+            key = prefix + "num_batches_tracked"
+            if key not in state_dict:
+                state_dict[key] = (
+                    self.num_batches_tracked
+                    if self.num_batches_tracked is not None and self.num_batches_tracked.device != torch.device("meta")
+                    else torch.tensor(0, dtype=torch.long)
+                )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() != 4:
+            raise ValueError(
+                f"{type(self).__name__} expected 4D input [N, C, H, W] (got {input.dim()}D input of shape "
+                f"{tuple(input.shape)})"
+            )
+        if input.shape[1] != self.num_features:
+            raise ValueError(
+                f"{type(self).__name__}({self.num_features}) got an input with {input.shape[1]} channels"
+            )
+
+    def _bn_arguments(self) -> Tuple[bool, float, Optional[Tensor], Optional[Tensor]]:
+        """nn.BatchNorm2d's policy: (use batch statistics, momentum factor, running_mean, running_var to pass);
+        bumps num_batches_tracked in training."""
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        use_stats = not self.training or self.track_running_stats
+        return (
+            bn_training,
+            factor,
+            self.running_mean if use_stats else None,
+            self.running_var if use_stats else None,
+        )
+
+    @classmethod
+    def from_batchnorm(cls, bn: nn.Module, act: str = "relu", act_param: Optional[float] = None) -> Any:
+        """A fused module sharing ``bn``'s parameters and buffers (the same tensors, so optimizers keep working).
+
+        Args:
+            bn: an ``nn.BatchNorm2d`` (exactly; not SyncBatchNorm).
+            act: the activation that follows it, one of the fused activations.
+            act_param: its parameter (leaky_relu's negative_slope, elu's alpha).
+
+        Returns:
+            The fused module, in ``bn``'s training mode.
+
+        Raises:
+            TypeError: ``bn`` is a SyncBatchNorm or not a BatchNorm2d.
+
+        Example:
+            >>> fused = memsave.nn.BatchNormAct2d.from_batchnorm(model.bn1, act="relu")
+        """
+        if isinstance(bn, nn.SyncBatchNorm):
+            raise TypeError(
+                f"{cls.__name__} does not implement SyncBatchNorm semantics (statistics across processes); "
+                f"keep nn.SyncBatchNorm for this layer"
+            )
+        if not isinstance(bn, nn.BatchNorm2d):
+            raise TypeError(f"{cls.__name__}.from_batchnorm expects an nn.BatchNorm2d, got {type(bn).__name__}")
+        fused = cls(
+            bn.num_features,
+            act=act,
+            act_param=act_param,
+            eps=bn.eps,
+            momentum=bn.momentum,
+            affine=bn.affine,
+            track_running_stats=bn.track_running_stats,
+            device="meta",
+        )
+        if bn.affine:
+            fused.weight, fused.bias = bn.weight, bn.bias
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            setattr(fused, name, getattr(bn, name))
+        fused.train(bn.training)
+        return fused
+
+    def to_batchnorm(self) -> nn.BatchNorm2d:
+        """An nn.BatchNorm2d sharing this module's parameters and buffers (the activation is not included)."""
+        bn = nn.BatchNorm2d(
+            self.num_features, self.eps, self.momentum, self.affine, self.track_running_stats, device="meta"
+        )
+        if self.affine:
+            bn.weight, bn.bias = self.weight, self.bias
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            setattr(bn, name, getattr(self, name))
+        bn.train(self.training)
+        return bn
+
+
+class BatchNormAct2d(_BatchNormActBase):
+    """``act(BatchNorm2d(x))`` keeping only ``x`` and two per-channel vectors for backward.
+
+    Drop-in for ``nn.Sequential(nn.BatchNorm2d(C), act)``: same outputs (torch's own batch-norm kernel, then the
+    activation), same running statistics, same parameters, buffers and state_dict keys as nn.BatchNorm2d. torch
+    keeps the BN output for backward (and, for gelu/silu/leaky_relu, the activation's input too: a second full
+    tensor); this keeps neither and recomputes them in one fused backward kernel (C++ / CUDA).
+
+    Args:
+        num_features: channels C of the ``[N, C, H, W]`` input.
+        act: ``"relu"`` (default), ``"leaky_relu"``, ``"elu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"`` or
+            ``"identity"``.
+        eps, momentum, affine, track_running_stats, device, dtype: as for nn.BatchNorm2d (``momentum=None`` is the
+            cumulative average; ``track_running_stats=False`` always uses batch statistics).
+        act_param: leaky_relu's negative_slope (default 0.01) or elu's alpha (default 1.0).
+
+    Example:
+        >>> block = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), memsave.nn.BatchNormAct2d(64, act="relu"))
+        >>> bn_act = memsave.nn.BatchNormAct2d(64); bn_act.load_state_dict(torch.nn.BatchNorm2d(64).state_dict())
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        act: str = "relu",
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        act_param: Optional[float] = None,
+    ) -> None:
+        super().__init__(num_features, act, act_param, eps, momentum, affine, track_running_stats, device, dtype)
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        bn_training, factor, running_mean, running_var = self._bn_arguments()
+        return F.batch_norm_act(
+            input, running_mean, running_var, self.weight, self.bias, bn_training, factor, self.eps,
+            self.act, self.act_param,
+        )
+
+
+class InPlaceABN2d(_BatchNormActBase):
+    """In-Place Activated BatchNorm: ``act(BatchNorm2d(x))`` written over ``x``, keeping only that output.
+
+    Backward inverts the activation and the affine map to recover the normalized input, so the activation must be
+    invertible: ``"leaky_relu"`` (default, negative_slope > 0), ``"elu"`` (alpha > 0) or ``"identity"``.
+
+    Standard parametrization: unlike the original In-Place ABN (which uses ``|gamma| + eps``), the output is
+    ``act(gamma * xhat + beta)`` exactly as nn.BatchNorm2d + activation, so BatchNorm2d weights and checkpoints load
+    unchanged and give the same outputs. The price is the division by gamma in backward:
+
+    * gamma exactly 0: that channel's xhat is lost. Its input gradient is 0 (exact: the output does not depend on
+      the input) and its bias gradient exact, but its weight gradient is NaN. Zero-initialized gammas
+      (``zero_init_residual``) therefore need BatchNormAct2d, not this module.
+    * gamma near 0: xhat = (y - beta) / gamma amplifies the rounding of the stored output by about
+      ``|beta| / |gamma|``; keep |gamma| well above the dtype's epsilon times |beta|.
+    * elu saturates at -alpha: pre-activations below about log(machine epsilon of the dtype) (-16 in float32,
+      -7 in float16) cannot be recovered and are clamped there.
+    * float16/bfloat16: the output is stored in the input dtype, so the recovered xhat carries that rounding.
+
+    The input is overwritten, so it must not be needed afterwards (autograd raises, as for any in-place op, if a
+    tensor saved by an earlier op is modified). Running statistics follow nn.BatchNorm2d exactly.
+
+    Args:
+        num_features: channels C of the ``[N, C, H, W]`` input.
+        act: ``"leaky_relu"`` (default), ``"elu"`` or ``"identity"``.
+        eps, momentum, affine, track_running_stats, device, dtype: as for nn.BatchNorm2d.
+        act_param: negative_slope (default 0.01) or alpha (default 1.0); must be positive.
+
+    Raises:
+        ValueError: a non-invertible activation (relu, gelu, silu) or a non-positive act_param.
+
+    Example:
+        >>> abn = memsave.nn.InPlaceABN2d(64, act="leaky_relu", act_param=0.01)
+        >>> y = abn(conv(x))          # conv's output is overwritten and returned
+    """
+
+    _invertible = True
+
+    def __init__(
+        self,
+        num_features: int,
+        act: str = "leaky_relu",
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        act_param: Optional[float] = None,
+    ) -> None:
+        super().__init__(num_features, act, act_param, eps, momentum, affine, track_running_stats, device, dtype)
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        bn_training, factor, running_mean, running_var = self._bn_arguments()
+        return F.inplace_abn(
+            input, running_mean, running_var, self.weight, self.bias, bn_training, factor, self.eps,
+            self.act, self.act_param,
+        )
+
+    @classmethod
+    def from_batchnorm(cls, bn: nn.Module, act: str = "leaky_relu", act_param: Optional[float] = None) -> Any:
+        """Like :meth:`BatchNormAct2d.from_batchnorm`; ``act`` must be invertible (default leaky_relu)."""
+        return super().from_batchnorm(bn, act=act, act_param=act_param)
+
+
+class DeferredLayerNorm(nn.Module):
+    """Holds a LayerNorm's parameters where the LayerNorm was; the norm itself is applied by the next module.
+
+    Made by :func:`fuse_norm_linear` and ``memsave.convert``: the LayerNorm's place in the model keeps its
+    parameters (so state_dict keys do not move) while the following :class:`LayerNormLinear` applies the norm
+    inside its fused operator. Its forward returns its input unchanged, which is right only in that position.
+    """
+
+    def __init__(self, norm: nn.LayerNorm) -> None:
+        super().__init__()
+        if not isinstance(norm, nn.LayerNorm):
+            raise TypeError(f"DeferredLayerNorm expects an nn.LayerNorm, got {type(norm).__name__}")
+        self.normalized_shape: Tuple[int, ...] = tuple(norm.normalized_shape)
+        self.eps = norm.eps
+        self.elementwise_affine = norm.elementwise_affine
+        self.weight = norm.weight
+        self.bias = norm.bias
+
+    def forward(self, input: Tensor) -> Tensor:
+        return input
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, applied by the next LayerNormLinear"
+
+
+class LayerNormLinear(nn.Module):
+    """``Linear(LayerNorm(x))`` keeping ``x`` and per-row mean/rstd instead of the normalized tensor.
+
+    torch keeps the LayerNorm input *and* the normalized tensor (the Linear's input); this keeps the first and
+    recomputes the second in backward with one elementwise pass. Typical places: the QKV projection and the first
+    MLP Linear of a pre-norm transformer block.
+
+    Parameters: ``weight``/``bias`` (the Linear's, initialized as nn.Linear) and ``norm.weight``/``norm.bias``
+    (an nn.LayerNorm, initialized as usual; it holds parameters only, its forward is not called).
+
+    Args:
+        normalized_shape: the LayerNorm's shape; its last entry is the Linear's in_features.
+        out_features: the Linear's output size.
+        bias: the Linear has a bias.
+        eps, elementwise_affine: as for nn.LayerNorm; norm_bias: the LayerNorm has a bias (nn.LayerNorm's ``bias``).
+        device, dtype: factory arguments.
+
+    Example:
+        >>> qkv = memsave.nn.LayerNormLinear(768, 3 * 768)
+        >>> q, k, v = qkv(x).split(768, dim=-1)
+    """
+
+    def __init__(
+        self,
+        normalized_shape: Union[int, Sequence[int]],
+        out_features: int,
+        bias: bool = True,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        norm_bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.norm = nn.LayerNorm(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias,
+                                 **factory)
+        linear = nn.Linear(self.norm.normalized_shape[-1], out_features, bias=bias, **factory)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    @classmethod
+    def from_modules(cls, norm: nn.LayerNorm, linear: nn.Linear, register_norm: bool = True) -> "LayerNormLinear":
+        """A LayerNormLinear sharing ``norm``'s and ``linear``'s parameters (the same tensors).
+
+        Args:
+            norm: an nn.LayerNorm over the Linear's input features (last entry of normalized_shape).
+            linear: the nn.Linear that consumes the norm's output.
+            register_norm: hold ``norm`` as the submodule ``norm`` (its keys become ``norm.*``). With False the norm
+                is only referenced: its parameters stay registered wherever they are (see :func:`fuse_norm_linear`).
+
+        Returns:
+            The fused module.
+
+        Raises:
+            TypeError: wrong module types. ValueError: the shapes do not chain.
+
+        Example:
+            >>> fused = memsave.nn.LayerNormLinear.from_modules(block.ln_2, block.mlp.fc1)
+        """
+        if not isinstance(norm, (nn.LayerNorm, DeferredLayerNorm)):
+            raise TypeError(f"expected an nn.LayerNorm, got {type(norm).__name__}")
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"expected an nn.Linear, got {type(linear).__name__}")
+        if tuple(norm.normalized_shape)[-1] != linear.in_features:
+            raise ValueError(
+                f"LayerNorm{tuple(norm.normalized_shape)} does not feed Linear(in_features={linear.in_features}): "
+                f"the last normalized dimension must equal in_features"
+            )
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        if register_norm:
+            fused.norm = norm
+        else:
+            fused.__dict__["_external_norm"] = norm  # referenced, not registered: its keys stay where they are
+        fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused.weight = linear.weight
+        fused.bias = linear.bias
+        return fused
+
+    def _norm(self) -> nn.Module:
+        norm = self._modules.get("norm")
+        return norm if norm is not None else self.__dict__["_external_norm"]
+
+    def forward(self, input: Tensor) -> Tensor:
+        norm = self._norm()
+        return F.layer_norm_linear(
+            input, norm.normalized_shape, norm.weight, norm.bias, self.weight, self.bias, norm.eps
+        )
+
+    def extra_repr(self) -> str:
+        norm = self._norm()
+        where = "" if "norm" in self._modules else ", norm held by the preceding DeferredLayerNorm"
+        return (
+            f"normalized_shape={tuple(norm.normalized_shape)}, eps={norm.eps}, in_features={self.in_features}, "
+            f"out_features={self.out_features}, bias={self.bias is not None}{where}"
+        )
+
+
+def fuse_norm_linear(norm: nn.LayerNorm, linear: nn.Linear) -> Tuple[DeferredLayerNorm, LayerNormLinear]:
+    """Fuse a LayerNorm and the Linear that consumes its output, keeping every state_dict key where it was.
+
+    Put the first returned module where ``norm`` was and the second where ``linear`` was. Only valid when the norm's
+    output feeds nothing but this Linear (true for a pre-norm transformer's ln_1 -> qkv and ln_2 -> fc1).
+
+    Args:
+        norm: the nn.LayerNorm.
+        linear: the nn.Linear applied to ``norm``'s output.
+
+    Returns:
+        ``(DeferredLayerNorm, LayerNormLinear)`` sharing the original parameters.
+
+    Example:
+        >>> block.ln_2, block.mlp.fc1 = memsave.nn.fuse_norm_linear(block.ln_2, block.mlp.fc1)
+    """
+    deferred = DeferredLayerNorm(norm)
+    return deferred, LayerNormLinear.from_modules(deferred, linear, register_norm=False)
+
+
+class ActLinear(nn.Module):
+    """``Linear(act(x))`` keeping only ``x`` for backward.
+
+    torch keeps the activation's input and its output (gelu, silu, leaky_relu, elu: two full tensors); this keeps
+    the input and recomputes the activation in backward. Typical place: GELU -> fc2 in a transformer MLP (with
+    :class:`LayerNormLinear` for LayerNorm -> fc1, the MLP keeps its input and the fc1 output only). relu is
+    accepted but saves nothing: torch's relu and Linear already share relu's output.
+
+    Parameters ``weight``/``bias`` as nn.Linear (same initialization, same state_dict keys).
+
+    Args:
+        in_features, out_features, bias, device, dtype: as for nn.Linear.
+        act: ``"gelu"`` (default), ``"gelu_tanh"``, ``"silu"``, ``"relu"``, ``"leaky_relu"``, ``"elu"``, ``"identity"``.
+        act_param: leaky_relu's negative_slope (0.01) or elu's alpha (1.0).
+
+    Example:
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(768, 3072), memsave.nn.ActLinear(3072, 768, act="gelu"))
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        act: str = "gelu",
+        act_param: Optional[float] = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.act, self.act_param = F.resolve_activation(act, act_param)
+        linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, act: str = "gelu", act_param: Optional[float] = None) -> "ActLinear":
+        """An ActLinear sharing ``linear``'s parameters, applying ``act`` before it.
+
+        Args:
+            linear: the nn.Linear after the activation.
+            act, act_param: the activation (see the class).
+
+        Returns:
+            The fused module.
+
+        Example:
+            >>> block.mlp.act, block.mlp.fc2 = torch.nn.Identity(), memsave.nn.ActLinear.from_linear(block.mlp.fc2)
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"ActLinear.from_linear expects an nn.Linear, got {type(linear).__name__}")
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.act, fused.act_param = F.resolve_activation(act, act_param)
+        fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused.weight = linear.weight
+        fused.bias = linear.bias
+        return fused
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.act_linear(input, self.weight, self.bias, self.act, self.act_param)
+
+    def extra_repr(self) -> str:
+        act = self.act if self.act_param == 0.0 else f"{self.act}({self.act_param})"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, act={act}"
+
