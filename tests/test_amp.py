@@ -40,6 +40,10 @@ def _mixed_grads(device: str, seed: int = 0) -> List[torch.Tensor]:
     for i, n in enumerate(sizes):
         dtype = DTYPES[i % len(DTYPES)]
         grads.append((torch.randn(n, generator=gen) * 300).to(dtype).to(device))
+    # Wide dynamic range in 16 bits: subnormal results, and (for inv_scale > 1) results that round to inf.
+    for dtype in (torch.float16, torch.bfloat16):
+        wide = torch.randn(5003, generator=gen) * torch.exp(torch.randn(5003, generator=gen) * 4)
+        grads.append(wide.clamp(-6e4, 6e4).to(dtype).to(device))
     # A transposed (dense, non-contiguous) and a strided (non-dense) gradient.
     grads.append((torch.randn(33, 17, generator=gen) * 300).to(device).t())
     grads.append((torch.randn(40, 9, generator=gen) * 300).to(device)[::3, 1:7])
@@ -47,7 +51,7 @@ def _mixed_grads(device: str, seed: int = 0) -> List[torch.Tensor]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("inv_value", [1.0 / 1024, 1.0, 3.0 / 7.0])
+@pytest.mark.parametrize("inv_value", [1.0 / 1024, 1.0, 3.0 / 7.0, 4096.0])
 def test_unscale_matches_torch_bitwise(device: str, inv_value: float) -> None:
     grads, ref = _mixed_grads(device), _mixed_grads(device)  # built twice: clone() would densify the strided one
     inv = torch.full((), inv_value, dtype=torch.float32, device=device)
