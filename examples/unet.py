@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 from torch import nn
 
-from memsave.checkpoint import checkpoint
-from memsave.measure import format_bytes, measure
+import memsave
+from memsave.measure import format_bytes
 
 SIZES = {  # batch, image side, first-level width
     "full": dict(batch=8, image=512, width=64),
@@ -118,13 +118,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
     # 2. The same model with memsave.checkpoint around every block.
     ckpt = copy.deepcopy(eager)
-    ckpt.use_checkpointing(checkpoint)
+    ckpt.use_checkpointing(memsave.checkpoint)
     ref, got = one_step(copy.deepcopy(eager), x), one_step(copy.deepcopy(ckpt), x)
     identical = all(torch.equal(ref[k], got[k]) for k in ref)
     print(f"memsave.checkpoint: gradients and BatchNorm buffers bitwise equal to eager: {identical}")
 
-    m_eager = measure(eager, x, steps=args.steps)
-    m_ckpt = measure(ckpt, x, steps=args.steps)
+    m_eager = memsave.measure(eager, x, steps=args.steps)
+    m_ckpt = memsave.measure(ckpt, x, steps=args.steps)
     what = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "CPU allocator events"
     print(f"\n{'':<22}{'peak (' + what + ')':>42}{'activations':>16}{'step time':>12}")
     for name, m in (("eager", m_eager), ("memsave.checkpoint", m_ckpt)):

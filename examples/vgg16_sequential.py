@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from memsave.checkpoint import checkpoint_sequential
-from memsave.measure import format_bytes, measure
+import memsave
+from memsave.measure import format_bytes
 
 SIZES = {  # batch, image side, first-stage width, classifier width, classes
     "full": dict(batch=64, image=224, width=64, hidden=4096, classes=1000),
@@ -87,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         "eager": lambda m: m,
         "torch checkpoint_sequential(2)": lambda m: Segmented(m, torch.utils.checkpoint.checkpoint_sequential,
                                                               use_reentrant=False),
-        "memsave checkpoint_sequential(2)": lambda m: Segmented(m, checkpoint_sequential),
+        "memsave checkpoint_sequential(2)": lambda m: Segmented(m, memsave.checkpoint_sequential),
     }
     loss_fn = lambda out: nn.functional.cross_entropy(out, y)  # noqa: E731
     results, grads = {}, {}
@@ -95,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         copy_ = copy.deepcopy(model)
         runner = make(copy_)
         grads[name] = grads_after_step(runner, copy_, x, y)
-        results[name] = measure(runner, x, loss_fn=loss_fn, steps=args.steps)
+        results[name] = memsave.measure(runner, x, loss_fn=loss_fn, steps=args.steps)
 
     base = results["eager"]
     what = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "CPU allocator events"
