@@ -1,0 +1,84 @@
+"""Shared helpers of the fused-operator tests (test_op_batch_norm_act, test_op_inplace_abn, test_op_fused_linear,
+test_convert_fused): unfused torch references, error measures and the saved-tensor byte counter."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, Tuple
+
+import torch
+import torch.nn.functional as TF
+
+Tensor = torch.Tensor
+
+#: The unfused torch form of every fused activation name (with its default parameter).
+TORCH_ACTS: Dict[str, Callable[[Tensor], Tensor]] = {
+    "identity": lambda x: x,
+    "relu": TF.relu,
+    "leaky_relu": lambda x: TF.leaky_relu(x, 0.01),
+    "elu": TF.elu,
+    "gelu": TF.gelu,
+    "gelu_tanh": lambda x: TF.gelu(x, approximate="tanh"),
+    "silu": TF.silu,
+}
+
+#: float32 outputs and gradients must match the unfused torch reference to this relative error.
+FLOAT32_RTOL = 1e-5
+
+
+def rel_err(actual: Tensor, expected: Tensor) -> float:
+    """max |actual - expected| / max |expected| (0 when both are zero)."""
+    scale = expected.detach().double().abs().max().item()
+    diff = (actual.detach().double() - expected.detach().double()).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def max_abs_err(actual: Tensor, expected: Tensor) -> float:
+    return (actual.detach().double() - expected.detach().double()).abs().max().item()
+
+
+def assert_low_precision_ok(ours: Tensor, torchs: Tensor, ref64: Tensor, what: str) -> None:
+    """flash-attention's rule: a low-precision kernel may err at most twice as much as PyTorch's own low-precision
+    computation does against a float64 reference (plus half an ulp of the result's scale, for when torch happens to
+    be exact)."""
+    floor = 0.5 * torch.finfo(ours.dtype).eps * ref64.abs().max().item()
+    err_ours, err_torch = max_abs_err(ours, ref64), max_abs_err(torchs, ref64)
+    assert err_ours <= 2 * err_torch + floor, f"{what}: error {err_ours:.3g} > 2 x torch's {err_torch:.3g} + {floor:.3g}"
+
+
+def leaf_copies(*tensors: Any, dtype: Any = None) -> Tuple[Any, ...]:
+    """Detached copies (optionally cast) that require grad where the original did; None stays None."""
+    out = []
+    for t in tensors:
+        if t is None:
+            out.append(None)
+            continue
+        c = t.detach().clone() if dtype is None else t.detach().to(dtype)
+        out.append(c.requires_grad_(t.requires_grad))
+    return tuple(out)
+
+
+def saved_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> Tuple[int, Any]:
+    """Bytes autograd saves for backward while ``fn()`` runs, counting each storage once.
+
+    Measured with ``torch.autograd.graph.saved_tensors_hooks``; storages of ``exclude`` (parameters, buffers) are
+    not counted: they are not activation memory.
+
+    Returns:
+        ``(bytes, fn's result)``.
+    """
+    excluded = {t.untyped_storage().data_ptr() for t in exclude if t is not None}
+    storages: Dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()
+    return sum(storages.values()), result
+
+
+def module_state(module: torch.nn.Module) -> Tuple[Tensor, ...]:
+    """Parameters and buffers of ``module`` (to exclude from saved_bytes)."""
+    return tuple(module.parameters()) + tuple(module.buffers())
