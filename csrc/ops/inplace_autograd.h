@@ -3,6 +3,8 @@
 // re-bases its history onto this node (exactly as torch's own in-place ops do), and saves only the mask.
 //
 // Registered in C++ at the Autograd key because torch.library.register_autograd accepts functional schemas only.
+// The Function returns `self` alone (autograd allows a single output when the dirty input is a view, e.g. a slice);
+// the mask leaves through `mask_out`, as a plain tensor that is not part of the graph.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -17,7 +19,7 @@ namespace memsave {
 template <class Spec>
 struct InplaceMaskFunction : public torch::autograd::Function<InplaceMaskFunction<Spec>> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor self,
-                                                double scalar) {
+                                                double scalar, at::Tensor* mask_out) {
     at::Tensor mask;
     {
       at::AutoDispatchBelowADInplaceOrView guard;
@@ -25,24 +27,26 @@ struct InplaceMaskFunction : public torch::autograd::Function<InplaceMaskFunctio
     }
     torch::autograd::increment_version(self);
     ctx->mark_dirty({self});
-    ctx->mark_non_differentiable({mask});
     ctx->save_for_backward({mask});
     ctx->saved_data["scalar"] = scalar;
-    return {self, mask};
+    *mask_out = mask;
+    return {self};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor mask = ctx->get_saved_variables()[0];
     const double scalar = ctx->saved_data["scalar"].toDouble();
-    return {Spec::backward(grads[0], mask, scalar), at::Tensor()};
+    return {Spec::backward(grads[0], mask, scalar), at::Tensor(), at::Tensor()};
   }
 };
 
 // The Autograd-key kernel: returns the mask; `self` now holds the result and carries its new history.
 template <class Spec>
 at::Tensor inplace_mask_autograd(at::Tensor& self, double scalar) {
-  return InplaceMaskFunction<Spec>::apply(self, scalar)[1];
+  at::Tensor mask;
+  InplaceMaskFunction<Spec>::apply(self, scalar, &mask);
+  return mask;
 }
 
 }  // namespace memsave

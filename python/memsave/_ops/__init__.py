@@ -5,6 +5,9 @@ the autograd formula, which saves only what the memory win needs and calls the o
 operator. The schemas and the CPU/CUDA kernels live in ``csrc/ops``.
 """
 from . import relu  # noqa: F401
+from . import leaky_relu  # noqa: F401
+from . import dropout  # noqa: F401
+from . import max_pool2d  # noqa: F401
 from . import amp_unscale  # noqa: F401
 from . import batch_norm_act  # noqa: F401
 from . import inplace_abn  # noqa: F401

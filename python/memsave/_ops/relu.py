@@ -1,11 +1,15 @@
-"""memsave::relu: ReLU that keeps a 1-bit mask (``ceil(numel / 8)`` bytes) for backward instead of its output."""
+"""memsave::relu: ReLU that keeps a 1-bit mask (``ceil(numel / 8)`` bytes) for backward instead of its output.
+
+``relu`` is functional and gets its autograd here; ``relu_`` (in place, schema ``Tensor(a!)``) has its autograd in
+C++ (csrc/ops/inplace_autograd.h), because ``register_autograd`` accepts functional schemas only.
+"""
 from __future__ import annotations
 
 from typing import Any, Tuple
 
 import torch
 
-from ._common import packed_mask_bytes
+from ._common import check_same_device, packed_mask_bytes
 
 
 @torch.library.register_fake("memsave::relu")
@@ -15,8 +19,14 @@ def _relu_fake(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return out, mask
 
 
+@torch.library.register_fake("memsave::relu_")
+def _relu_inplace_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((packed_mask_bytes(x.numel()),), dtype=torch.uint8)
+
+
 @torch.library.register_fake("memsave::relu_backward")
 def _relu_backward_fake(grad_out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    check_same_device("relu_backward", grad_out, mask)
     return torch.empty_like(grad_out, memory_format=torch.contiguous_format)
 
 

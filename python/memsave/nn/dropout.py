@@ -1,0 +1,36 @@
+"""memsave.nn.Dropout: a drop-in torch.nn.Dropout that keeps a 1-bit keep mask for backward."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import functional as F
+
+__all__ = ["Dropout"]
+
+
+class Dropout(nn.Dropout):
+    """Dropout that keeps 1 bit per element for backward (torch keeps a mask of 1 byte on CUDA, of one element on CPU).
+
+    Same constructor, ``extra_repr`` and (empty) state_dict as :class:`torch.nn.Dropout`, of which it is a
+    subclass. Same keep probability and scaling as torch; the bits come from PyTorch's generator of the input's
+    device, so ``torch.manual_seed`` reproduces them and checkpoint recompute replays them (the draws differ from
+    torch.nn.Dropout's). Identity in eval mode.
+
+    Args:
+        p: probability of an element being zeroed. Default: 0.5.
+        inplace: overwrite the input.
+
+    Example:
+        >>> drop = memsave.nn.Dropout(0.1)
+        >>> y = drop(torch.randn(4, 8, requires_grad=True))
+    """
+
+    memsave_keeps_input = False  # for memsave.convert's summary
+    memsave_keeps_output = False
+
+    def _get_name(self) -> str:
+        return "memsave." + type(self).__name__  # print(model) shows what was converted
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.dropout(input, self.p, self.training, self.inplace)
