@@ -137,7 +137,8 @@ def bench(device: str, elements: int, count: int, dtype: torch.dtype, reps: int,
 
 def to_table(rows: Sequence[Dict[str, Any]]) -> str:
     lines = [
-        "| device | dtype | tensors | elements | memsave | torch | memsave / torch | memsave GB/s | copy GB/s | of copy |",
+        "| device | dtype | tensors | elements | memsave | torch | memsave / torch | memsave GB/s | copy GB/s "
+        "| of copy |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -119,7 +119,8 @@ def _reference_update(scale: float, growth: int, overflows: int, found: bool, hy
 @pytest.mark.parametrize("hysteresis", [1, 2, 3])
 def test_update_scale_hysteresis_backs_off_after_n_consecutive_overflows(hysteresis: int) -> None:
     pattern = [1, 0, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1]
-    scale, tracker, overflow = torch.full((), 64.0), torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.int32)
+    int_zero = lambda: torch.zeros((), dtype=torch.int32)  # noqa: E731
+    scale, tracker, overflow = torch.full((), 64.0), int_zero(), int_zero()
     fb = (torch.full((), 64.0), torch.zeros((), dtype=torch.int32), torch.zeros((), dtype=torch.int32))
     ref = (64.0, 0, 0)
     for f in pattern:
@@ -341,7 +342,8 @@ def test_fp16_autocast_training_matches_torch_scaler() -> None:
             scaler.update()
         return [p.detach() for p in model.parameters()], scaler.get_scale()
 
-    (p1, s1), (p2, s2) = run(GradScaler("cpu", init_scale=2.0**20)), run(torch.amp.GradScaler("cpu", init_scale=2.0**20))
+    p1, s1 = run(GradScaler("cpu", init_scale=2.0**20))
+    p2, s2 = run(torch.amp.GradScaler("cpu", init_scale=2.0**20))
     assert s1 == s2
     assert all(torch.equal(a, b) for a, b in zip(p1, p2))
 
@@ -482,3 +484,25 @@ def test_cuda_scaler_sequence_equals_torch() -> None:
     torch.manual_seed(0)
     h2, p2 = run(torch.amp.GradScaler("cuda", growth_interval=2))
     assert h1 == h2 and all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_unscale_and_update_do_not_synchronize() -> None:
+    model = _net().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = GradScaler("cuda", overflow_diagnostics=model)
+    scaler.scale(model(torch.randn(4, 6, device="cuda")).sum()).backward()
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        scaler.unscale_(opt)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    scaler.step(opt)  # the one synchronization: whether to skip
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        scaler.update()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    assert scaler.last_step_skipped is False

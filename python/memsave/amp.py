@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import functools
 import warnings
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
@@ -69,6 +70,7 @@ def _fresh_optimizer_state() -> Dict[str, Any]:
     return {"stage": _Stage.READY, "found_inf_per_device": {}, "diagnostics": []}
 
 
+@functools.lru_cache(maxsize=None)
 def _kernel_device_types() -> Tuple[str, ...]:
     import memsave  # noqa: PLC0415  (memsave imports this module; build_info is ready by the time it is called)
 
@@ -144,7 +146,7 @@ class GradScaler:
         self._growth_tracker: Optional[torch.Tensor] = None
         self._overflow_tracker: Optional[torch.Tensor] = None
         self._per_optimizer_states: Dict[int, Dict[str, Any]] = defaultdict(_fresh_optimizer_state)
-        self._diagnostics = bool(overflow_diagnostics) if not isinstance(overflow_diagnostics, torch.nn.Module) else True
+        self._diagnostics = isinstance(overflow_diagnostics, torch.nn.Module) or bool(overflow_diagnostics)
         self._param_names: Dict[int, str] = {}
         if isinstance(overflow_diagnostics, torch.nn.Module):
             self._param_names = {id(p): n for n, p in overflow_diagnostics.named_parameters(remove_duplicate=False)}
@@ -277,7 +279,9 @@ class GradScaler:
             for device, device_grads in grads.items():
                 found = found_inf if found_inf.device == device else found_inf.to(device, copy=True)
                 inv = inv_scale if inv_scale.device == device else inv_scale.to(device)
-                flags = torch.zeros(len(device_grads), dtype=torch.float32, device=device) if self._diagnostics else None
+                flags = None
+                if self._diagnostics:
+                    flags = torch.zeros(len(device_grads), dtype=torch.float32, device=device)
                 if device.type in kernel_types:
                     torch.ops.memsave.unscale_and_check_(device_grads, found, inv, flags)
                 else:
