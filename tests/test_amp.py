@@ -324,6 +324,7 @@ def test_bf16_needs_no_scaling_and_disabled_scaler_is_a_pass_through() -> None:
     scaler.unscale_(opt)
     scaler.step(opt)
     scaler.update()
+    assert scaler.last_step_skipped is False
     assert not any(torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert GradScaler.for_autocast("cpu", torch.float16).is_enabled()
 

@@ -350,6 +350,7 @@ class GradScaler:
             >>> scaler.step(optimizer)
         """
         if not self._enabled:
+            self._last_step_skipped = False
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("closures are not supported by an enabled GradScaler; call backward() yourself")
