@@ -575,3 +575,7 @@ def convert(
     if verbose:
         print(report.summary())
     return model
+
+
+# The fused operators' Sequential patterns (BatchNorm -> act, LayerNorm -> Linear, act -> Linear) register here.
+from . import _convert_fused  # noqa: E402,F401
