@@ -396,6 +396,7 @@ def _qualify(prefix: str, child: str) -> str:
 
 def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional[List[Selector]],
           build: bool) -> Tuple[List[_Planned], ConvertReport]:
+    """Decide every swap; with build=False (a dry run) Sequential patterns are matched but not built."""
     report = ConvertReport()
     planned: List[_Planned] = []
     done: Dict[int, Optional[nn.Module]] = {}  # shared modules are swapped once, to one replacement
@@ -417,7 +418,8 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
         return None
 
     def visit(prefix: str, module: nn.Module) -> None:
-        children = list(module.named_children())
+        # every child slot, a module registered twice included (named_children() lists it once)
+        children = [(c, m) for c, m in module._modules.items() if m is not None]
         in_sequential = isinstance(module, nn.Sequential)
         final: Dict[int, nn.Module] = {}  # position -> planned replacement (for the consumer analysis)
         consumed = set()
@@ -480,9 +482,9 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
                 done[id(child)] = None
                 report.entries.append(ConvertEntry(qn, type(child).__name__, "", SKIPPED, reason))
                 continue
-            new = swap.build(child) if build else child
+            new = swap.build(child)  # built in a dry run too (cheap): the consumer analysis looks at it
+            new.train(child.training)
             if build:
-                new.train(child.training)
                 planned.append(_Planned(module, c, qn, child, new))
             done[id(child)] = new
             final[i] = new
@@ -493,7 +495,7 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
             prv = neighbour(children, i, -1, final) if in_sequential else None
             new = final[i]
             verdict, detail = swap.note(child, prv, nxt)
-            new_name = f"memsave.{type(new).__name__}" if build else f"memsave.{type(child).__name__}"
+            new_name = f"memsave.{type(new).__name__}"
             report.entries.append(ConvertEntry(_qualify(prefix, c), type(child).__name__, new_name, verdict, detail))
 
     visit("", model)
