@@ -19,6 +19,8 @@ _C = load_extension()
 
 from . import _ops  # noqa: E402,F401  (registers fake kernels and autograd for torch.ops.memsave.*)
 from . import functional  # noqa: E402
+from . import nn  # noqa: E402
+from .convert import convert  # noqa: E402
 from ._dispatch import dispatch_table  # noqa: E402
 from .checkpoint import checkpoint, checkpoint_sequential, checkpointed  # noqa: E402
 from .errors import (  # noqa: E402
@@ -49,4 +51,4 @@ def build_info() -> dict:
     return dict(_C.build_info())
 
 
-__all__ = ["accumulate", "amp", "build_info", "dispatch_table", "functional", "__version__"]
+__all__ = ["accumulate", "amp", "build_info", "convert", "dispatch_table", "functional", "nn", "__version__"]
