@@ -225,17 +225,18 @@ def _kind(module: nn.Module) -> str:
 
 
 def _keeps_output(module: nn.Module) -> Optional[bool]:
-    """Whether ``module`` keeps its own output for backward (torch's ReLU, Sigmoid, Tanh, Softmax, ELU do).
+    """Whether ``module`` keeps its own output for backward (torch's ReLU, Sigmoid, Tanh and Softmax do).
 
     A module may declare it with a class attribute ``memsave_keeps_output`` (memsave's modules do).
     """
     declared = getattr(type(module), "memsave_keeps_output", None)
     if isinstance(declared, bool):
         return declared
-    if type(module) in (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.Softmax, nn.LogSoftmax, nn.ELU, nn.ReLU6):
+    if type(module) in (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.Softmax, nn.LogSoftmax):
         return True
-    if isinstance(module, (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.modules.batchnorm._NormBase,
-                           nn.LayerNorm, nn.GroupNorm, nn.Dropout)):
+    if isinstance(module, _KEEPS_INPUT) and not isinstance(module, (nn.MultiheadAttention, nn.LSTM, nn.GRU, nn.RNN)):
+        return False  # layers that keep their input, not their output
+    if isinstance(module, nn.Dropout):
         return False
     return None
 
