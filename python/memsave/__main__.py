@@ -49,9 +49,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench = sub.add_parser("bench", help="benchmark a model across strategies (see --help)", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(run=_bench)
+    est = sub.add_parser("estimate", help="predict a model's training-step memory on fake tensors (see --help)", add_help=False)
+    est.add_argument("rest", nargs=argparse.REMAINDER)
+    est.set_defaults(run=lambda a: __import__("memsave.bench", fromlist=["estimate_main"]).estimate_main(a.rest))
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("demo", "bench"):  # argparse.REMAINDER drops leading options: pass them through as is
-        return int((_demo if argv[0] == "demo" else _bench)(argparse.Namespace(rest=argv[1:])) or 0)
+    if argv and argv[0] in ("demo", "bench", "estimate"):  # argparse.REMAINDER drops leading options: pass them through
+        return int(sub.choices[argv[0]].get_default("run")(argparse.Namespace(rest=argv[1:])) or 0)
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)
 

@@ -430,8 +430,8 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
             else:
                 names.append(n)
     else:
-        names = []
-        for item in (s.strip() for s in policy.split(",")):
+        names, unmatched = [], []
+        for item in (part.strip() for part in policy.split(",")):
             if not item:
                 continue
             if item in modules and item != "":
@@ -439,20 +439,26 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
                 continue
             matched = [n for n, m in modules.items()
                        if item in (type(m).__name__, f"{type(m).__module__}.{type(m).__qualname__}")]
+            if not matched:
+                unmatched.append(item)
             names += matched
+        if unmatched:
+            classes = sorted({type(m).__name__ for m in modules.values()})
+            raise ValueError(
+                f"checkpoint:{policy}: {', '.join(map(repr, unmatched))} is neither a submodule name nor a module "
+                f"class of {type(model).__name__}; use 'blocks', 'all', a module class name (this model has "
+                f"{', '.join(classes[:25])}{', ...' if len(classes) > 25 else ''}) or comma-separated qualified "
+                "module names"
+            )
     # Keep the outermost of nested selections (a nested region keeps the inner arguments alive).
     names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in modules]
     if unknown:
-        raise ValueError(f"checkpoint:{policy}: the model has no submodule named {', '.join(unknown)}")
+        raise ValueError(f"checkpoint:{policy}: {type(model).__name__} has no submodule named {', '.join(unknown)} "
+                         "(from its checkpoint_blocks())")
     outer = [n for n in names if not any(n != o and (o == "" or n.startswith(o + ".")) for o in names)]
     if not outer:
-        classes = sorted({type(m).__name__ for m in modules.values()})
-        raise ValueError(
-            f"checkpoint:{policy} selects no module of {type(model).__name__}; use 'blocks', 'all', a module class "
-            f"name (this model has {', '.join(classes[:25])}{', ...' if len(classes) > 25 else ''}) or "
-            "comma-separated qualified module names"
-        )
+        raise ValueError(f"checkpoint:{policy} selects no module of {type(model).__name__} (it has no children)")
     return outer
 
 
@@ -481,14 +487,27 @@ def _budget(arg: str) -> Union[int, float]:
     return parse_bytes(text, what=f"plan:{arg} budget")
 
 
-def _apply_plan(model: nn.Module, budget: Optional[str], ctx: StrategyContext) -> nn.Module:
+_PLAN_STRATEGIES = ("sqrt", "all", "none", "min_memory")
+
+
+def _apply_plan(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
+    if ctx.fake:
+        raise ValueError(
+            f"plan:{arg} cannot be estimated with fake tensors: memsave.plan profiles real steps. Plan on a real "
+            "model, apply it with memsave.wrap(model, plan), and estimate the wrapped model with strategy='eager'"
+        )
     memsave_plan = importlib.import_module("memsave.planning").plan
     wrap = importlib.import_module("memsave.wrap").wrap
-    rng = torch.get_rng_state()
+    text = (arg or "").strip()
+    if text in _PLAN_STRATEGIES or re.fullmatch(r"uniform:[1-9][0-9]*", text):
+        kwargs: Dict[str, Any] = {"strategy": text}
+    else:
+        kwargs = {"budget": _budget(text)}
+    rng = _RngState()
     try:
-        p = memsave_plan(model, *ctx.inputs, budget=_budget(budget or ""), loss_fn=ctx.loss_fn)
+        p = memsave_plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, **kwargs)
     finally:
-        torch.set_rng_state(rng)
+        rng.restore()
     return wrap(model, p)
 
 
@@ -508,7 +527,8 @@ def _amp_context(arg: Optional[str], device: torch.device) -> ContextManager[Any
 register_strategy("eager", "plain PyTorch: every activation kept for backward")
 register_strategy("checkpoint", "memsave.wrap: recompute the selected modules in backward", arg="<policy>",
                   apply=_apply_checkpoint, requires=("memsave.wrap:wrap",))
-register_strategy("plan", "memsave.plan at a memory budget, applied with memsave.wrap", arg="<budget>",
+register_strategy("plan", "memsave.plan at a budget ('4GiB', '50%', 0.5) or with a baseline strategy (sqrt, "
+                  "uniform:K, all), applied with memsave.wrap", arg="<budget>",
                   apply=_apply_plan, requires=("memsave.planning:plan", "memsave.wrap:wrap"))
 register_strategy("convert", "memsave.convert: memory-efficient operators", apply=_apply_convert,
                   requires=("memsave.convert:convert",))

@@ -32,21 +32,26 @@ What is not modelled (allow for it with ``headroom`` in :func:`max_batch_size`):
   therefore ``memory_reserved``, and the CUDA context (hundreds of MiB, never in ``max_memory_allocated``);
 * optimizer state unless ``optimizer=`` says which optimizer (see :func:`estimate`).
 
-Without a visible GPU, ``device="cuda"`` is *emulated*: the fake step runs with CPU operator choices (an attention
-kernel may save slightly different tensors than the CUDA one) and the CUDA rounding; ``Estimate.emulated`` says so.
+Without a visible GPU, ``device="cuda"`` is *emulated*: the fake step runs on CPU fake tensors with the CUDA rounding,
+and ``F.scaled_dot_product_attention`` is sent to the kernels CUDA would choose (flash attention for 16-bit inputs
+without a mask, memory-efficient attention otherwise; CPU's own choice with dropout keeps the whole attention
+matrix). Other operators keep CPU's choices, which save the same tensors for the common layers (linear, convolution,
+normalisation, activations). ``Estimate.emulated`` says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
@@ -54,7 +59,7 @@ from ._tracker import LiveTensorTracker
 from .compare import Strategy, StrategyContext, parse_bytes, parse_strategy
 from .measure import LossFn, default_loss, format_bytes
 
-__all__ = ["Estimate", "estimate", "max_batch_size", "cuda_block_bytes", "OPTIMIZER_STATES"]
+__all__ = ["Estimate", "NoFakeKernelError", "estimate", "max_batch_size", "cuda_block_bytes", "OPTIMIZER_STATES"]
 
 #: The CUDA caching allocator's block granularity (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp).
 CUDA_BLOCK = 512
@@ -75,11 +80,16 @@ def cuda_block_bytes(nbytes: int) -> int:
     return CUDA_BLOCK * ((nbytes + CUDA_BLOCK - 1) // CUDA_BLOCK)
 
 
-def _fake_mode_cls() -> Any:
-    # FakeTensorMode is public in spirit (torch.compile, torch.export and the memory tools build on it) but lives in
-    # a private module; keep the import in one place.
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+# FakeTensorMode is public in spirit (torch.compile, torch.export and the memory tools build on it) but lives in a
+# private module; these are the only names memsave takes from it.
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException  # noqa: E402
 
+
+class NoFakeKernelError(RuntimeError):
+    """An operator of the model has no fake-tensor implementation, so :func:`estimate` cannot run the step."""
+
+
+def _fake_mode_cls() -> Any:
     return FakeTensorMode, FakeTensor
 
 
@@ -163,6 +173,42 @@ class _RealToFake(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         args, kwargs = tree_map_only(torch.Tensor, self._convert, (args, kwargs or {}))
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _cuda_attention_emulation() -> Iterator[None]:
+    """When a CUDA estimate runs on CPU fake tensors, send ``F.scaled_dot_product_attention`` to the kernels CUDA
+    would pick: flash attention for float16/bfloat16 without a mask, memory-efficient attention otherwise. Both save
+    the output and a log-sum-exp; CPU's choice with dropout (the math path) would save the whole attention matrix.
+
+    ``torch.nn.functional.scaled_dot_product_attention`` is replaced for the duration (a function mode would be
+    popped inside ``backward`` and miss the recompute of checkpointed attention); code that imported the function
+    by name before keeps CPU's choice.
+    """
+    original = F.scaled_dot_product_attention
+
+    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+             dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+             enable_gqa: bool = False) -> torch.Tensor:
+        if enable_gqa or query.dim() != 4 or query.shape[1] != key.shape[1] or (is_causal and attn_mask is not None):
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        q, k, v = query, key, value
+        if torch.is_autocast_enabled("cpu"):  # attention is on autocast's lower-precision list
+            dt = torch.get_autocast_dtype("cpu")
+            q, k, v = (t.to(dt) for t in (q, k, v))
+        if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None:
+            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, float(dropout_p), bool(is_causal),
+                                                                      False, scale=scale)[0]
+        need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, attn_mask, need_lse, float(dropout_p), bool(is_causal), scale=scale)[0]
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
 
 
 @dataclass(frozen=True)
@@ -271,7 +317,8 @@ def _to_fake(t: torch.Tensor, fake_mode: Any, device: torch.device, dtype: Optio
 
 def _run_fake_step(model: nn.Module, inputs: Tuple[Any, ...], strat: Strategy, loss_fn: LossFn, device: torch.device,
                    dtype: Optional[torch.dtype], round_fn: Callable[[int], int],
-                   workspace_fn: Optional[Callable[[Any, Any, Any], int]], optimizer_states: int) -> Dict[str, Any]:
+                   workspace_fn: Optional[Callable[[Any, Any, Any], int]], optimizer_states: int,
+                   emulate_cuda: bool = False) -> Dict[str, Any]:
     FakeTensorMode, FakeTensor = _fake_mode_cls()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     memo: Dict[int, Any] = {}
@@ -294,7 +341,8 @@ def _run_fake_step(model: nn.Module, inputs: Tuple[Any, ...], strat: Strategy, l
         for x in inputs
     )
     ctx = StrategyContext(fake_inputs, loss_fn, device, fake=True)
-    with fake_mode, _RealToFake(fake_mode, FakeTensor, device):
+    emulation = _cuda_attention_emulation() if emulate_cuda else contextlib.nullcontext()
+    with fake_mode, _RealToFake(fake_mode, FakeTensor, device), emulation:
         try:
             runner = strat.prepare(fake_model, ctx)
         except (NotImplementedError, RuntimeError) as e:
@@ -303,15 +351,22 @@ def _run_fake_step(model: nn.Module, inputs: Tuple[Any, ...], strat: Strategy, l
                 "measure it with memsave.measure / memsave.compare instead"
             ) from e
         with _EstimateTracker(root=runner, round_fn=round_fn, workspace_fn=workspace_fn) as tracker:
-            out = runner(*fake_inputs)
-            activation = tracker.live_bytes
-            by_module = tracker.live_by_module()
-            loss = loss_fn(out)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise TypeError("estimate: loss_fn must return a scalar tensor")
-            del out
-            loss.backward()
-            del loss
+            try:
+                out = runner(*fake_inputs)
+                activation = tracker.live_bytes
+                by_module = tracker.live_by_module()
+                loss = loss_fn(out)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise TypeError("estimate: loss_fn must return a scalar tensor")
+                del out
+                loss.backward()
+                del loss
+            except UnsupportedOperatorException as e:
+                raise NoFakeKernelError(
+                    f"estimate: operator {e.func} has no fake-tensor (meta) implementation, so the step cannot run "
+                    "without allocating; register one with torch.library.register_fake, or measure the model with "
+                    f"memsave.measure (strategy {strat.name!r})"
+                ) from e
             peak = tracker.allocator_peak_bytes
             tensor_peak = tracker.peak_bytes
     trainable = [p for p in params if p.requires_grad]
@@ -370,8 +425,9 @@ def estimate(
         of a GPU.
 
     Raises:
-        ValueError: an unknown strategy, device or optimizer.
+        ValueError: an unknown strategy, device or optimizer; a strategy that cannot run on fake tensors (plan).
         StrategyUnavailableError: the strategy needs a memsave module this build lacks.
+        NoFakeKernelError: an operator of the model has no fake-tensor implementation.
 
     Example:
         >>> est = memsave.estimate(model, torch.empty(64, 3, 224, 224, device="meta"), device="cuda",
@@ -405,16 +461,16 @@ def estimate(
     try:
         try:
             r = _run_fake_step(model, tuple(example_inputs), strat, loss_fn, run_dev, dtype, round_fn, workspace_fn,
-                               states)
+                               states, emulate_cuda=emulated)
         except RuntimeError as e:
-            if dev.type != "cuda" or emulated or "could not be applied" in str(e):
+            if dev.type != "cuda" or emulated or isinstance(e, NoFakeKernelError) or "could not be applied" in str(e):
                 raise
             # Fake CUDA tensors need a working CUDA runtime in some torch builds; fall back to emulation.
             warnings.warn(f"estimate: fake CUDA step failed ({e}); estimating with CPU operator choices",
                           RuntimeWarning, stacklevel=2)
             emulated = True
             r = _run_fake_step(model, tuple(example_inputs), strat, loss_fn, torch.device("cpu"), dtype, round_fn,
-                               None, states)
+                               None, states, emulate_cuda=True)
     finally:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
@@ -454,12 +510,13 @@ def max_batch_size(
     loss_fn: Optional[LossFn] = None,
     optimizer: Optional[str] = None,
     headroom: float = 0.05,
+    min_batch: int = 1,
     max_batch: int = 1 << 20,
 ) -> int:
     """The largest batch whose estimated training step fits in ``memory``, found on the estimator alone.
 
-    Batch sizes 1, 2, 4, ... are estimated until one does not fit, then a binary search between the last that fits
-    and the first that does not. A batch fits when ``estimate(...).total_bytes <= memory * (1 - headroom)``;
+    Batch sizes ``min_batch``, twice that, four times, ... are estimated until one does not fit, then a binary search
+    between the last that fits and the first that does not. A batch fits when ``estimate(...).total_bytes <= memory * (1 - headroom)``;
     ``headroom`` covers what the estimator does not model (kernel workspaces, fragmentation; see the module
     docstring). Each probe takes about as long as one fake step (no memory is allocated).
 
@@ -471,13 +528,15 @@ def max_batch_size(
         strategy, device, dtype, loss_fn, optimizer: as for :func:`estimate`. A ``loss_fn`` must work for every
             batch size: build targets from the output's shape.
         headroom: fraction of ``memory`` kept free, in [0, 1).
+        min_batch: the smallest batch to try (2 for a model with BatchNorm over 1x1 maps, which cannot train on 1).
         max_batch: stop searching above this batch size.
 
     Returns:
-        the largest fitting batch size, or 0 when not even batch 1 fits.
+        the largest fitting batch size, or 0 when not even ``min_batch`` fits.
 
     Raises:
-        ValueError: ``memory`` does not parse, ``headroom`` is outside [0, 1), ``max_batch`` < 1.
+        ValueError: ``memory`` does not parse, ``headroom`` is outside [0, 1), ``min_batch`` < 1 or
+            ``max_batch`` < ``min_batch``.
 
     Example:
         >>> memsave.max_batch_size(model, lambda b: torch.empty(b, 3, 224, 224, device="meta"), "24GiB",
@@ -487,8 +546,10 @@ def max_batch_size(
     limit = parse_bytes(memory, what="max_batch_size: memory")
     if not (isinstance(headroom, (int, float)) and 0.0 <= headroom < 1.0):
         raise ValueError(f"max_batch_size: headroom must be a fraction in [0, 1), got {headroom!r}")
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch_size: max_batch must be an int >= 1, got {max_batch!r}")
+    if not isinstance(min_batch, int) or min_batch < 1:
+        raise ValueError(f"max_batch_size: min_batch must be an int >= 1, got {min_batch!r}")
+    if not isinstance(max_batch, int) or max_batch < min_batch:
+        raise ValueError(f"max_batch_size: max_batch must be an int >= min_batch ({min_batch}), got {max_batch!r}")
     if not callable(make_inputs):
         raise TypeError("max_batch_size: make_inputs must be a function batch_size -> inputs")
     budget = limit * (1.0 - headroom)
@@ -499,9 +560,9 @@ def max_batch_size(
                        loss_fn=loss_fn, optimizer=optimizer)
         return est.total_bytes <= budget
 
-    if not fits(1):
+    if not fits(min_batch):
         return 0
-    good, bad = 1, None
+    good, bad = min_batch, None
     while bad is None:
         nxt = min(good * 2, max_batch)
         if nxt == good:
