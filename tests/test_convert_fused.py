@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 from torch import nn
 
 import memsave  # noqa: F401
 from memsave import _convert_fused
 from memsave.convert import convert, plan_convert, sequential_patterns
-from memsave.nn.fused import ActLinear, BatchNormAct2d, DeferredLayerNorm, InPlaceABN2d, LayerNormLinear
+from memsave.nn.fused import (
+    ActLinear,
+    BatchNormAct2d,
+    BatchNormActConv2d,
+    DeferredBatchNormAct2d,
+    DeferredLayerNorm,
+    InPlaceABN2d,
+    LayerNormLinear,
+)
 
 from fused_helpers import FLOAT32_RTOL, module_state, rel_err, saved_bytes
 
@@ -42,7 +49,7 @@ def _step(model: nn.Module, x: torch.Tensor):
 
 
 def test_patterns_are_registered():
-    assert {"bn_act", "ln_linear", "act_linear"} <= set(sequential_patterns())
+    assert {"bn_act_conv", "bn_act", "ln_linear", "act_linear"} <= set(sequential_patterns())
 
 
 def test_convert_fuses_sequential_patterns_keeping_keys_values_and_gradients():
@@ -51,13 +58,14 @@ def test_convert_fuses_sequential_patterns_keeping_keys_values_and_gradients():
     convert(model)
     kinds = [type(m) for m in model]
     assert kinds == [
-        nn.Conv2d, BatchNormAct2d, nn.Identity, nn.Conv2d, BatchNormAct2d, nn.Identity, nn.Conv2d, BatchNormAct2d,
-        nn.Identity, nn.Flatten, DeferredLayerNorm, LayerNormLinear, nn.Identity, ActLinear,
+        nn.Conv2d, DeferredBatchNormAct2d, nn.Identity, BatchNormActConv2d, DeferredBatchNormAct2d, nn.Identity,
+        BatchNormActConv2d, BatchNormAct2d, nn.Identity, nn.Flatten, DeferredLayerNorm, LayerNormLinear, nn.Identity,
+        ActLinear,
     ]
     assert (model[1].act, model[4].act, model[7].act, model[7].act_param) == ("relu", "gelu", "leaky_relu", 0.1)
     assert model[7].momentum is None and model[13].act == "silu"
     assert list(model.state_dict()) == keys
-    assert model[1].weight is not None and model[11]._norm() is model[10]
+    assert model[3]._bn() is model[1] and model[11]._norm() is model[10]
     x = torch.randn(4, 3, 6, 6)
     for _ in range(2):  # two training steps: running statistics (and the cumulative average) stay equal
         y, grads = _step(model, x)
@@ -78,8 +86,9 @@ def test_converted_model_keeps_fewer_bytes():
     x = torch.randn(4, 3, 6, 6, requires_grad=True)
     fused_bytes, _ = saved_bytes(lambda: model(x), module_state(model))
     eager_bytes, _ = saved_bytes(lambda: ref(x), module_state(ref))
-    # gelu and leaky_relu inputs (2 x 4*8*6*6 floats), the normalized LayerNorm output and the SiLU output.
-    assert eager_bytes - fused_bytes >= 4 * (2 * 4 * 8 * 36 + 4 * 288 + 4 * 32)
+    # Two conv inputs (relu and gelu outputs), the gelu and leaky_relu inputs (4 x 4*8*6*6 floats), the normalized
+    # LayerNorm output and the SiLU output.
+    assert eager_bytes - fused_bytes >= 4 * (4 * 4 * 8 * 36 + 4 * 288 + 4 * 32)
 
 
 def test_declined_and_unsupported_cases():
@@ -102,7 +111,7 @@ def test_include_exclude_and_plan():
     assert any("bn_act" in e.detail for e in report.entries)
     assert type(model[1]) is nn.BatchNorm2d  # planning changes nothing
     convert(model, exclude=[nn.BatchNorm2d, nn.LayerNorm])
-    assert type(model[1]) is nn.BatchNorm2d and type(model[10]) is nn.LayerNorm
+    assert type(model[1]) is nn.BatchNorm2d and type(model[10]) is nn.LayerNorm and type(model[3]) is nn.Conv2d
     assert type(model[13]) is ActLinear  # SiLU -> Linear does not touch excluded modules
 
 
@@ -133,6 +142,10 @@ def test_opt_in_inplace_abn_pattern():
         _convert_fused.unregister_inplace_abn_pattern()
     assert _convert_fused.INPLACE_ABN_PATTERN not in sequential_patterns()
     assert [type(m) for m in model] == [nn.Conv2d, InPlaceABN2d, nn.Identity, nn.Conv2d, BatchNormAct2d, nn.Identity]
+    # without the opt-in, the same model gets the exact patterns
+    plain = copy.deepcopy(ref)
+    convert(plain)
+    assert [type(m) for m in plain][:4] == [nn.Conv2d, DeferredBatchNormAct2d, nn.Identity, BatchNormActConv2d]
     assert model[1].act_param == 0.05
     assert list(model.state_dict()) == list(ref.state_dict())
     x = torch.randn(2, 3, 8, 8)

@@ -1,6 +1,8 @@
 """memsave::batch_norm_act and memsave.nn.BatchNormAct2d: against torch's unfused batch norm + activation."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -39,9 +41,10 @@ def _inputs(shape=(4, 5, 6, 7), fmt=torch.contiguous_format, dtype=torch.float32
     return x, w, b, rm, rv
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    "act, fmt", [(a, "contiguous") for a in ACTS] + [(a, "channels_last") for a in ("relu", "gelu", "leaky_relu")]
+)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-@pytest.mark.parametrize("act", ACTS)
 def test_matches_unfused_float32(act, training, fmt):
     x, w, b, rm, rv = _inputs(fmt=FORMATS[fmt])
     x2, w2, b2 = leaf_copies(x, w, b)
@@ -262,7 +265,7 @@ def test_bad_input():
 def test_conv_bnact_conv_saves_a_full_tensor(act):
     """conv -> BatchNormAct2d -> conv keeps one full tensor fewer than conv -> BN -> act -> conv, for activations
     that keep their input (leaky_relu, gelu, silu). relu keeps only its output, which the next conv keeps anyway,
-    so there the two are equal."""
+    so there the two are equal: fusing into the conv (test below) is what saves a tensor around a relu."""
     torch.manual_seed(0)
     conv1, conv2 = nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(16, 8, 3, padding=1)
     bn, act_mod = nn.BatchNorm2d(16), {"relu": nn.ReLU(), "leaky_relu": nn.LeakyReLU(0.01), "gelu": nn.GELU(),
@@ -330,3 +333,155 @@ def test_cuda_low_precision_and_opcheck(dtype):
         assert_low_precision_ok(o.to(t.dtype), t, r, f"grad {name}")
     torch.library.opcheck(torch.ops.memsave.batch_norm_act.default,
                           (x_lp, wc, bc, None, None, True, 0.1, 1e-5, "silu", 0.0))
+
+
+# ------------------------------------------------------------------------------------- batch_norm_act_conv2d
+CONV_CASES = {
+    "3x3": dict(stride=1, padding=1, dilation=1, groups=1, bias=True, fmt="contiguous"),
+    "strided_grouped": dict(stride=2, padding=0, dilation=1, groups=2, bias=False, fmt="contiguous"),
+    "dilated_channels_last": dict(stride=1, padding=2, dilation=2, groups=1, bias=True, fmt="channels_last"),
+}
+
+
+def _conv_reference(x, rm, rv, bw, bb, w, b, training, act, conv):
+    h = _reference(x, rm, rv, bw, bb, training, act)
+    return TF.conv2d(h, w, b, conv["stride"], conv["padding"], conv["dilation"], conv["groups"])
+
+
+def _conv_params(c_in, c_out, conv, dtype=torch.float32, seed=10):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(c_out, c_in // conv["groups"], 3, 3, generator=g, dtype=dtype) / 3).requires_grad_()
+    b = torch.randn(c_out, generator=g, dtype=dtype).requires_grad_() if conv["bias"] else None
+    return w, b
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("conv", CONV_CASES)
+def test_bn_act_conv_matches_unfused_float32(conv, act, training):
+    spec = CONV_CASES[conv]
+    x, bw, bb, rm, rv = _inputs(shape=(3, 4, 9, 8), fmt=FORMATS[spec["fmt"]])
+    w, b = _conv_params(4, 6, spec)
+    x2, bw2, bb2, w2, b2 = leaf_copies(x, bw, bb, w, b)
+    rm2, rv2 = rm.clone(), rv.clone()
+    y = MF.batch_norm_act_conv2d(x, rm, rv, bw, bb, w, b, training, 0.1, 1e-5, act, None, spec["stride"],
+                                 spec["padding"], spec["dilation"], spec["groups"])
+    y2 = _conv_reference(x2, rm2, rv2, bw2, bb2, w2, b2, training, act, spec)
+    assert y.shape == y2.shape and rel_err(y, y2) <= FLOAT32_RTOL
+    assert torch.equal(rm, rm2) and torch.equal(rv, rv2)
+    g = torch.randn_like(y2)
+    ours = torch.autograd.grad(y, [t for t in (x, bw, bb, w, b) if t is not None], g)
+    refs = torch.autograd.grad(y2, [t for t in (x2, bw2, bb2, w2, b2) if t is not None], g)
+    for o, r in zip(ours, refs):
+        assert rel_err(o, r) <= FLOAT32_RTOL
+
+
+@pytest.mark.parametrize("act", ["relu", "silu"])
+def test_bn_act_conv_gradcheck_float64(act):
+    spec = CONV_CASES["3x3"]
+    x, bw, bb, _, _ = _inputs(shape=(2, 2, 4, 3), dtype=torch.float64, seed=11)
+    w, b = _conv_params(2, 3, spec, dtype=torch.float64)
+    torch.autograd.gradcheck(
+        lambda x, bw, bb, w, b: MF.batch_norm_act_conv2d(x, None, None, bw, bb, w, b, True, act=act, padding=1),
+        (x, bw, bb, w, b),
+    )
+
+
+def test_bn_act_conv_opcheck():
+    x, bw, bb, rm, rv = _inputs(shape=(2, 4, 5, 5), dtype=torch.float64)
+    w, b = _conv_params(4, 6, CONV_CASES["3x3"], dtype=torch.float64)
+    w2, _ = _conv_params(4, 6, CONV_CASES["strided_grouped"], dtype=torch.float64)
+    cases = [
+        (x, bw, bb, rm, rv, True, 0.1, 1e-5, "relu", 0.0, w, b, [1, 1], [1, 1], [1, 1], 1),
+        (x, None, None, None, None, True, 0.1, 1e-5, "gelu", 0.0, w2, None, [2, 2], [0, 0], [1, 1], 2),
+        (x.detach().to(memory_format=torch.channels_last).requires_grad_(), bw, bb, rm, rv, False, 0.1, 1e-5,
+         "leaky_relu", 0.1, w, b, [1, 1], [2, 2], [2, 2], 1),
+    ]
+    for args in cases:
+        torch.library.opcheck(torch.ops.memsave.batch_norm_act_conv2d.default, args)
+    args = cases[0]
+    out, mean, invstd = torch.ops.memsave.batch_norm_act_conv2d(*args)
+    plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    torch.library.opcheck(
+        torch.ops.memsave.batch_norm_act_conv2d_backward.default,
+        (torch.randn_like(out), plain[0], plain[1], plain[2], mean, invstd, True, "relu", 0.0, plain[10], True,
+         [1, 1], [1, 1], [1, 1], 1),
+    )
+    torch.library.opcheck(torch.ops.memsave.batch_norm_act_apply.default,
+                          (plain[0], mean, invstd, plain[1], plain[2], "silu", 0.0))
+
+
+def test_batch_norm_act_apply_recomputes_the_output():
+    x, bw, bb, _, _ = _inputs(shape=(3, 4, 5, 5), dtype=torch.float64)
+    y, mean, invstd = torch.ops.memsave.batch_norm_act(x.detach(), bw.detach(), bb.detach(), None, None, True, 0.1,
+                                                       1e-5, "gelu", 0.0)
+    again = torch.ops.memsave.batch_norm_act_apply(x.detach(), mean, invstd, bw.detach(), bb.detach(), "gelu", 0.0)
+    assert rel_err(again, y) <= 1e-14
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bn_act_conv_low_precision(dtype):
+    spec = CONV_CASES["3x3"]
+    x, bw, bb, _, _ = _inputs(shape=(2, 4, 8, 8), seed=12)
+    w, b = _conv_params(4, 6, spec)
+    x_lp, w_lp, b_lp = (t.detach().to(dtype).requires_grad_() for t in (x, w, b))
+    args = (x_lp, bw, bb, w_lp, b_lp)
+    at, a64 = leaf_copies(*args), leaf_copies(*args, dtype=torch.float64)
+    y = MF.batch_norm_act_conv2d(x_lp, None, None, bw, bb, w_lp, b_lp, True, act="relu", padding=1)
+    yt = _conv_reference(at[0], None, None, at[1], at[2], at[3], at[4], True, "relu", spec)
+    y64 = _conv_reference(a64[0], None, None, a64[1], a64[2], a64[3], a64[4], True, "relu", spec)
+    assert_low_precision_ok(y, yt, y64, "output")
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(13)).to(dtype)
+    names = ("input", "bn weight", "bn bias", "conv weight", "conv bias")
+    for name, o, t, r in zip(names, torch.autograd.grad(y, args, g), torch.autograd.grad(yt, at, g),
+                             torch.autograd.grad(y64, a64, g.double())):
+        assert_low_precision_ok(o.to(t.dtype), t, r, f"grad {name}")
+
+
+def test_fuse_bn_act_conv_module_keys_stats_and_modes():
+    from memsave.nn.fused import BatchNormActConv2d, DeferredBatchNormAct2d, fuse_bn_act_conv
+
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
+                        nn.Conv2d(8, 4, 3, padding=1))
+    model = copy.deepcopy(ref)
+    model[1], model[3] = fuse_bn_act_conv(model[1], model[2], model[3])
+    model[2] = nn.Identity()
+    assert isinstance(model[1], DeferredBatchNormAct2d) and isinstance(model[3], BatchNormActConv2d)
+    assert list(model.state_dict()) == list(ref.state_dict())
+    for train in (True, True, False):
+        model.train(train)
+        ref.train(train)
+        x = torch.randn(2, 3, 6, 6)
+        y, y2 = model(x), ref(x)
+        assert rel_err(y, y2) <= FLOAT32_RTOL
+    for (k, v), v2 in zip(model.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(v, v2), k
+    standalone = BatchNormActConv2d(8, 4, 3, padding=1, act="silu")
+    assert sorted(standalone.state_dict()) == sorted(
+        ["weight", "bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"])
+    assert standalone(torch.randn(2, 8, 5, 5)).shape == (2, 4, 5, 5)
+    with pytest.raises(ValueError, match="padding"):
+        fuse_bn_act_conv(nn.BatchNorm2d(8), "relu", nn.Conv2d(8, 4, 3, padding="same"))
+    with pytest.raises(ValueError, match="does not feed"):
+        fuse_bn_act_conv(nn.BatchNorm2d(8), "relu", nn.Conv2d(6, 4, 3))
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_conv_bn_act_conv_fused_into_the_conv_saves_a_full_tensor(act):
+    """The acceptance claim for every activation, relu included: conv -> BN -> act -> conv with the BN and
+    activation fused into the second conv keeps at least one full tensor fewer than torch."""
+    from memsave.nn.fused import fuse_bn_act_conv
+
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), {"relu": nn.ReLU(), "gelu": nn.GELU()}[act],
+                          nn.Conv2d(16, 8, 3, padding=1))
+    fused = copy.deepcopy(eager)
+    fused[1], fused[3] = fuse_bn_act_conv(fused[1], fused[2], fused[3])
+    fused[2] = nn.Identity()
+    x = torch.randn(4, 8, 16, 16, requires_grad=True)
+    full = 4 * 16 * 16 * 16 * 4
+    eager_bytes, y_eager = saved_bytes(lambda: eager(x), module_state(eager))
+    fused_bytes, y_fused = saved_bytes(lambda: fused(x), module_state(fused))
+    assert eager_bytes - fused_bytes >= (1 if act == "relu" else 2) * full
+    assert rel_err(y_fused, y_eager) <= FLOAT32_RTOL

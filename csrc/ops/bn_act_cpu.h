@@ -1,5 +1,6 @@
 // CPU kernels shared by batch_norm_act and inplace_abn: the fused backward (recover xhat and act' per element,
-// reduce per channel, write the input gradient) and the forward "normalize + activate" transform.
+// reduce per channel, write the input gradient) and the "normalize + activate" transform (inplace_abn's forward,
+// batch_norm_act_apply's recompute).
 // Accumulation is in double, as torch's CPU batch norm does for float inputs.
 #pragma once
 
@@ -117,16 +118,18 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
   });
 }
 
-// In place: x <- act((x - mean) * invstd * w + b), x dense in layout `l`.
-inline void bn_act_transform_inplace(at::Tensor& x, const ChannelParams<double>& p, const BnLayout& l) {
+// dst <- act((src - mean) * invstd * w + b); src and dst dense in layout `l`, same dtype; dst may be src (in place).
+inline void bn_act_transform(const at::Tensor& src, at::Tensor& dst, const ChannelParams<double>& p,
+                             const BnLayout& l) {
   const int64_t C = l.C, inner = l.inner;
-  const int64_t numel = x.numel();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_bn_act_transform_cpu", [&] {
-    scalar_t* d = x.mutable_data_ptr<scalar_t>();
+  const int64_t numel = src.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "memsave_bn_act_transform_cpu", [&] {
+    const scalar_t* s = src.const_data_ptr<scalar_t>();
+    scalar_t* d = dst.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, numel, 32768, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t c = l.channels_last ? i % C : (i / inner) % C;
-        const double y = (static_cast<double>(d[i]) - p.mean[c]) * p.invstd[c] * p.weight[c] + p.bias[c];
+        const double y = (static_cast<double>(s[i]) - p.mean[c]) * p.invstd[c] * p.weight[c] + p.bias[c];
         d[i] = static_cast<scalar_t>(act_forward(p.act, y, p.act_param));
       }
     });

@@ -37,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> inplace_abn_cpu(at::Tensor& self, const c10::
   auto stats = inplace_abn_stats(x, running_mean, running_var, training, momentum, eps);
   const ChannelTensors ct =
       make_channel_tensors(x, weight, bias, std::get<0>(stats), std::get<1>(stats), at::kDouble, false);
-  cpu::bn_act_transform_inplace(x, ct.params<double>(a, act_param), bn_layout(x, fmt));
+  cpu::bn_act_transform(x, x, ct.params<double>(a, act_param), bn_layout(x, fmt));
   if (!x.is_same(self)) self.copy_(x);
   return stats;
 }

@@ -2,8 +2,11 @@
 
 Patterns (consecutive children of an ``nn.Sequential``; each position keeps its child name and state_dict keys):
 
+* ``bn_act_conv``: ``BatchNorm2d -> activation -> Conv2d`` becomes
+  ``[DeferredBatchNormAct2d, Identity, BatchNormActConv2d]``: the convolution's input is recomputed in backward
+  (the pattern that saves memory around a ReLU).
 * ``bn_act``: ``BatchNorm2d -> activation`` (relu, leaky_relu, elu, gelu, silu) becomes
-  ``[BatchNormAct2d, Identity]``.
+  ``[BatchNormAct2d, Identity]`` where no Conv2d follows.
 * ``ln_linear``: ``LayerNorm -> Linear`` becomes ``[DeferredLayerNorm, LayerNormLinear]`` (the LayerNorm's
   parameters stay at its position; the Linear's position applies the norm inside its fused operator).
 * ``act_linear``: ``activation -> Linear`` (gelu, silu, leaky_relu, elu) becomes ``[Identity, ActLinear]``; this is
@@ -24,6 +27,8 @@ from .convert import register_sequential_pattern, unregister_sequential_pattern
 from .nn.fused import (
     ActLinear,
     BatchNormAct2d,
+    BatchNormActConv2d,
+    DeferredBatchNormAct2d,
     DeferredLayerNorm,
     InPlaceABN2d,
     LayerNormLinear,
@@ -44,6 +49,15 @@ def _build_bn_act(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]:
     bn, act = modules
     name, param = activation_spec(act)  # type: ignore[misc]
     return [BatchNormAct2d.from_batchnorm(bn, act=name, act_param=param), nn.Identity()]
+
+
+def _build_bn_act_conv(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]:
+    bn, act, conv = modules
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str) or conv.in_channels != bn.num_features:
+        return None
+    name, param = activation_spec(act)  # type: ignore[misc]
+    deferred = DeferredBatchNormAct2d.from_batchnorm(bn, act=name, act_param=param)
+    return [deferred, nn.Identity(), BatchNormActConv2d.from_modules(deferred, conv, register_bn=False)]
 
 
 def _build_ln_linear(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]:
@@ -74,6 +88,14 @@ def _build_conv_bn_inplace_abn(modules: List[nn.Module]) -> Optional[Sequence[nn
     return [conv, InPlaceABN2d.from_batchnorm(bn, act=name, act_param=param), nn.Identity()]
 
 
+register_sequential_pattern(
+    "bn_act_conv",
+    (nn.BatchNorm2d, _is_activation, nn.Conv2d),
+    _build_bn_act_conv,
+    note="BatchNormActConv2d keeps the BN input and 2 per-channel vectors; the conv's input (the activation "
+    "output) is recomputed in backward",
+    priority=15,
+)
 register_sequential_pattern(
     "bn_act",
     (nn.BatchNorm2d, _is_activation),

@@ -5,12 +5,14 @@ intermediate there:
 
 * :func:`batch_norm_act`: batch norm + activation; keeps the input and per-channel statistics.
 * :func:`inplace_abn`: batch norm + invertible activation, written over the input; keeps only that output.
+* :func:`batch_norm_act_conv2d`: batch norm + activation + conv2d; keeps the batch-norm input and per-channel
+  statistics, not the convolution's input (the only way to save memory around a ReLU, whose output the conv keeps).
 * :func:`layer_norm_linear`: layer norm + linear; keeps the input and per-row mean/rstd.
 * :func:`act_linear`: activation + linear; keeps the activation's input.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -22,7 +24,15 @@ ACTIVATIONS: Tuple[str, ...] = ("identity", "relu", "leaky_relu", "elu", "gelu",
 INVERTIBLE_ACTIVATIONS: Tuple[str, ...] = ("identity", "leaky_relu", "elu")
 _DEFAULT_PARAM = {"leaky_relu": 0.01, "elu": 1.0}
 
-__all__ = ["ACTIVATIONS", "INVERTIBLE_ACTIVATIONS", "act_linear", "batch_norm_act", "inplace_abn", "layer_norm_linear"]
+__all__ = [
+    "ACTIVATIONS",
+    "INVERTIBLE_ACTIVATIONS",
+    "act_linear",
+    "batch_norm_act",
+    "batch_norm_act_conv2d",
+    "inplace_abn",
+    "layer_norm_linear",
+]
 
 
 def resolve_activation(act: str, act_param: Optional[float], invertible: bool = False) -> Tuple[str, float]:
@@ -110,6 +120,64 @@ def batch_norm_act(
     act, param = resolve_activation(act, act_param)
     out, _mean, _invstd = torch.ops.memsave.batch_norm_act(
         input, weight, bias, running_mean, running_var, bool(training), float(momentum), float(eps), act, param
+    )
+    return out
+
+
+def _pair(value: Union[int, Sequence[int]], name: str) -> List[int]:
+    if isinstance(value, int):
+        return [value, value]
+    items = [int(v) for v in value]
+    if len(items) != 2:
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+    return items
+
+
+def batch_norm_act_conv2d(
+    input: Tensor,
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    bn_weight: Optional[Tensor],
+    bn_bias: Optional[Tensor],
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    act: str = "relu",
+    act_param: Optional[float] = None,
+    stride: Union[int, Sequence[int]] = 1,
+    padding: Union[int, Sequence[int]] = 0,
+    dilation: Union[int, Sequence[int]] = 1,
+    groups: int = 1,
+) -> Tensor:
+    """``conv2d(act(batch_norm(input)), weight, bias)`` keeping ``input`` and two per-channel vectors for backward.
+
+    torch keeps the batch-norm input and the activation's output (the convolution's input), plus the activation's
+    input for gelu/silu/leaky_relu/elu; this keeps the first only and recomputes the activation output in backward
+    (one elementwise pass). Batch-norm semantics as :func:`batch_norm_act` (running statistics updated in place, as
+    torch updates them); convolution as :func:`torch.nn.functional.conv2d` with zero padding.
+
+    Args:
+        input: ``[N, C, H, W]`` tensor.
+        running_mean, running_var, bn_weight, bn_bias, training, momentum, eps, act, act_param: the batch norm and
+            activation, as for :func:`batch_norm_act`.
+        weight: ``[C_out, C / groups, kH, kW]`` convolution weight; bias: ``[C_out]`` or None.
+        stride, padding, dilation: ints or pairs; groups: as for conv2d.
+
+    Returns:
+        The convolution's output.
+
+    Example:
+        >>> y = memsave.functional.batch_norm_act_conv2d(h, bn.running_mean, bn.running_var, bn.weight, bn.bias,
+        ...                                              conv.weight, conv.bias, training=True, padding=1)
+    """
+    _check_tensor("batch_norm_act_conv2d", input)
+    act, param = resolve_activation(act, act_param)
+    weight, bias = _autocast_cast(input.device.type, weight, bias)
+    out, _mean, _invstd = torch.ops.memsave.batch_norm_act_conv2d(
+        input, bn_weight, bn_bias, running_mean, running_var, bool(training), float(momentum), float(eps), act, param,
+        weight, bias, _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), int(groups),
     )
     return out
 

@@ -229,6 +229,8 @@ def max_pool2d(
 
 
 # The fused recompute-in-backward operators (memsave.nn.BatchNormAct2d, InPlaceABN2d, LayerNormLinear, ActLinear).
-from ._fused_functional import act_linear, batch_norm_act, inplace_abn, layer_norm_linear  # noqa: E402
+from ._fused_functional import (  # noqa: E402
+    act_linear, batch_norm_act, batch_norm_act_conv2d, inplace_abn, layer_norm_linear,
+)
 
-__all__ += ["batch_norm_act", "inplace_abn", "layer_norm_linear", "act_linear"]
+__all__ += ["batch_norm_act", "batch_norm_act_conv2d", "inplace_abn", "layer_norm_linear", "act_linear"]

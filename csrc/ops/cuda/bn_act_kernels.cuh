@@ -2,7 +2,7 @@
 //   pass 1  per-channel partial sums of g = grad_out * act'(y) and g * xhat over a fixed split of the rows,
 //   pass 1b one thread per channel adds the partials in a fixed order (deterministic) and derives coefficients,
 //   pass 2  elementwise input gradient.
-// plus the in-place "normalize + activate" transform of inplace_abn's forward. Accumulation is in float (double for
+// plus the "normalize + activate" transform (inplace_abn's forward, batch_norm_act_apply's recompute). Accumulation is in float (double for
 // double inputs); every launch goes to the current stream.
 #pragma once
 
@@ -135,14 +135,15 @@ __global__ void grad_input_kernel(const scalar_t* __restrict__ src, const scalar
   }
 }
 
+// out may equal in (in place), hence no __restrict__.
 template <typename scalar_t, typename acc_t>
-__global__ void transform_inplace_kernel(scalar_t* __restrict__ x, ChannelParams<acc_t> p, int64_t C, int64_t inner,
-                                         bool channels_last, int64_t numel) {
+__global__ void transform_kernel(const scalar_t* in, scalar_t* out, ChannelParams<acc_t> p, int64_t C, int64_t inner,
+                                 bool channels_last, int64_t numel) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride) {
     const int64_t c = channels_last ? i % C : (i / inner) % C;
-    const acc_t y = (static_cast<acc_t>(x[i]) - p.mean[c]) * p.invstd[c] * p.weight[c] + p.bias[c];
-    x[i] = static_cast<scalar_t>(act_forward(p.act, y, p.act_param));
+    const acc_t y = (static_cast<acc_t>(in[i]) - p.mean[c]) * p.invstd[c] * p.weight[c] + p.bias[c];
+    out[i] = static_cast<scalar_t>(act_forward(p.act, y, p.act_param));
   }
 }
 
@@ -193,15 +194,18 @@ void backward(const at::Tensor& go, const at::Tensor& src, const ChannelTensors&
   });
 }
 
-// In place: x <- act((x - mean) * invstd * w + b); `ct` in bn_stat_dtype(x), x dense in layout `l`.
-inline void transform_inplace(at::Tensor& x, const ChannelTensors& ct, Act act, double act_param, const BnLayout& l) {
-  const int64_t numel = x.numel();
+// dst <- act((src - mean) * invstd * w + b); `ct` in bn_stat_dtype(src); src, dst dense in layout `l`, same dtype;
+// dst may be src (in place).
+inline void transform(const at::Tensor& src, at::Tensor& dst, const ChannelTensors& ct, Act act, double act_param,
+                      const BnLayout& l) {
+  const int64_t numel = src.numel();
   if (numel == 0) return;
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_bn_act_transform_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "memsave_bn_act_transform_cuda", [&] {
     using acc_t = at::acc_type<scalar_t, true>;
-    transform_inplace_kernel<scalar_t, acc_t><<<grid_for(numel), kThreads, 0, stream>>>(
-        x.mutable_data_ptr<scalar_t>(), ct.params<acc_t>(act, act_param), l.C, l.inner, l.channels_last, numel);
+    transform_kernel<scalar_t, acc_t><<<grid_for(numel), kThreads, 0, stream>>>(
+        src.const_data_ptr<scalar_t>(), dst.mutable_data_ptr<scalar_t>(), ct.params<acc_t>(act, act_param), l.C,
+        l.inner, l.channels_last, numel);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -25,7 +25,7 @@ std::tuple<at::Tensor, at::Tensor> inplace_abn_cuda(at::Tensor& self, const c10:
   auto stats = inplace_abn_stats(x, running_mean, running_var, training, momentum, eps);
   const ChannelTensors ct =
       make_channel_tensors(x, weight, bias, std::get<0>(stats), std::get<1>(stats), bn_stat_dtype(x), false);
-  cuda::bn::transform_inplace(x, ct, a, act_param, bn_layout(x, fmt));
+  cuda::bn::transform(x, x, ct, a, act_param, bn_layout(x, fmt));
   if (!x.is_same(self)) self.copy_(x);
   return stats;
 }

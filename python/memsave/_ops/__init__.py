@@ -10,6 +10,7 @@ from . import dropout  # noqa: F401
 from . import max_pool2d  # noqa: F401
 from . import amp_unscale  # noqa: F401
 from . import batch_norm_act  # noqa: F401
+from . import batch_norm_act_conv  # noqa: F401
 from . import inplace_abn  # noqa: F401
 from . import layer_norm_linear  # noqa: F401
 from . import act_linear  # noqa: F401

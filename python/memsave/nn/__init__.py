@@ -9,12 +9,17 @@
 """
 from .activation import LeakyReLU, ReLU
 from .dropout import Dropout
-from .fused import ActLinear, BatchNormAct2d, DeferredLayerNorm, InPlaceABN2d, LayerNormLinear
+from .fused import (
+    ActLinear, BatchNormAct2d, BatchNormActConv2d, DeferredBatchNormAct2d, DeferredLayerNorm, InPlaceABN2d,
+    LayerNormLinear, fuse_bn_act_conv, fuse_norm_linear,
+)
 from .pooling import MaxPool2d
 
 __all__ = [
     "ActLinear",
     "BatchNormAct2d",
+    "BatchNormActConv2d",
+    "DeferredBatchNormAct2d",
     "DeferredLayerNorm",
     "Dropout",
     "InPlaceABN2d",
@@ -22,4 +27,6 @@ __all__ = [
     "LeakyReLU",
     "MaxPool2d",
     "ReLU",
+    "fuse_bn_act_conv",
+    "fuse_norm_linear",
 ]

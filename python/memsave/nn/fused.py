@@ -6,6 +6,7 @@ Each replaces two torch modules and keeps less for backward, recomputing the che
 module                        torch keeps                            memsave keeps
 ============================  =====================================  ==========================================
 BatchNormAct2d                BN input + BN output (+ act input)     BN input + 2 per-channel vectors
+BatchNormActConv2d            BN input + act output (+ act input)    BN input + 2 per-channel vectors
 InPlaceABN2d                  BN input + BN output (+ act input)     the output (written over the input)
 LayerNormLinear               LN input + normalized tensor           LN input + per-row mean/rstd
 ActLinear (gelu, silu, ...)   act input + act output                 act input
@@ -15,7 +16,13 @@ State dicts: BatchNormAct2d and InPlaceABN2d have nn.BatchNorm2d's parameters an
 (``weight``, ``bias``, ``running_mean``, ``running_var``, ``num_batches_tracked``), so BatchNorm2d checkpoints load
 unchanged; ActLinear has nn.Linear's; LayerNormLinear has ``weight``/``bias`` (the Linear's) and ``norm.weight`` /
 ``norm.bias`` (the LayerNorm's). :func:`fuse_norm_linear` fuses a LayerNorm and a Linear that live in different
-places of a model while keeping every state_dict key where it was.
+places of a model while keeping every state_dict key where it was; :func:`fuse_bn_act_conv` does the same for
+BatchNorm2d -> activation -> Conv2d.
+
+Which to use after a BatchNorm: with gelu/silu/leaky_relu/elu, BatchNormAct2d already saves a full tensor. With
+relu it saves nothing on its own (torch's relu keeps only its output, which the next layer keeps anyway); there
+BatchNormActConv2d, which recomputes the conv's input, is what frees a tensor. InPlaceABN2d frees the most but needs
+an invertible activation.
 
 SyncBatchNorm: not supported. Statistics are per process, as with nn.BatchNorm2d under DDP without
 SyncBatchNorm. ``memsave.convert`` leaves ``nn.SyncBatchNorm`` untouched, :meth:`BatchNormAct2d.from_batchnorm`
@@ -37,10 +44,13 @@ Tensor = torch.Tensor
 __all__ = [
     "ActLinear",
     "BatchNormAct2d",
+    "BatchNormActConv2d",
+    "DeferredBatchNormAct2d",
     "DeferredLayerNorm",
     "InPlaceABN2d",
     "LayerNormLinear",
     "activation_spec",
+    "fuse_bn_act_conv",
     "fuse_norm_linear",
 ]
 
@@ -363,6 +373,194 @@ class InPlaceABN2d(_BatchNormActBase):
     def from_batchnorm(cls, bn: nn.Module, act: str = "leaky_relu", act_param: Optional[float] = None) -> Any:
         """Like :meth:`BatchNormAct2d.from_batchnorm`; ``act`` must be invertible (default leaky_relu)."""
         return super().from_batchnorm(bn, act=act, act_param=act_param)
+
+
+class DeferredBatchNormAct2d(_BatchNormActBase):
+    """A BatchNorm2d's parameters, buffers and settings (plus an activation) applied by the next module.
+
+    Made by :func:`fuse_bn_act_conv` and ``memsave.convert``: it stays where the BatchNorm2d was (same state_dict
+    keys, same running-statistics policy) while the following :class:`BatchNormActConv2d` applies the norm and the
+    activation inside its fused operator. Its forward returns its input unchanged, which is right only there.
+
+    Args: as :class:`BatchNormAct2d`.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        act: str = "relu",
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        act_param: Optional[float] = None,
+    ) -> None:
+        super().__init__(num_features, act, act_param, eps, momentum, affine, track_running_stats, device, dtype)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return input
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", applied by the next BatchNormActConv2d"
+
+
+class BatchNormActConv2d(nn.Module):
+    """``Conv2d(act(BatchNorm2d(x)))`` keeping ``x`` and two per-channel vectors for backward.
+
+    torch keeps the BatchNorm input and the activation's output (the convolution's input), and for
+    gelu/silu/leaky_relu/elu the activation's input too; this keeps only the first and recomputes the convolution's
+    input in backward with one elementwise pass. It is the fused form that saves memory around a ReLU.
+
+    Parameters: ``weight``/``bias`` (the convolution's, initialized as nn.Conv2d) and ``bn`` (a
+    :class:`DeferredBatchNormAct2d` with nn.BatchNorm2d's parameters and buffers; with :meth:`from_modules` and
+    ``register_bn=False`` the batch norm is only referenced, its keys stay where they are).
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, device, dtype: as for
+            nn.Conv2d (zero padding; padding given as numbers).
+        act, act_param: the activation between the two (see :class:`BatchNormAct2d`).
+        eps, momentum, affine, track_running_stats: the batch norm's, as for nn.BatchNorm2d.
+
+    Example:
+        >>> layer = memsave.nn.BatchNormActConv2d(64, 128, 3, padding=1, act="relu")
+        >>> y = layer(conv1(x))   # conv(relu(bn(conv1(x)))), keeping conv1's output only
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Union[int, Tuple[int, int]],
+        stride: Union[int, Tuple[int, int]] = 1,
+        padding: Union[int, Tuple[int, int]] = 0,
+        dilation: Union[int, Tuple[int, int]] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        act: str = "relu",
+        act_param: Optional[float] = None,
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.bn = DeferredBatchNormAct2d(in_channels, act, eps, momentum, affine, track_running_stats, device, dtype,
+                                         act_param)
+        conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         device=device, dtype=dtype)
+        self._take_conv(conv)
+
+    def _take_conv(self, conv: nn.Conv2d) -> None:
+        if not isinstance(conv, nn.Conv2d) or isinstance(conv, nn.LazyConv2d):
+            raise TypeError(f"BatchNormActConv2d needs an nn.Conv2d, got {type(conv).__name__}")
+        if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            raise ValueError(
+                f"BatchNormActConv2d supports zero padding given as numbers, got padding={conv.padding!r}, "
+                f"padding_mode={conv.padding_mode!r}"
+            )
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.kernel_size: Tuple[int, ...] = tuple(conv.kernel_size)
+        self.stride: Tuple[int, ...] = tuple(conv.stride)
+        self.padding: Tuple[int, ...] = tuple(conv.padding)  # type: ignore[arg-type]
+        self.dilation: Tuple[int, ...] = tuple(conv.dilation)
+        self.groups = conv.groups
+        self.weight = conv.weight
+        self.bias = conv.bias
+
+    @classmethod
+    def from_modules(
+        cls, bn: DeferredBatchNormAct2d, conv: nn.Conv2d, register_bn: bool = True
+    ) -> "BatchNormActConv2d":
+        """A BatchNormActConv2d sharing ``bn``'s and ``conv``'s parameters and buffers (the same tensors).
+
+        Args:
+            bn: a :class:`DeferredBatchNormAct2d` (``DeferredBatchNormAct2d.from_batchnorm(bn, act)`` makes one).
+            conv: the nn.Conv2d that consumes the activation's output.
+            register_bn: hold ``bn`` as the submodule ``bn``; with False it is only referenced (see
+                :func:`fuse_bn_act_conv`).
+
+        Returns:
+            The fused module.
+
+        Raises:
+            TypeError: wrong module types. ValueError: the channels do not chain, or unsupported padding.
+        """
+        if not isinstance(bn, DeferredBatchNormAct2d):
+            raise TypeError(
+                f"expected a DeferredBatchNormAct2d (DeferredBatchNormAct2d.from_batchnorm(bn, act) makes one), got "
+                f"{type(bn).__name__}"
+            )
+        if isinstance(conv, nn.Conv2d) and conv.in_channels != bn.num_features:
+            raise ValueError(
+                f"BatchNorm2d({bn.num_features}) does not feed Conv2d(in_channels={conv.in_channels})"
+            )
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused._take_conv(conv)
+        if register_bn:
+            fused.bn = bn
+        else:
+            fused.__dict__["_external_bn"] = bn  # referenced, not registered: its keys stay where they are
+        fused.train(conv.training)
+        return fused
+
+    def _bn(self) -> DeferredBatchNormAct2d:
+        bn = self._modules.get("bn")
+        return bn if bn is not None else self.__dict__["_external_bn"]  # type: ignore[return-value]
+
+    def forward(self, input: Tensor) -> Tensor:
+        bn = self._bn()
+        bn._check_input_dim(input)
+        bn_training, factor, running_mean, running_var = bn._bn_arguments()
+        return F.batch_norm_act_conv2d(
+            input, running_mean, running_var, bn.weight, bn.bias, self.weight, self.bias, bn_training, factor,
+            bn.eps, bn.act, bn.act_param, self.stride, self.padding, self.dilation, self.groups,
+        )
+
+    def extra_repr(self) -> str:
+        bn = self._bn()
+        where = "" if "bn" in self._modules else ", batch norm held by the preceding DeferredBatchNormAct2d"
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}, act={bn.act}, bias={self.bias is not None}{where}"
+        )
+
+
+def fuse_bn_act_conv(
+    bn: nn.BatchNorm2d, act: Union[str, nn.Module], conv: nn.Conv2d
+) -> Tuple[DeferredBatchNormAct2d, BatchNormActConv2d]:
+    """Fuse BatchNorm2d -> activation -> Conv2d, keeping every state_dict key where it was.
+
+    Put the first returned module where ``bn`` was, ``nn.Identity()`` where the activation was and the second
+    module where ``conv`` was. Only valid when the activation's output feeds nothing but this convolution.
+
+    Args:
+        bn: the nn.BatchNorm2d (not SyncBatchNorm).
+        act: the activation module (nn.ReLU, nn.GELU, ...) or its name.
+        conv: the nn.Conv2d applied to the activation's output (zero padding).
+
+    Returns:
+        ``(DeferredBatchNormAct2d, BatchNormActConv2d)`` sharing the original parameters and buffers.
+
+    Raises:
+        TypeError / ValueError: unsupported modules (see :meth:`BatchNormActConv2d.from_modules`).
+
+    Example:
+        >>> block.bn1, block.conv2 = memsave.nn.fuse_bn_act_conv(block.bn1, "relu", block.conv2)
+    """
+    if isinstance(act, nn.Module):
+        spec = activation_spec(act)
+        if spec is None:
+            raise ValueError(f"{type(act).__name__} is not an activation the fused operators implement")
+        name, param = spec
+    else:
+        name, param = act, None
+    deferred = DeferredBatchNormAct2d.from_batchnorm(bn, act=name, act_param=param)
+    return deferred, BatchNormActConv2d.from_modules(deferred, conv, register_bn=False)
 
 
 class DeferredLayerNorm(nn.Module):
