@@ -24,6 +24,28 @@ relu it saves nothing on its own (torch's relu keeps only its output, which the 
 BatchNormActConv2d, which recomputes the conv's input, is what frees a tensor. InPlaceABN2d frees the most but needs
 an invertible activation.
 
+In a custom architecture, replace the modules in ``__init__`` or fuse existing ones in place (the forward code
+does not change, and neither do the state_dict keys)::
+
+    class Block(nn.Module):                       # a pre-norm transformer block
+        def __init__(self, d):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(d), Attention(d)          # attn starts with self.qkv = Linear
+            self.ln_2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    for block in model.blocks:
+        block.ln_1, block.attn.qkv = memsave.nn.fuse_norm_linear(block.ln_1, block.attn.qkv)
+        block.ln_2, block.mlp[0] = memsave.nn.fuse_norm_linear(block.ln_2, block.mlp[0])
+        block.mlp[1], block.mlp[2] = nn.Identity(), memsave.nn.ActLinear.from_linear(block.mlp[2], act="gelu")
+
+    # a ResNet bottleneck: bn1 -> relu -> conv2 (its forward then calls bn1 without the relu)
+    block.bn1, block.conv2 = memsave.nn.fuse_bn_act_conv(block.bn1, "relu", block.conv2)
+
+New code can use the modules directly: ``BatchNormAct2d(c, act="silu")`` where ``nn.BatchNorm2d(c), nn.SiLU()``
+were, ``LayerNormLinear(d, 3 * d)`` for ``nn.LayerNorm(d), nn.Linear(d, 3 * d)``, ``ActLinear(4 * d, d)`` for
+``nn.GELU(), nn.Linear(4 * d, d)``. ``memsave.convert`` does all of this for nn.Sequential children.
+
 SyncBatchNorm: not supported. Statistics are per process, as with nn.BatchNorm2d under DDP without
 SyncBatchNorm. ``memsave.convert`` leaves ``nn.SyncBatchNorm`` untouched, :meth:`BatchNormAct2d.from_batchnorm`
 raises TypeError for one, and ``nn.SyncBatchNorm.convert_sync_batchnorm`` does not recognize these modules (they
