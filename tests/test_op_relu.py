@@ -177,6 +177,19 @@ def test_inplace_bumps_version_so_autograd_detects_overwritten_saved_tensor():
         y.sum().backward()
 
 
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
+def test_inplace_bumps_version_once_in_every_mode(mode):
+    x = torch.randn(10, requires_grad=True)
+    y = torch.sigmoid(x)
+    v = y._version
+    ctx = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
+    with ctx():
+        MF.relu(y, inplace=True)
+    assert y._version == v + 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
 def test_inplace_refuses_leaf_requiring_grad():
     x = torch.randn(5, requires_grad=True)
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):

@@ -130,6 +130,10 @@ TORCH_LIBRARY_IMPL(memsave, CPU, m) {
   m.impl("dropout_backward", &dropout_backward_cpu);
 }
 
+TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
+  m.impl("dropout_", &inplace_mask_adinplace<DropoutSpec>);
+}
+
 TORCH_LIBRARY_IMPL(memsave, Autograd, m) { m.impl("dropout_", &inplace_mask_autograd<DropoutSpec>); }
 
 }  // namespace memsave

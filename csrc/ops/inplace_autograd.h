@@ -5,6 +5,9 @@
 // Registered in C++ at the Autograd key because torch.library.register_autograd accepts functional schemas only.
 // The Function returns `self` alone (autograd allows a single output when the dirty input is a view, e.g. a slice);
 // the mask leaves through `mask_out`, as a plain tensor that is not part of the graph.
+// Calls that never reach the Autograd key (inference mode on a normal tensor) still bump `self`'s version through
+// inplace_mask_adinplace, registered at ADInplaceOrView. (torch's generic fallback for that key bumps only returns
+// annotated `Tensor(a!)`, and these operators return the mask.)
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -25,8 +28,7 @@ struct InplaceMaskFunction : public torch::autograd::Function<InplaceMaskFunctio
       at::AutoDispatchBelowADInplaceOrView guard;
       mask = Spec::run(self, scalar);
     }
-    torch::autograd::increment_version(self);
-    ctx->mark_dirty({self});
+    ctx->mark_dirty({self});  // autograd bumps the version of dirty inputs
     ctx->save_for_backward({mask});
     ctx->saved_data["scalar"] = scalar;
     *mask_out = mask;
@@ -46,6 +48,18 @@ template <class Spec>
 at::Tensor inplace_mask_autograd(at::Tensor& self, double scalar) {
   at::Tensor mask;
   InplaceMaskFunction<Spec>::apply(self, scalar, &mask);
+  return mask;
+}
+
+// The ADInplaceOrView-key kernel: run the operator below this key, then bump `self`'s version counter.
+template <class Spec>
+at::Tensor inplace_mask_adinplace(at::Tensor& self, double scalar) {
+  at::Tensor mask;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    mask = Spec::run(self, scalar);
+  }
+  torch::autograd::increment_version(self);
   return mask;
 }
 

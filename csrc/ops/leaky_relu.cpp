@@ -103,6 +103,10 @@ TORCH_LIBRARY_IMPL(memsave, CPU, m) {
   m.impl("leaky_relu_backward", &leaky_relu_backward_cpu);
 }
 
+TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
+  m.impl("leaky_relu_", &inplace_mask_adinplace<LeakyReluSpec>);
+}
+
 TORCH_LIBRARY_IMPL(memsave, Autograd, m) { m.impl("leaky_relu_", &inplace_mask_autograd<LeakyReluSpec>); }
 
 }  // namespace memsave

@@ -88,6 +88,7 @@ struct ReluSpec {
 };
 
 at::Tensor relu_inplace_autograd(at::Tensor& self) { return inplace_mask_autograd<ReluSpec>(self, 0.0); }
+at::Tensor relu_inplace_adinplace(at::Tensor& self) { return inplace_mask_adinplace<ReluSpec>(self, 0.0); }
 
 }  // namespace
 
@@ -101,6 +102,10 @@ TORCH_LIBRARY_IMPL(memsave, CPU, m) {
   m.impl("relu", &relu_cpu);
   m.impl("relu_", &relu_inplace_cpu);
   m.impl("relu_backward", &relu_backward_cpu);
+}
+
+TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
+  m.impl("relu_", &relu_inplace_adinplace);
 }
 
 TORCH_LIBRARY_IMPL(memsave, Autograd, m) { m.impl("relu_", &relu_inplace_autograd); }
