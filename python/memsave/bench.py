@@ -229,9 +229,10 @@ def estimate_main(argv: Optional[Sequence[str]] = None) -> int:
     models = load_models()
     if args.model not in models.SIZES:
         raise SystemExit(f"--model must be one of {', '.join(models.SIZES)}, got {args.model!r}")
-    # Weights are initialised on the CPU, then moved to the meta device: the estimate never touches their values.
+    # Built on the CPU (the estimate reads shapes only and allocates nothing more); moving the model to the meta device
+    # would untie GPT's tied embedding and count it twice.
     with _batch_override(models, args.model, size, args.batch):
-        case = models.build(args.model, size, device="meta", seed=args.seed)
+        case = models.build(args.model, size, device="cpu", seed=args.seed)
     batch = case.config["batch"]
     strategies = _split_strategies(args.strategies)
     loss = ShapeCrossEntropy()
