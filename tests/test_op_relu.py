@@ -246,6 +246,12 @@ def test_integer_dtypes_rejected(dtype):
         torch.ops.memsave.relu_(x)
 
 
+def test_inplace_on_overlapping_memory_refused():
+    x = torch.randn(1).expand(4)  # four elements, one memory location
+    with pytest.raises(RuntimeError, match="more than one element"):
+        MF.relu(x, inplace=True)
+
+
 def test_not_a_tensor():
     with pytest.raises(TypeError, match="torch.Tensor"):
         MF.relu([1.0, -1.0])
