@@ -92,7 +92,7 @@ class ShapeCrossEntropy:
 
 
 def _common_args(p: argparse.ArgumentParser, default_device: str) -> None:
-    p.add_argument("--model", required=True, help="vgg16 | unet | resnet50 | gpt2")
+    p.add_argument("--model", help="vgg16 | unet | resnet50 | gpt2 (required)")
     p.add_argument("--size", default=None, help="tiny | cpu | full (default: full on CUDA, cpu otherwise)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default: the size's own)")
     p.add_argument("--strategies", default="eager,checkpoint:blocks",
@@ -101,6 +101,13 @@ def _common_args(p: argparse.ArgumentParser, default_device: str) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--list-strategies", action="store_true", help="print the strategy names and exit")
+
+
+def _models_for(name: Optional[str]) -> ModuleType:
+    models = load_models()
+    if name not in models.SIZES:
+        raise SystemExit(f"--model must be one of {', '.join(models.SIZES)}, got {name!r}")
+    return models
 
 
 def _split_strategies(text: str) -> List[str]:
@@ -179,9 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit("--device cuda but CUDA is not available here; use --device cpu, or "
                          "`python -m memsave estimate` to predict CUDA memory without a GPU")
     size = args.size or ("full" if dev.type == "cuda" else "cpu")
-    models = load_models()
-    if args.model not in models.SIZES:
-        raise SystemExit(f"--model must be one of {', '.join(models.SIZES)}, got {args.model!r}")
+    models = _models_for(args.model)
     with _batch_override(models, args.model, size, args.batch):
         case = models.build(args.model, size, device=str(dev), seed=args.seed)
     strategies = _split_strategies(args.strategies)
@@ -226,9 +231,7 @@ def estimate_main(argv: Optional[Sequence[str]] = None) -> int:
     dev = _device(args.device)
     size = args.size or ("full" if dev.type == "cuda" else "cpu")
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    models = load_models()
-    if args.model not in models.SIZES:
-        raise SystemExit(f"--model must be one of {', '.join(models.SIZES)}, got {args.model!r}")
+    models = _models_for(args.model)
     # Built on the CPU (the estimate reads shapes only and allocates nothing more); moving the model to the meta device
     # would untie GPT's tied embedding and count it twice.
     with _batch_override(models, args.model, size, args.batch):

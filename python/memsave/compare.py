@@ -9,7 +9,8 @@ language:
                             :func:`resolve_checkpoint_policy`), ``all`` (every top-level stage), a module class name
                             (``TransformerBlock``), or comma-separated qualified module names (``h.0,h.1``)
 ``plan:<budget>``           :func:`memsave.plan` at ``<budget>`` (``4GiB``, ``512MB``, ``50%`` or ``0.5`` of eager's
-                            peak), applied with :func:`memsave.wrap`
+                            peak) or with a baseline (``plan:sqrt``, ``plan:uniform:4``, ``plan:all``), applied with
+                            :func:`memsave.wrap`
 ``convert``                 :func:`memsave.convert`: memory-efficient operators
 ``amp:fp16`` / ``amp:bf16`` ``torch.autocast`` around the forward (lossy: gradients differ from float32 eager)
 ==========================  ========================================================================================
@@ -599,7 +600,13 @@ class Comparison:
     def __getitem__(self, key: Union[int, str]) -> ComparisonRow:
         if isinstance(key, int):
             return self.rows[key]
-        name = parse_strategy(key).name if isinstance(key, str) else key
+        for r in self.rows:
+            if r.strategy == key:
+                return r
+        try:  # another spelling of a row's strategy ("eager+amp:bf16", spaces)
+            name = parse_strategy(key).name
+        except ValueError:
+            name = None
         for r in self.rows:
             if r.strategy == name:
                 return r
