@@ -82,6 +82,8 @@ def environment(device: torch.device) -> Dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_threads": torch.get_num_threads(),
+        # Other processes share the CPU on a CI machine: read step-time ratios (interleaved with eager) with this.
+        "load_average": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "git_commit": _git_commit(),
     }
@@ -255,7 +257,8 @@ def to_markdown(result: Dict[str, Any]) -> str:
         f"torch {env['torch']}, CUDA {env['cuda'] or 'n/a'}, python {env['python']}, {env['cpu_threads']} CPU threads, "
         f"memsave {ms.get('version') if isinstance(ms, dict) else ms}, commit {env.get('git_commit')}, "
         f"{env['date_utc']} UTC. Median of {st['steps']} steps after {st['warmup']} warm-up; total "
-        f"{st['total_seconds']} s.",
+        f"{st['total_seconds']} s" + (f", load average {env['load_average']} at the end" if env.get("load_average")
+                                      else "") + ".",
         "",
         "Peak: " + ("`torch.cuda.max_memory_allocated` above the step's start" if env["device"].startswith("cuda")
                     else "allocator-level, from the profiler's CPU allocation events (DESIGN.md)")

@@ -5,7 +5,8 @@ How each number is taken (DESIGN.md, "Measuring memory"):
 * **peak_bytes** -- CUDA: ``torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()`` before one step and
   ``max_memory_allocated() - memory_allocated_before`` after it. CPU: the allocator-level analogue,
   :func:`cpu_peak_bytes`: PyTorch's profiler with ``profile_memory=True`` records every CPU allocation and free
-  with its size and time; the peak is the maximum of their running sum over the step, relative to its start.
+  with its size and time; the peak is the maximum of their running sum over the step, relative to its start
+  (gradients are set to None before the step, so it frees nothing older than itself; see :func:`cpu_memory_stats`).
   Kernel temporaries are included by construction on both devices.
 * **activation_bytes** -- the live-tensor tracker (:class:`memsave._tracker.LiveTensorTracker`): bytes of the
   tensors created during forward that are still alive when forward returns (tensors saved for backward and the
