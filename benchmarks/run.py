@@ -12,9 +12,9 @@ Per row (DESIGN.md, "Benchmarks protocol"):
 * ``activation_bytes`` -- the live-tensor tracker: bytes of tensors created in forward and alive at its end;
 * ``forward_alloc_bytes`` -- the same quantity at allocator level: bytes allocated minus freed during forward (CPU:
   profiler events; CUDA: ``memory_allocated`` after minus before);
-* ``step_seconds`` -- median step time from ``measure``;
-* ``time_ratio`` -- median step time over eager's, from ``steps`` more steps of the strategy and of an eager copy of
-  the model taken alternately in this run (robust to load changing during the run);
+* ``step_seconds`` / ``time_ratio`` -- median of ``steps`` step times of the strategy, and its ratio to the median
+  of ``steps`` steps of an eager copy of the model taken alternately with them in this run (robust to load changing
+  during the run);
 * ``max_grad_diff`` -- max |grad - eager grad| over all parameters after one step from the same RNG seed.
 
 Results go to ``<out-dir>/bench_<device>_<size>.json`` and ``.md`` with the device name, torch and CUDA versions.
@@ -136,12 +136,12 @@ def _step_time(runner: Any, model: torch.nn.Module, case: bench_models.BenchCase
     return time.perf_counter() - t0
 
 
-def _interleaved_ratio(eager: Any, eager_model: torch.nn.Module, runner: Any, model: torch.nn.Module,
-                       case: bench_models.BenchCase, steps: int, device: torch.device) -> float:
-    """Median step time of ``runner`` over eager's, the two stepped alternately.
+def _interleaved_times(eager: Any, eager_model: torch.nn.Module, runner: Any, model: torch.nn.Module,
+                       case: bench_models.BenchCase, steps: int, device: torch.device):
+    """Median step time of ``runner`` and of eager, the two stepped alternately ``steps`` times each.
 
     Alternating makes the ratio robust to load that drifts during a run (a shared CI machine): both medians see the
-    same conditions. ``measure`` has warmed both up already.
+    same conditions. Both have been warmed up already.
     """
     te, ts = [], []
     for _ in range(steps):
@@ -150,7 +150,7 @@ def _interleaved_ratio(eager: Any, eager_model: torch.nn.Module, runner: Any, mo
     for m in (eager_model, model):
         for p in m.parameters():
             p.grad = None
-    return statistics.median(ts) / statistics.median(te)
+    return statistics.median(ts), statistics.median(te)
 
 
 def _max_diff(grads: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]) -> float:
@@ -187,10 +187,16 @@ def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch
         try:
             model = copy.deepcopy(pristine)
             runner = strat.prepare(model, case.inputs)
-            m = measure(runner, *case.inputs, loss_fn=case.loss_fn, steps=steps, warmup=warmup)
+            # Memory from measure (its own timing is not used: one step); time from the interleaved steps below.
+            m = measure(runner, *case.inputs, loss_fn=case.loss_fn, steps=1, warmup=warmup)
             forward_bytes, grads = _grad_step(runner, model, case, seed, device)
-            ratio = 1.0 if strat.name == "eager" else _interleaved_ratio(
-                eager_model, eager_model, runner, model, case, steps, device)
+            if strat.name == "eager":
+                seconds = statistics.median(_step_time(runner, model, case, device) for _ in range(steps))
+                ratio = 1.0
+            else:
+                seconds, eager_seconds = _interleaved_times(eager_model, eager_model, runner, model, case, steps,
+                                                            device)
+                ratio = seconds / eager_seconds
         except Exception as e:  # a failing strategy is a result row, not the end of the run
             row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
@@ -208,7 +214,7 @@ def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch
             activation_bytes=m.activation_bytes,
             forward_alloc_bytes=int(forward_bytes),
             reserved_bytes=m.reserved_bytes,
-            step_seconds=m.step_seconds,
+            step_seconds=seconds,
             max_grad_diff=_max_diff(grads, eager_grads) if eager_grads else None,
             seconds_total=round(time.perf_counter() - t0, 2),
         )
