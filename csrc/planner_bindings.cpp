@@ -69,9 +69,10 @@ Stage parse_stage(const py::handle& obj, int i) {
   if (!py::isinstance<py::dict>(obj)) throw py::type_error(where + " must be a dict");
   const py::dict d = py::reinterpret_borrow<py::dict>(obj);
   check_keys(d,
-             {"name", "fwd_time", "bwd_time", "input_bytes", "output_bytes", "input_grad_bytes", "output_grad_bytes",
+             {"name", "fwd_time", "bwd_time", "input_bytes", "output_bytes", "input_passing_bytes",
+             "output_passing_bytes", "input_grad_bytes", "output_grad_bytes",
               "saved_bytes", "transient_bytes", "fwd_transient_bytes", "bwd_transient_bytes", "param_grad_bytes",
-              "recomputable", "joins_previous"},
+              "checkpoint_bytes", "recomputable", "joins_previous"},
              where);
   auto field = [&](const char* k) { return where + "['" + k + "']"; };
   auto opt_int = [&](const char* k, std::int64_t dflt) { return d.contains(k) ? as_int(d[k], field(k)) : dflt; };
@@ -81,20 +82,23 @@ Stage parse_stage(const py::handle& obj, int i) {
   s.bwd_time = as_float(required(d, "bwd_time", where), field("bwd_time"));
   s.input_bytes = as_int(required(d, "input_bytes", where), field("input_bytes"));
   s.output_bytes = as_int(required(d, "output_bytes", where), field("output_bytes"));
-  s.input_grad_bytes = opt_int("input_grad_bytes", s.input_bytes);
-  s.output_grad_bytes = opt_int("output_grad_bytes", s.output_bytes);
+  s.input_passing_bytes = opt_int("input_passing_bytes", 0);
+  s.output_passing_bytes = opt_int("output_passing_bytes", 0);
+  s.input_grad_bytes = opt_int("input_grad_bytes", s.input_bytes + s.input_passing_bytes);
+  s.output_grad_bytes = opt_int("output_grad_bytes", s.output_bytes + s.output_passing_bytes);
   s.saved_bytes = opt_int("saved_bytes", 0);
   const std::int64_t transient = opt_int("transient_bytes", 0);
   s.fwd_transient_bytes = opt_int("fwd_transient_bytes", transient);
   s.bwd_transient_bytes = opt_int("bwd_transient_bytes", transient);
   s.param_grad_bytes = opt_int("param_grad_bytes", 0);
+  s.checkpoint_bytes = opt_int("checkpoint_bytes", 0);
   if (d.contains("recomputable")) s.recomputable = as_bool(d["recomputable"], field("recomputable"));
   if (d.contains("joins_previous")) s.joins_previous = as_bool(d["joins_previous"], field("joins_previous"));
   return s;
 }
 
 Chain parse_chain(const py::dict& d) {
-  check_keys(d, {"stages", "skips", "base_bytes"}, "chain");
+  check_keys(d, {"stages", "skips", "base_bytes", "segment_bytes", "recompute_bytes"}, "chain");
   const py::object stages = required(d, "stages", "chain");
   if (!py::isinstance<py::sequence>(stages) || py::isinstance<py::str>(stages)) {
     throw py::type_error("chain['stages'] must be a list of dicts");
@@ -118,6 +122,8 @@ Chain parse_chain(const py::dict& d) {
     }
   }
   if (d.contains("base_bytes")) c.base_bytes = as_int(d["base_bytes"], "chain['base_bytes']");
+  if (d.contains("segment_bytes")) c.segment_bytes = as_int(d["segment_bytes"], "chain['segment_bytes']");
+  if (d.contains("recompute_bytes")) c.recompute_bytes = as_int(d["recompute_bytes"], "chain['recompute_bytes']");
   c.validate();
   return c;
 }
@@ -212,12 +218,16 @@ void bind_planner(py::module_& m) {
         R"doc(Plan which stages of a chain to checkpoint.
 
 Args:
-    chain: {"stages": [stage, ...], "skips": [skip, ...] (optional), "base_bytes": int (optional)}.
-        A stage is a dict with fwd_time, bwd_time (numbers), input_bytes, output_bytes (ints) and optionally
-        name, saved_bytes, transient_bytes (or fwd_transient_bytes / bwd_transient_bytes), input_grad_bytes,
-        output_grad_bytes (default: the activation sizes), param_grad_bytes, recomputable, joins_previous.
+    chain: {"stages": [stage, ...], "skips": [skip, ...], "base_bytes": int, "segment_bytes": int,
+        "recompute_bytes": int} (all but stages optional). A stage is a dict with fwd_time, bwd_time (numbers),
+        input_bytes, output_bytes (ints) and optionally name, saved_bytes, transient_bytes (or
+        fwd_transient_bytes / bwd_transient_bytes), input_passing_bytes, output_passing_bytes (boundary bytes no
+        neighbour keeps for backward), input_grad_bytes, output_grad_bytes (default: the boundary sizes),
+        param_grad_bytes, checkpoint_bytes (held while the stage is checkpointed), recomputable, joins_previous.
+        segment_bytes are held by each checkpointed segment, recompute_bytes while it is recomputed.
         A stage's output boundary is the next stage's input: output_bytes[i] must equal input_bytes[i+1].
         A skip is {"producer": i, "consumer": j, "bytes": n, "grad_bytes": n (optional)} with i < j.
+        See csrc/planner/chain.h for the exact memory model.
     budget_bytes: peak bytes the step may reach, or None for no budget.
     strategy: "optimal", "sqrt", "uniform:K", "none", "all" or "min_memory".
     slots: memory slots of the optimal solver's dynamic program (more = closer to exact, slower).

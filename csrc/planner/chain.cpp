@@ -37,6 +37,8 @@ void check_time(const Chain& chain, int i, const char* field, double v) {
 void Chain::validate() const {
   if (stages.empty()) throw std::invalid_argument("the chain has no stages; give at least one stage");
   if (base_bytes < 0) throw std::invalid_argument("base_bytes must be >= 0");
+  if (segment_bytes < 0) throw std::invalid_argument("segment_bytes must be >= 0");
+  if (recompute_bytes < 0) throw std::invalid_argument("recompute_bytes must be >= 0");
   const int L = size();
   for (int i = 0; i < L; ++i) {
     const Stage& s = stages[i];
@@ -44,20 +46,24 @@ void Chain::validate() const {
     check_time(*this, i, "bwd_time", s.bwd_time);
     check_bytes(*this, i, "input_bytes", s.input_bytes);
     check_bytes(*this, i, "output_bytes", s.output_bytes);
+    check_bytes(*this, i, "input_passing_bytes", s.input_passing_bytes);
+    check_bytes(*this, i, "output_passing_bytes", s.output_passing_bytes);
     check_bytes(*this, i, "input_grad_bytes", s.input_grad_bytes);
     check_bytes(*this, i, "output_grad_bytes", s.output_grad_bytes);
     check_bytes(*this, i, "saved_bytes", s.saved_bytes);
     check_bytes(*this, i, "fwd_transient_bytes", s.fwd_transient_bytes);
     check_bytes(*this, i, "bwd_transient_bytes", s.bwd_transient_bytes);
     check_bytes(*this, i, "param_grad_bytes", s.param_grad_bytes);
+    check_bytes(*this, i, "checkpoint_bytes", s.checkpoint_bytes);
     if (i + 1 < L) {
       const Stage& n = stages[i + 1];
-      if (s.output_bytes != n.input_bytes || s.output_grad_bytes != n.input_grad_bytes) {
+      if (s.output_bytes != n.input_bytes || s.output_grad_bytes != n.input_grad_bytes ||
+          s.output_passing_bytes != n.input_passing_bytes) {
         std::ostringstream os;
-        os << stage_label(*this, i) << " writes a boundary of " << s.output_bytes << " bytes (gradient "
-           << s.output_grad_bytes << ") but " << stage_label(*this, i + 1) << " reads " << n.input_bytes
-           << " bytes (gradient " << n.input_grad_bytes
-           << "); neighbouring stages share one boundary, so these must be equal";
+        os << stage_label(*this, i) << " writes a boundary of " << s.output_bytes << " bytes (passing "
+           << s.output_passing_bytes << ", gradient " << s.output_grad_bytes << ") but " << stage_label(*this, i + 1)
+           << " reads " << n.input_bytes << " bytes (passing " << n.input_passing_bytes << ", gradient "
+           << n.input_grad_bytes << "); neighbouring stages share one boundary, so these must be equal";
         throw std::invalid_argument(os.str());
       }
     }
@@ -80,6 +86,10 @@ void Chain::validate() const {
 
 std::int64_t Chain::boundary_bytes(int j) const {
   return j < size() ? stages[j].input_bytes : stages[j - 1].output_bytes;
+}
+
+std::int64_t Chain::boundary_passing_bytes(int j) const {
+  return j < size() ? stages[j].input_passing_bytes : stages[j - 1].output_passing_bytes;
 }
 
 std::int64_t Chain::boundary_grad_bytes(int j) const {

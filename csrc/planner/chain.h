@@ -9,9 +9,17 @@
 //   * `saved_bytes` are the bytes a stage keeps for its backward when run normally, NOT counting storage shared with
 //     its input or output boundary (those are counted once, as boundaries). A kept stage is assumed to hold both its
 //     input and its output boundary until its own backward has finished.
+//   * Part of a boundary may be *passing*: `*_passing_bytes` that neither neighbour keeps for backward (a tensor
+//     read by the next stage and then freed, e.g. the input of a ReLU that saves its output). Passing bytes live
+//     from the producer's forward to the end of the consumer's forward, unless the consumer starts a checkpointed
+//     segment: a segment keeps its whole input until its backward. `input_bytes`/`output_bytes` are the kept part.
 //   * `fwd_transient_bytes` / `bwd_transient_bytes` are working memory above everything else that is live while the
 //     stage runs (kernel workspaces, temporaries freed before the stage returns).
 //   * `param_grad_bytes` are allocated by the stage's backward and live until the end of the step.
+//   * A checkpointed segment itself costs memory at runtime (a saved RNG state, snapshots of module buffers):
+//     `Chain::segment_bytes` per segment plus `checkpoint_bytes` of each stage in it, held from the segment's forward
+//     until the backward of its first stage has finished. While the segment is recomputed the runtime needs that
+//     state a second time (fresh copies swapped in): `recompute_bytes` + the stages' checkpoint_bytes on top.
 //   * A Skip is a tensor made by stage `producer` and read by stage `consumer` > producer that is not part of the
 //     boundaries in between (a residual or UNet skip connection); its gradient lives from the consumer's backward to
 //     the producer's backward.
@@ -32,12 +40,15 @@ struct Stage {
   double bwd_time = 0.0;
   std::int64_t input_bytes = 0;
   std::int64_t output_bytes = 0;
-  std::int64_t input_grad_bytes = 0;   // gradient of the input boundary (0 if it does not require grad)
-  std::int64_t output_grad_bytes = 0;  // gradient of the output boundary
+  std::int64_t input_passing_bytes = 0;   // passing part of the input boundary (see above)
+  std::int64_t output_passing_bytes = 0;
+  std::int64_t input_grad_bytes = 0;   // gradient of the whole input boundary (0 if it does not require grad)
+  std::int64_t output_grad_bytes = 0;  // gradient of the whole output boundary
   std::int64_t saved_bytes = 0;
   std::int64_t fwd_transient_bytes = 0;
   std::int64_t bwd_transient_bytes = 0;
   std::int64_t param_grad_bytes = 0;
+  std::int64_t checkpoint_bytes = 0;  // extra bytes while the stage is in a checkpointed segment
   bool recomputable = true;    // may be placed in a checkpointed segment
   bool joins_previous = true;  // may share a checkpointed segment with the stage before it
 };
@@ -52,7 +63,9 @@ struct Skip {
 struct Chain {
   std::vector<Stage> stages;
   std::vector<Skip> skips;
-  std::int64_t base_bytes = 0;  // live for the whole step on top of everything the model describes
+  std::int64_t base_bytes = 0;     // live for the whole step on top of everything the model describes
+  std::int64_t segment_bytes = 0;    // held by each checkpointed segment (see above)
+  std::int64_t recompute_bytes = 0;  // extra while a segment is recomputed (see above)
 
   int size() const { return static_cast<int>(stages.size()); }
 
@@ -61,8 +74,9 @@ struct Chain {
   // bytes or gradient bytes), or a skip's indices are out of range or not increasing.
   void validate() const;
 
-  // Bytes of boundary j (0..L) and of its gradient.
+  // Bytes of boundary j (0..L): kept part, passing part, gradient.
   std::int64_t boundary_bytes(int j) const;
+  std::int64_t boundary_passing_bytes(int j) const;
   std::int64_t boundary_grad_bytes(int j) const;
 
   // Sum over stages of fwd_time + bwd_time: the compute of one eager step, the denominator of an overhead ratio.

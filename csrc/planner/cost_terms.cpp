@@ -9,9 +9,11 @@ namespace planner {
 CostTerms::CostTerms(const Chain& chain) : chain_(chain), L_(chain.size()) {
   const int L = L_;
   A_.resize(L + 1);
+  T_.resize(L + 1);
   G_.resize(L + 1);
   for (int j = 0; j <= L; ++j) {
     A_[j] = chain.boundary_bytes(j);
+    T_[j] = chain.boundary_passing_bytes(j);
     G_[j] = chain.boundary_grad_bytes(j);
   }
   born_.assign(L, 0);
@@ -38,7 +40,8 @@ CostTerms::CostTerms(const Chain& chain) : chain_(chain), L_(chain.size()) {
     bwd_const_[j] = G_[j + 1] + p_after[j] + sg_bwd[j] + G_[j] + s.bwd_transient_bytes + s.param_grad_bytes;
     rec_const_[j] = G_[j + 1] + p_after[j] + sg_rec[j];
     const std::int64_t held_in_stage = chain.base_bytes + A_[j] + s.saved_bytes + A_[j + 1] + born_[j];
-    kept_[j].peak_offset = held_in_stage + std::max(s.fwd_transient_bytes, bwd_const_[j]);
+    // Forward also holds both passing parts (input and output); backward neither.
+    kept_[j].peak_offset = held_in_stage + std::max(T_[j] + T_[j + 1] + s.fwd_transient_bytes, bwd_const_[j]);
     kept_[j].held_delta = A_[j] + s.saved_bytes + born_[j];
     kept_[j].cost = 0.0;
   }

@@ -6,7 +6,8 @@
 // runs forward, recomputes or runs backward has live bytes = held(c) + a term that depends only on c itself and on
 // chain constants (gradients of later boundaries and skips, parameter gradients of later stages). Hence
 //
-//     peak(schedule) = max over segments c of ( held(c) + peak_offset(c) ),   held(c_{k+1}) = held(c_k) + held_delta(c_k)
+//     peak(schedule) = max over segments c of ( held(c) + peak_offset(c) ),
+//     held(c_{k+1}) = held(c_k) + held_delta(c_k)
 //
 // with peak_offset and held_delta computed below; moments between segments are never higher. evaluate_peak() applies
 // this formula; the tests check it against simulate() on every schedule of many random chains.
@@ -55,7 +56,7 @@ class CostTerms {
  private:
   const Chain& chain_;
   int L_;
-  std::vector<std::int64_t> A_, G_;          // boundary bytes and gradient bytes, 0..L
+  std::vector<std::int64_t> A_, T_, G_;      // boundary bytes (kept, passing) and gradient bytes, 0..L
   std::vector<std::int64_t> born_;           // skip bytes produced by stage i
   std::vector<std::int64_t> bwd_const_;      // backward of stage j minus held, segment-independent part
   std::vector<std::int64_t> rec_const_;      // recompute of a segment ending at e (inclusive), gradient part
@@ -82,12 +83,13 @@ void CostTerms::for_each_kept_run(int b, Fn&& fn) const {
 template <typename Fn>
 void CostTerms::for_each_checkpointed(int b, Fn&& fn) const {
   const Chain& c = chain_;
-  const std::int64_t base = c.base_bytes + A_[b];
+  const std::int64_t base = c.base_bytes + A_[b] + T_[b];
   std::int64_t sfwd = 0;    // skips produced in [b, j] still to be read at stage >= j
   std::int64_t srec = 0;    // skips produced in [b, j]
   std::int64_t esc = 0;     // skips produced in [b, e] read after e
   std::int64_t cum = 0;     // sum over k in [b, j) of saved_k + A_{k+1}
   std::int64_t fwd_max = INT64_MIN, rec_inner_max = INT64_MIN, bwd_max = INT64_MIN;
+  std::int64_t overhead = c.segment_bytes;  // held by the segment during all of its moments
   double cost = 0.0;
   for (int j = b; j < L_; ++j) {
     const Stage& s = c.stages[j];
@@ -103,17 +105,24 @@ void CostTerms::for_each_checkpointed(int b, Fn&& fn) const {
     sfwd += born_[j];
     srec += born_[j];
     esc += born_[j];
-    const std::int64_t fwd = (j > b ? A_[j] : 0) + A_[j + 1] + s.fwd_transient_bytes + sfwd;
-    const std::int64_t rec = cum + s.saved_bytes + A_[j + 1] + srec + s.fwd_transient_bytes;
+    const std::int64_t in = j > b ? A_[j] + T_[j] : 0;  // the segment's own input is in `base`
+    const std::int64_t fwd = in + A_[j + 1] + T_[j + 1] + s.fwd_transient_bytes + sfwd;
+    const std::int64_t rec =
+        cum + s.saved_bytes + A_[j + 1] + T_[j + 1] + (j > b ? T_[j] : 0) + srec + s.fwd_transient_bytes;
     cum += s.saved_bytes + A_[j + 1];
     const std::int64_t bwd = cum + srec + bwd_const_[j];
     fwd_max = std::max(fwd_max, fwd);
     rec_inner_max = std::max(rec_inner_max, rec);
     bwd_max = std::max(bwd_max, bwd);
     cost += s.fwd_time;
+    overhead += s.checkpoint_bytes;
     SegmentTerms t;
-    t.peak_offset = base + std::max(fwd_max, std::max(rec_const_[j] + rec_inner_max, bwd_max));
-    t.held_delta = A_[b] + esc;
+    // The recompute moments also hold a second copy of the checkpoint state (overhead - segment_bytes) and
+    // recompute_bytes.
+    const std::int64_t rec_state = c.recompute_bytes + overhead - c.segment_bytes;
+    t.peak_offset =
+        base + overhead + std::max(fwd_max, std::max(rec_const_[j] + rec_state + rec_inner_max, bwd_max));
+    t.held_delta = A_[b] + T_[b] + esc + overhead;
     t.cost = cost;
     if (!fn(j + 1, static_cast<const SegmentTerms&>(t))) return;
   }

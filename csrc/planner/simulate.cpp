@@ -25,7 +25,10 @@ namespace {
 
 // Buffers of one step, each identified by (kind, index). Allocating a live buffer or freeing a dead one is a bug in
 // the simulator itself, reported as std::logic_error.
-enum Kind { kBase, kAct, kActCopy, kSaved, kGrad, kParamGrad, kSkipAct, kSkipActCopy, kSkipGrad, kNumKinds };
+enum Kind {
+  kBase, kAct, kActCopy, kPass, kPassCopy, kSaved, kGrad, kParamGrad, kSkipAct, kSkipActCopy, kSkipGrad, kSegment,
+  kRecompute, kNumKinds
+};
 
 class Memory {
  public:
@@ -86,19 +89,32 @@ SimResult simulate(const Chain& chain, const Schedule& schedule, bool keep_timel
   // Forward.
   mem.alloc(kBase, 0, chain.base_bytes);
   mem.alloc(kAct, 0, chain.boundary_bytes(0));
+  mem.alloc(kPass, 0, chain.boundary_passing_bytes(0));
   for (int i = 0; i < L; ++i) {
     const Stage& s = chain.stages[i];
+    if (a.recompute[i] && a.segment_begin[i] == i) {
+      std::int64_t overhead = chain.segment_bytes;
+      for (int j = i; j < a.segment_end[i]; ++j) overhead += chain.stages[j].checkpoint_bytes;
+      mem.alloc(kSegment, i, overhead);
+    }
     mem.alloc(kAct, i + 1, chain.boundary_bytes(i + 1));
+    mem.alloc(kPass, i + 1, chain.boundary_passing_bytes(i + 1));
     for (int k : produced[i]) mem.alloc(kSkipAct, k, chain.skips[k].bytes);
     if (!a.recompute[i]) mem.alloc(kSaved, i, s.saved_bytes);
     moment(Phase::kForward, i, s.fwd_transient_bytes);
+    if (!a.recompute[i]) mem.free(kPass, i);
     if (a.recompute[i]) {
-      if (i > a.segment_begin[i]) mem.free(kAct, i);
+      if (i > a.segment_begin[i]) {
+        mem.free(kAct, i);
+        mem.free(kPass, i);
+      }
       for (int k : consumed[i]) {
         if (same_checkpointed_segment(chain.skips[k].producer, i)) mem.free(kSkipAct, k);
       }
     }
   }
+
+  mem.free(kPass, L);  // nothing in the chain reads the passing part of its output after the last forward
 
   // Backward.
   mem.alloc(kGrad, L, chain.boundary_grad_bytes(L));
@@ -113,12 +129,19 @@ SimResult simulate(const Chain& chain, const Schedule& schedule, bool keep_timel
           if (chain.skips[k].consumer > i) mem.free(kSkipAct, k);
         }
       }
+      std::int64_t rec_state = chain.recompute_bytes;
+      for (int j = b; j <= i; ++j) rec_state += chain.stages[j].checkpoint_bytes;
+      mem.alloc(kRecompute, b, rec_state);
       for (int j = b; j <= i; ++j) {
         mem.alloc(kSaved, j, chain.stages[j].saved_bytes);
         mem.alloc(kActCopy, j + 1, chain.boundary_bytes(j + 1));
+        mem.alloc(kPassCopy, j + 1, chain.boundary_passing_bytes(j + 1));
         for (int k : produced[j]) mem.alloc(kSkipActCopy, k, chain.skips[k].bytes);
         moment(Phase::kRecompute, j, chain.stages[j].fwd_transient_bytes);
+        if (j > b) mem.free(kPassCopy, j);
       }
+      mem.free(kPassCopy, i + 1);
+      mem.free(kRecompute, b);
     }
     for (int k : consumed[i]) mem.alloc(kSkipGrad, k, chain.skips[k].grad_bytes);
     mem.alloc(kGrad, i, chain.boundary_grad_bytes(i));
@@ -131,6 +154,10 @@ SimResult simulate(const Chain& chain, const Schedule& schedule, bool keep_timel
     for (int k : produced[i]) {
       mem.free(a.recompute[i] ? kSkipActCopy : kSkipAct, k);
       mem.free(kSkipGrad, k);
+    }
+    if (a.recompute[i] && a.segment_begin[i] == i) {
+      mem.free(kPass, i);
+      mem.free(kSegment, i);
     }
   }
 

@@ -30,7 +30,11 @@ from .errors import (  # noqa: E402
     RecomputeMismatchError,
 )
 from .measure import Measurement, measure  # noqa: E402
+from .compare import Comparison, compare  # noqa: E402
+from .estimate import Estimate, estimate, max_batch_size  # noqa: E402
+from .monitor import MemoryMonitor  # noqa: E402
 from .wrap import unwrap, wrap  # noqa: E402
+from .planning import InfeasibleBudgetError, Plan, PlanMismatchError, plan  # noqa: E402
 from . import amp  # noqa: E402
 from .accumulate import accumulate  # noqa: E402
 

@@ -5,7 +5,8 @@ name of a wrapped module, or the function's ``__qualname__``) and what to do abo
 """
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "RecomputeMismatchError", "InplaceModificationError", "MemsaveWarning"]
+__all__ = ["CheckpointError", "RecomputeMismatchError", "InplaceModificationError", "MemsaveWarning",
+           "InfeasibleBudgetError"]
 
 
 class CheckpointError(RuntimeError):
@@ -34,3 +35,11 @@ class InplaceModificationError(CheckpointError):
 
 class MemsaveWarning(UserWarning):
     """A memsave call did something other than the user probably intended (e.g. a wrap policy matched nothing)."""
+
+
+class InfeasibleBudgetError(ValueError):
+    """No checkpoint plan fits the budget given to :func:`memsave.plan`; ``min_bytes`` is the smallest that does."""
+
+    def __init__(self, message: str, min_bytes: int) -> None:
+        super().__init__(message)
+        self.min_bytes = int(min_bytes)

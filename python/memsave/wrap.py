@@ -158,8 +158,9 @@ def wrap(model: nn.Module, policy: Policy, *, preserve_rng_state: bool = True, s
 
     Args:
         model: the model, modified in place.
-        policy: an ``nn.Module`` subclass, a tuple of subclasses, or a predicate
-            ``(qualified_name, module) -> bool`` (the root's qualified name is ``""``).
+        policy: an ``nn.Module`` subclass, a tuple of subclasses, a predicate
+            ``(qualified_name, module) -> bool`` (the root's qualified name is ``""``), or a
+            :class:`memsave.Plan` made for this model by :func:`memsave.plan`.
         preserve_rng_state, strict: as for :func:`memsave.checkpoint`, for every region created here.
 
     Returns:
@@ -177,6 +178,9 @@ def wrap(model: nn.Module, policy: Policy, *, preserve_rng_state: bool = True, s
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.wrap: model must be an nn.Module, got {type(model).__name__}.")
+    from .planning import Plan, apply_plan  # deferred: planning imports this module
+    if isinstance(policy, Plan):
+        return apply_plan(model, policy, preserve_rng_state=preserve_rng_state, strict=strict)
     select = _resolve_policy(policy)
     matched = 0
     for qualified_name, module in model.named_modules():

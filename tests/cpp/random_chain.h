@@ -25,10 +25,13 @@ inline Chain random_chain(std::mt19937& rng, int L, const RandomChainOptions& o 
   auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
   Chain c;
   c.base_bytes = bytes(10);
-  std::vector<std::int64_t> A(L + 1), G(L + 1);
+  c.segment_bytes = coin(0.5) ? 0 : bytes(8);
+  c.recompute_bytes = coin(0.5) ? 0 : bytes(8);
+  std::vector<std::int64_t> A(L + 1), T(L + 1), G(L + 1);
   for (int j = 0; j <= L; ++j) {
     A[j] = bytes(o.max_bytes);
-    G[j] = coin(0.2) ? 0 : A[j];  // some boundaries do not require grad
+    T[j] = coin(0.5) ? 0 : bytes(o.max_bytes);
+    G[j] = coin(0.2) ? 0 : A[j] + T[j];  // some boundaries do not require grad
   }
   for (int i = 0; i < L; ++i) {
     Stage s;
@@ -37,12 +40,15 @@ inline Chain random_chain(std::mt19937& rng, int L, const RandomChainOptions& o 
     s.bwd_time = std::uniform_int_distribution<int>(0, 20)(rng);
     s.input_bytes = A[i];
     s.output_bytes = A[i + 1];
+    s.input_passing_bytes = T[i];
+    s.output_passing_bytes = T[i + 1];
     s.input_grad_bytes = G[i];
     s.output_grad_bytes = G[i + 1];
     s.saved_bytes = bytes(2 * o.max_bytes);
     s.fwd_transient_bytes = bytes(o.max_bytes);
     s.bwd_transient_bytes = bytes(o.max_bytes);
     s.param_grad_bytes = bytes(o.max_bytes / 2);
+    s.checkpoint_bytes = coin(0.5) ? 0 : bytes(6);
     s.recomputable = !coin(o.not_recomputable_p);
     s.joins_previous = !coin(o.no_join_p);
     c.stages.push_back(s);

@@ -41,6 +41,11 @@ TEST(Chain, MismatchedBoundaryIsRejectedWithStageNames) {
   c = three_stages();
   c.stages[0].output_grad_bytes = 0;
   EXPECT_THROW(c.validate(), std::invalid_argument);
+  c = three_stages();
+  c.stages[0].output_passing_bytes = 4;
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c.stages[1].input_passing_bytes = 4;
+  EXPECT_NO_THROW(c.validate());
 }
 
 TEST(Chain, NegativeOrNonFiniteValuesAreRejected) {
@@ -55,6 +60,12 @@ TEST(Chain, NegativeOrNonFiniteValuesAreRejected) {
   EXPECT_THROW(c.validate(), std::invalid_argument);
   c = three_stages();
   c.base_bytes = -3;
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c = three_stages();
+  c.segment_bytes = -1;
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c = three_stages();
+  c.stages[1].checkpoint_bytes = -1;
   EXPECT_THROW(c.validate(), std::invalid_argument);
 }
 

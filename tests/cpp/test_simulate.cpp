@@ -69,6 +69,32 @@ TEST(Simulate, ParameterGradientsAccumulate) {
   EXPECT_EQ(r.end_bytes, 32);
 }
 
+TEST(Simulate, PassingBoundaryByHand) {
+  // Boundary 1 is only passing (8 bytes): nobody keeps it for backward.
+  Chain c = uniform3();
+  c.stages[0].output_bytes = c.stages[1].input_bytes = 0;
+  c.stages[0].output_passing_bytes = c.stages[1].input_passing_bytes = 8;
+  c.stages[0].output_grad_bytes = c.stages[1].input_grad_bytes = 8;
+  // No checkpoint: fwd0 = 10 + 8 + 20 (+5) = 43; fwd1 = 38 + 30 (+5) = 73, then the 8 passing bytes go -> 60;
+  // fwd2 = 90 (+5) = 95; backward start 100; bwd2 = 110 (+7) = 117 -> frees 40 -> 70;
+  // bwd1 = 70 + 8 (grad 1) (+7) = 85 -> frees saved 20, grad 2, boundary 2 -> 38; bwd0 = 38 + 10 (+7) = 55.
+  const SimResult none = simulate(c, {{0, 3, false}}, true);
+  const std::vector<std::int64_t> expected = {43, 73, 95, 100, 117, 85, 55};
+  ASSERT_EQ(none.timeline.size(), expected.size());
+  for (std::size_t k = 0; k < expected.size(); ++k) EXPECT_EQ(none.timeline[k].live_bytes, expected[k]) << k;
+  // Stage 1 starts a checkpointed segment: it keeps its input (passing bytes included) until its backward.
+  // fwd0 43; fwd1 = 38 + 10 (+5) = 53; fwd2 = 48 + 30 (+5) = 83; start 88; bwd2 = 98 (+7) = 105 -> frees 40 and
+  // the original boundary 2 -> 48; recompute 1 = 48 + 30 (+5) = 83; bwd1 = 78 + 8 (+7) = 93 -> frees 40 and the
+  // 8 passing bytes -> 38; bwd0 = 38 + 10 (+7) = 55.
+  const SimResult seg = simulate(c, {{0, 1, false}, {1, 2, true}, {2, 3, false}}, true);
+  const std::vector<std::int64_t> expected_seg = {43, 53, 83, 88, 105, 83, 93, 55};
+  ASSERT_EQ(seg.timeline.size(), expected_seg.size());
+  for (std::size_t k = 0; k < expected_seg.size(); ++k) {
+    EXPECT_EQ(seg.timeline[k].live_bytes, expected_seg[k]) << k;
+  }
+  EXPECT_EQ(seg.end_bytes, 20);
+}
+
 TEST(Simulate, SkipConnectionByHand) {
   Chain c = uniform3();
   c.skips.push_back(Skip{0, 2, 8, 8});
@@ -99,6 +125,32 @@ TEST(Simulate, SkipIntervalAddsBytesOnlyWhileLive) {
   EXPECT_EQ(with.timeline[0].live_bytes, plain.timeline[0].live_bytes);      // forward 0
   EXPECT_EQ(with.timeline[1].live_bytes, plain.timeline[1].live_bytes + 6);  // forward 1 made it
   EXPECT_EQ(with.timeline[6].live_bytes, plain.timeline[6].live_bytes);      // backward 0: freed by backward 1
+}
+
+TEST(Simulate, SegmentOverheadIsHeldUntilTheSegmentsBackward) {
+  Chain c = uniform3();
+  c.segment_bytes = 100;
+  c.stages[0].checkpoint_bytes = 3;
+  c.stages[1].checkpoint_bytes = 4;
+  c.stages[2].checkpoint_bytes = 1000;  // kept: never counted
+  const SimResult plain = simulate(uniform3(), {{0, 2, true}, {2, 3, false}}, true);
+  const SimResult with = simulate(c, {{0, 2, true}, {2, 3, false}}, true);
+  ASSERT_EQ(plain.timeline.size(), with.timeline.size());
+  // Held at every moment up to the backward of stage 0 (the last moment), and needed a second time while the
+  // segment is recomputed (its checkpoint_bytes, 3 + 4).
+  for (std::size_t k = 0; k < with.timeline.size(); ++k) {
+    const bool recomputing = with.timeline[k].phase == Phase::kRecompute;
+    EXPECT_EQ(with.timeline[k].live_bytes, plain.timeline[k].live_bytes + 107 + (recomputing ? 7 : 0)) << k;
+  }
+  EXPECT_EQ(with.end_bytes, plain.end_bytes);
+  EXPECT_EQ(simulate(c, {{0, 3, false}}).peak_bytes, simulate(uniform3(), {{0, 3, false}}).peak_bytes);
+  // recompute_bytes come on top during the recompute only.
+  c.recompute_bytes = 50;
+  const SimResult rec = simulate(c, {{0, 2, true}, {2, 3, false}}, true);
+  for (std::size_t k = 0; k < rec.timeline.size(); ++k) {
+    const bool recomputing = rec.timeline[k].phase == Phase::kRecompute;
+    EXPECT_EQ(rec.timeline[k].live_bytes, with.timeline[k].live_bytes + (recomputing ? 50 : 0)) << k;
+  }
 }
 
 TEST(Simulate, InvalidScheduleThrows) {

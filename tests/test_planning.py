@@ -1,0 +1,352 @@
+"""memsave.plan: the budget guarantee on four model families, gradients bitwise equal to eager, Plan API, bad input.
+
+The guarantee is checked the way DESIGN.md measures memory on CPU: the allocator-level peak of one training step
+(gradients None, forward, loss, backward) from the profiler's allocation events, relative to the step's start.
+Run with ``-s`` to see the measured margins (budget - measured peak) of every model and budget.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import memsave
+from memsave.measure import cpu_peak_bytes, default_loss
+from memsave.planning import _GroupedForward, parse_budget
+
+import models
+
+
+# ------------------------------------------------------------------------------------------------------- models
+def mlp50(seed: int = 0):
+    """An MLP chain of 50 Linear layers of varied widths with mixed activations (plain nn.Sequential)."""
+    torch.manual_seed(seed)
+    widths = [32, 48, 80, 96, 64, 40, 88, 56, 72, 24]
+    acts = [nn.GELU, nn.Tanh, nn.ReLU, nn.SiLU]
+    layers = []
+    for i in range(50):
+        layers += [nn.Linear(widths[i % 10], widths[(i + 1) % 10]), acts[i % 4]()]
+    return nn.Sequential(*layers, nn.Linear(widths[0], 10)), torch.randn(64, 32)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.down = None
+        if stride != 1 or c_in != c_out:
+            self.down = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.down is None else self.down(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + identity)
+
+
+class ResNetLike(nn.Module):
+    """Stem, three stages of two residual blocks (nn.Sequential), pooling and a classifier."""
+
+    def __init__(self, widths=(8, 16, 32)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU(inplace=True))
+        stages, c_in = [], widths[0]
+        for i, w in enumerate(widths):
+            stages.append(nn.Sequential(BasicBlock(c_in, w, 1 if i == 0 else 2), BasicBlock(w, w)))
+            c_in = w
+        self.layer1, self.layer2, self.layer3 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c_in, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer3(self.layer2(self.layer1(self.stem(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def resnet(seed: int = 0):
+    torch.manual_seed(seed)
+    return ResNetLike(), torch.randn(4, 3, 24, 24)
+
+
+def unet(seed: int = 0):
+    torch.manual_seed(seed)
+    return models.SmallUNet(base=4), torch.randn(2, 3, 32, 32)
+
+
+def gpt(seed: int = 0):
+    torch.manual_seed(seed)
+    model = models.TinyTransformer(vocab=40, d=32, n_blocks=4, seq=32)
+    return model, torch.randint(0, 40, (4, 32), generator=torch.Generator().manual_seed(1))
+
+
+FAMILIES = {"mlp50": mlp50, "unet": unet, "resnet": resnet, "gpt": gpt}
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+def _step(model: nn.Module, x: torch.Tensor) -> None:
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(1234)  # the same dropout masks in every run
+    default_loss(model(x)).backward()
+
+
+def _peak(model: nn.Module, x: torch.Tensor) -> int:
+    """Allocator-level CPU peak of one step with gradients None at its start (DESIGN.md)."""
+    for p in model.parameters():
+        p.grad = None
+    return cpu_peak_bytes(lambda: _step(model, x))
+
+
+def _grads(model: nn.Module, x: torch.Tensor):
+    _step(model, x)
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _plan(model, x, **kw):
+    kw.setdefault("timing_steps", 1)
+    return memsave.plan(model, x, **kw)
+
+
+@pytest.fixture(scope="module")
+def unet_sqrt():
+    """A UNet and its sqrt(N) plan, shared by the tests that only read the plan."""
+    model, x = unet()
+    return model, x, _plan(model, x, strategy="sqrt")
+
+
+# ------------------------------------------------------------------------------------------------- the guarantee
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_measured_peak_within_budget_and_gradients_bitwise(name: str) -> None:
+    model, x = FAMILIES[name]()
+    eager_model = copy.deepcopy(model)
+    reference = _grads(eager_model, x)
+    eager_peak = _peak(eager_model, x)
+    # The smallest feasible budget is the measured peak of the minimum-memory plan: that plan is the first of four
+    # (its budget is its own measured peak), then three budgets spread up to eager's peak.
+    least = _plan(model, x, strategy="min_memory")
+    smallest = least.measured_peak_bytes
+    assert 0 < smallest < eager_peak, (smallest, eager_peak)
+    budgets = [smallest] + [smallest + (eager_peak - smallest) * k // 4 for k in (1, 2, 3)]
+    lines = []
+    for budget in budgets:
+        p = least if budget == smallest else _plan(model, x, budget=budget)
+        wrapped = memsave.wrap(copy.deepcopy(model), p)
+        grads = _grads(wrapped, x)
+        assert all(torch.equal(a, b) for a, b in zip(grads, reference)), f"{name}: gradients differ from eager"
+        measured = _peak(wrapped, x)
+        lines.append(f"{name}: budget {budget} measured {measured} margin {budget - measured} predicted "
+                     f"{p.predicted_peak_bytes} regions {len(p.regions())} overhead {p.predicted_overhead:.3f}")
+        assert measured <= budget, lines[-1]
+    print("\n" + "\n".join(lines))
+
+
+def test_budget_at_or_above_eager_peak_recomputes_nothing() -> None:
+    model, x = models.build("cnn")
+    p = _plan(model, x, budget=1.0)
+    assert p.regions() == [] and p.predicted_overhead == 0.0
+    assert p.measured_peak_bytes == p.eager_peak_bytes
+    p = _plan(model, x, budget=10 * p.eager_peak_bytes)
+    assert p.regions() == []
+
+
+def test_profiled_chain_is_monotonic_and_beats_sqrt(unet_sqrt) -> None:
+    chain = unet_sqrt[2].chain
+    lo = memsave._C.planner_min_peak(chain)["peak_bytes"]
+    hi = memsave._C.planner_simulate(chain, [(0, len(chain["stages"]), False)])["peak_bytes"]
+    previous = math.inf
+    for k in range(21):
+        res = memsave._C.planner_solve(chain, lo + (hi - lo) * k // 20, "optimal", 2000)
+        assert res["feasible"]
+        assert res["predicted_extra_time"] <= previous
+        previous = res["predicted_extra_time"]
+    assert previous == 0.0
+    for strategy in ("sqrt", "uniform:3", "uniform:7"):
+        base = memsave._C.planner_solve(chain, None, strategy, 2000)
+        opt = memsave._C.planner_solve(chain, base["predicted_peak_bytes"], "optimal", 2000)
+        assert opt["predicted_extra_time"] <= base["predicted_extra_time"]
+
+
+def test_unet_skip_connections_are_in_the_chain(unet_sqrt) -> None:
+    skips = unet_sqrt[2].chain["skips"]
+    assert len(skips) >= 2  # s1 and s2 are read by the decoder's concatenations
+    assert all(s["consumer"] > s["producer"] + 1 for s in skips)
+
+
+# ------------------------------------------------------------------------------------------------- strategies
+@pytest.mark.parametrize("strategy", ["uniform:2", "all", "none"])
+def test_baseline_strategies_apply_and_stay_exact(strategy: str) -> None:
+    model, x = models.build("cnn")
+    reference = _grads(copy.deepcopy(model), x)
+    p = _plan(model, x, strategy=strategy)
+    assert p.strategy == strategy and p.budget_bytes is None
+    wrapped = memsave.wrap(copy.deepcopy(model), p)
+    assert all(torch.equal(a, b) for a, b in zip(_grads(wrapped, x), reference))
+    if strategy == "none":
+        assert p.regions() == []
+    else:
+        assert p.regions()
+
+
+def test_fixed_strategy_over_budget_is_infeasible() -> None:
+    model, x = models.build("cnn")
+    with pytest.raises(memsave.InfeasibleBudgetError) as info:
+        _plan(model, x, budget=1000, strategy="sqrt")
+    assert info.value.min_bytes > 1000
+
+
+def test_grouped_regions_in_a_sequential_round_trip_through_unwrap() -> None:
+    model, x = models.build("mlp")
+    reference = _grads(copy.deepcopy(model), x)
+    p = _plan(model, x, strategy="sqrt")
+    assert any(len(r) > 1 for r in p.regions())
+    keys = list(model.state_dict())
+    memsave.wrap(model, p)
+    assert isinstance(model.__dict__.get("forward"), _GroupedForward)
+    assert "[memsave.checkpoint " in repr(model)
+    assert list(model.state_dict()) == keys
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model, x), reference))
+    memsave.unwrap(model)
+    assert "forward" not in model.__dict__ and "memsave" not in repr(model)
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model, x), reference))
+
+
+class _KwargsBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.gate = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor, extra=None):
+        h = torch.tanh(self.lin(x)) * scale
+        return h + torch.sigmoid(self.gate(x)), extra
+
+
+class _KwargsNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_KwargsBlock() for _ in range(6))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x, _ = block(x, scale=scale, extra="tag")
+        return self.head(x)
+
+
+def test_modules_called_with_kwargs_and_several_tensors() -> None:
+    torch.manual_seed(0)
+    model, x, scale = _KwargsNet(), torch.randn(64, 16), torch.rand(16)
+    step = lambda m: default_loss(m(x, scale)).backward()  # noqa: E731
+    eager = copy.deepcopy(model)
+    step(eager)
+    p = memsave.plan(model, x, scale, strategy="all", timing_steps=1)
+    assert [r for r in p.regions()] == [[f"blocks.{i}"] for i in range(6)] + [["head"]]
+    wrapped = memsave.wrap(copy.deepcopy(model), p)
+    step(wrapped)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(wrapped.parameters(), eager.parameters()))
+
+
+# ---------------------------------------------------------------------------------------------------- Plan API
+def test_plan_summary_json_round_trip_and_verbose(unet_sqrt, capsys) -> None:
+    model, x, p = unet_sqrt
+    memsave.plan(*models.build("cnn"), strategy="none", timing_steps=1, verbose=True)
+    assert "memsave plan for Sequential (none)" in capsys.readouterr().out
+    text = p.summary()
+    assert "memsave plan for SmallUNet" in text and "recompute #0" in text and "glue" in text and "kept" in text
+    assert "enc1" in text and str(p) == text
+    q = memsave.Plan.from_json(p.to_json())
+    assert q == p
+    assert json.loads(p.to_json())["fingerprint"] == p.fingerprint
+    assert p.predicted_overhead > 0 and p.predicted_peak_bytes > 0 and p.min_feasible_bytes > 0
+    memsave.wrap(copy.deepcopy(model), q)  # a plan read back applies as the original would
+
+
+def test_plan_from_another_model_raises(unet_sqrt) -> None:
+    p = unet_sqrt[2]
+    other, _ = models.build("cnn")
+    with pytest.raises(memsave.PlanMismatchError, match="made for a SmallUNet"):
+        memsave.wrap(other, p)
+    with pytest.raises(ValueError, match="lacks"):
+        memsave.wrap(other, memsave.Plan.from_json(p.to_json()))
+    wider = models.SmallUNet(base=8)  # same module names, other parameter shapes
+    with pytest.raises(memsave.PlanMismatchError, match="shapes differ"):
+        memsave.wrap(wider, p)
+    for text in ("not json", json.dumps({"format": 99}), json.dumps([1, 2])):
+        with pytest.raises(ValueError):
+            memsave.Plan.from_json(text)
+
+
+def test_plan_leaves_the_model_as_it_found_it() -> None:
+    model, x = models.build("cnn")
+    model(x).sum().backward()  # some existing gradients
+    grads = [p.grad.clone() for p in model.parameters()]
+    state = copy.deepcopy(model.state_dict())
+    torch.manual_seed(7)
+    rng = torch.get_rng_state()
+    _plan(model, x, strategy="sqrt")  # verification applies and removes its regions
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in state.items())  # BatchNorm statistics included
+    assert not any(memsave.wrap.is_wrapped(m) for m in model.modules())
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("budget, error", [
+    (0, ValueError), (-5, ValueError), (-0.5, ValueError), (float("nan"), ValueError), ("lots", ValueError),
+    ("12 parsecs", ValueError), ("-3MiB", ValueError), ("", ValueError), (True, TypeError), ([1], TypeError),
+])
+def test_bad_budgets_are_rejected_before_profiling(budget, error) -> None:
+    model, x = models.build("mlp")
+    with pytest.raises(error):
+        memsave.plan(model, x, budget=budget)
+
+
+def test_parse_budget_units() -> None:
+    assert parse_budget("512MiB") == 512 * 2**20
+    assert parse_budget("4GB") == 4 * 10**9
+    assert parse_budget("1.5 gib") == int(1.5 * 2**30)
+    assert parse_budget(" 100 ") == 100
+    assert parse_budget(2048) == 2048
+    assert parse_budget(0.25, eager_peak_bytes=4000) == 1000
+    with pytest.raises(ValueError, match="eager"):
+        parse_budget(0.5)
+
+
+def test_other_bad_arguments() -> None:
+    model, x = models.build("mlp")
+    with pytest.raises(ValueError, match="unknown strategy"):
+        memsave.plan(model, x, budget=10**6, strategy="fastest")
+    with pytest.raises(ValueError, match="uniform"):
+        memsave.plan(model, x, budget=10**6, strategy="uniform:0")
+    with pytest.raises(ValueError, match="needs a budget"):
+        memsave.plan(model, x)
+    with pytest.raises(TypeError):
+        memsave.plan(lambda t: t, x, budget=10**6)
+    with pytest.raises(ValueError, match="failed"):
+        memsave.plan(model, torch.randn(6, 5), budget=10**6)  # wrong input width
+    with pytest.raises(ValueError, match="no parameter"):
+        memsave.plan(nn.Sequential(nn.ReLU(), nn.Tanh()), torch.randn(4, 4), budget=10**6)
+    memsave.wrap(model, nn.Linear)
+    with pytest.raises(ValueError, match="unwrap"):
+        memsave.plan(model, x, budget=10**6)
+
+
+def test_infeasible_error_carries_the_smallest_budget() -> None:
+    model, x = models.build("cnn")
+    with pytest.raises(memsave.InfeasibleBudgetError) as info:
+        _plan(model, x, budget="1KiB")
+    err = info.value
+    assert isinstance(err, ValueError)
+    assert str(err.min_bytes) in str(err)
+    p = _plan(model, x, budget=err.min_bytes)  # the reported minimum does fit
+    assert p.measured_peak_bytes <= err.min_bytes
