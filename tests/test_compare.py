@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
 import models
 from memsave.compare import (

@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import html
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -52,8 +51,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 import torch.nn.functional as F
+# FakeTensorMode is public in spirit (torch.compile, torch.export and the memory tools build on it) but lives in a
+# private module; these are the only names memsave takes from it.
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_map_only
 
 from ._tracker import LiveTensorTracker
 from .compare import Strategy, StrategyContext, parse_bytes, parse_strategy
@@ -80,17 +82,8 @@ def cuda_block_bytes(nbytes: int) -> int:
     return CUDA_BLOCK * ((nbytes + CUDA_BLOCK - 1) // CUDA_BLOCK)
 
 
-# FakeTensorMode is public in spirit (torch.compile, torch.export and the memory tools build on it) but lives in a
-# private module; these are the only names memsave takes from it.
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException  # noqa: E402
-
-
 class NoFakeKernelError(RuntimeError):
     """An operator of the model has no fake-tensor implementation, so :func:`estimate` cannot run the step."""
-
-
-def _fake_mode_cls() -> Any:
-    return FakeTensorMode, FakeTensor
 
 
 def _nbytes(t: Any) -> int:
@@ -319,7 +312,6 @@ def _run_fake_step(model: nn.Module, inputs: Tuple[Any, ...], strat: Strategy, l
                    dtype: Optional[torch.dtype], round_fn: Callable[[int], int],
                    workspace_fn: Optional[Callable[[Any, Any, Any], int]], optimizer_states: int,
                    emulate_cuda: bool = False) -> Dict[str, Any]:
-    FakeTensorMode, FakeTensor = _fake_mode_cls()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     memo: Dict[int, Any] = {}
     params: List[torch.Tensor] = []
