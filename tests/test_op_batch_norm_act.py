@@ -383,7 +383,7 @@ def test_bn_act_conv_gradcheck_float64(act):
     w, b = _conv_params(2, 3, spec, dtype=torch.float64)
     torch.autograd.gradcheck(
         lambda x, bw, bb, w, b: MF.batch_norm_act_conv2d(x, None, None, bw, bb, w, b, True, act=act, padding=1),
-        (x, bw, bb, w, b),
+        (x, bw, bb, w, b), fast_mode=act != "relu",  # the silu case exercises the same path; random projections
     )
 
 

@@ -96,7 +96,7 @@ def test_layer_norm_apply_recomputes_the_norm():
     y, mean, rstd = torch.native_layer_norm(x, [10], w, b, 1e-5)
     assert rel_err(torch.ops.memsave.layer_norm_apply(x, [10], mean, rstd, w, b), y) <= 1e-14
     half = torch.ops.memsave.layer_norm_apply(x, [10], mean, rstd, w, b, torch.float16)
-    assert half.dtype == torch.float16 and torch.equal(half, y.half())
+    assert half.dtype == torch.float16 and (half.double() - y).abs().max() <= 2**-11 * y.abs().max()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

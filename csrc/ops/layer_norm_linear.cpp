@@ -20,7 +20,9 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/native_layer_norm.h>
 #include <ATen/ops/native_layer_norm_backward.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -73,33 +75,38 @@ at::Tensor layer_norm_apply_cpu(const at::Tensor& input, c10::IntArrayRef normal
   check_ln_param(bias, normalized_shape, input, "bias", op);
   check_ln_stats(mean, rstd, input, s.rows, op);
   const at::Tensor x = input.contiguous();
-  const at::Tensor m = mean.to(at::kDouble).contiguous();
-  const at::Tensor r = rstd.to(at::kDouble).contiguous();
-  const at::Tensor w = defined(weight) ? weight->to(at::kDouble).contiguous() : at::Tensor();
-  const at::Tensor b = defined(bias) ? bias->to(at::kDouble).contiguous() : at::Tensor();
+  // Element math in float (double for double inputs); absent affine parameters become 1 / 0.
+  const at::ScalarType mt = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto opts = x.options().dtype(mt);
+  const at::Tensor m = mean.to(mt).contiguous();
+  const at::Tensor r = rstd.to(mt).contiguous();
+  const at::Tensor w = defined(weight) ? weight->to(mt).contiguous().view({-1}) : at::ones({s.cols}, opts);
+  const at::Tensor b = defined(bias) ? bias->to(mt).contiguous().view({-1}) : at::zeros({s.cols}, opts);
   at::Tensor out = at::empty(input.sizes(), input.options().dtype(dtype.value_or(input.scalar_type())));
-  const double* mp = m.const_data_ptr<double>();
-  const double* rp = r.const_data_ptr<double>();
-  const double* wp = w.defined() ? w.const_data_ptr<double>() : nullptr;
-  const double* bp = b.defined() ? b.const_data_ptr<double>() : nullptr;
   const int64_t cols = s.cols;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_layer_norm_apply_cpu", [&] {
-    using in_t = scalar_t;
-    const in_t* xp = x.const_data_ptr<in_t>();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "memsave_layer_norm_apply_out", [&] {
-      scalar_t* op_ = out.mutable_data_ptr<scalar_t>();
-      const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
-      at::parallel_for(0, s.rows, grain, [&](int64_t r0, int64_t r1) {
-        for (int64_t row = r0; row < r1; ++row) {
-          const in_t* xr = xp + row * cols;
-          scalar_t* yr = op_ + row * cols;
-          for (int64_t j = 0; j < cols; ++j) {
-            double v = (static_cast<double>(xr[j]) - mp[row]) * rp[row];
-            if (wp) v *= wp[j];
-            if (bp) v += bp[j];
-            yr[j] = static_cast<scalar_t>(v);
+  AT_DISPATCH_FLOATING_TYPES(mt, "memsave_layer_norm_apply_cpu_math", [&] {
+    using T = scalar_t;
+    const T* mp = m.const_data_ptr<T>();
+    const T* rp = r.const_data_ptr<T>();
+    const T* wp = w.const_data_ptr<T>();
+    const T* bp = b.const_data_ptr<T>();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_layer_norm_apply_cpu", [&] {
+      using in_t = scalar_t;
+      const in_t* xp = x.const_data_ptr<in_t>();
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "memsave_layer_norm_apply_out", [&] {
+        scalar_t* yp = out.mutable_data_ptr<scalar_t>();
+        const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
+        at::parallel_for(0, s.rows, grain, [&](int64_t r0, int64_t r1) {
+          for (int64_t row = r0; row < r1; ++row) {
+            const T scale = rp[row];
+            const T shift = -mp[row] * scale;
+            const in_t* xr = xp + row * cols;
+            scalar_t* yr = yp + row * cols;
+            for (int64_t j = 0; j < cols; ++j) {
+              yr[j] = static_cast<scalar_t>((static_cast<T>(xr[j]) * scale + shift) * wp[j] + bp[j]);
+            }
           }
-        }
+        });
       });
     });
   });
