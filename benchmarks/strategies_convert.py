@@ -29,7 +29,7 @@ _MASKS = (nn.ReLU, nn.LeakyReLU, nn.MaxPool2d)
 def _convert(model: nn.Module, with_dropout: bool) -> nn.Module:
     from memsave.convert import convert
 
-    return convert(model, include=[*_MASKS, nn.Dropout] if with_dropout else list(_MASKS))
+    return convert(model, include=[*_MASKS, nn.Dropout] if with_dropout else list(_MASKS), dropout=with_dropout)
 
 
 @register("convert", "memsave.convert: ReLU/LeakyReLU/MaxPool2d keep 1 bit / 1 byte (Dropout left to torch)",

@@ -102,7 +102,7 @@ def test_vgg_like_equal_to_unconverted():
     x = torch.randn(2, 3, 16, 16)
     assert_steps_equal(step(ours, x), step(ref, x))
     # with Dropout converted too: equal in eval mode (dropout draws other bits in training, by design)
-    full = convert(copy.deepcopy(ref), include=MASK_MODULES)
+    full = convert(copy.deepcopy(ref), include=MASK_MODULES, dropout=True)
     assert sum(isinstance(m, mnn.Dropout) for m in full.modules()) == 2
     full.eval()
     ref.eval()
@@ -119,7 +119,7 @@ def test_resnet_like_equal_to_unconverted():
 
 
 def test_converted_model_inside_memsave_checkpoint_replays_dropout():
-    model = convert(vgg_like(), include=MASK_MODULES)
+    model = convert(vgg_like(), include=MASK_MODULES, dropout=True)
     x = torch.randn(2, 3, 16, 16)
     eager = step(model, x)
 
@@ -169,7 +169,7 @@ def test_state_dict_keys_kept_and_loadable():
 
 def test_report_says_where_the_mask_pays(capsys):
     model = vgg_like()
-    returned = convert(model, include=MASK_MODULES, verbose=True)
+    returned = convert(model, include=MASK_MODULES, verbose=True, dropout=True)
     assert returned is model
     text = capsys.readouterr().out
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith(("features.", "classifier."))}
@@ -210,11 +210,11 @@ def test_idempotent_shared_modules_and_flags():
     shared = nn.ReLU()
     model = nn.Sequential(nn.Linear(4, 4), shared, nn.Linear(4, 4), shared, nn.Dropout(0.3, inplace=True))
     model.eval()
-    convert(model)
+    convert(model, dropout=True)
     assert model[1] is model[3] and isinstance(model[1], mnn.ReLU)
     assert isinstance(model[4], mnn.Dropout) and model[4].inplace and not model[4].training
     first = [type(m) for m in model]
-    convert(model)
+    convert(model, dropout=True)
     assert [type(m) for m in model] == first
     assert repr(model[1]) == "memsave.ReLU()"
 
@@ -244,32 +244,32 @@ def test_sequential_pattern_registry():
         assert "test_linear_relu" in sequential_patterns()
         torch.manual_seed(0)
         ref = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3), nn.ReLU(), nn.Dropout(0.1))
-        model = convert(copy.deepcopy(ref))
+        model = convert(copy.deepcopy(ref), fuse=True, dropout=True)
         assert isinstance(model[0], LinearReLU) and isinstance(model[1], nn.Identity)
         assert isinstance(model[2], LinearReLU) and isinstance(model[4], mnn.Dropout)
         x = torch.randn(5, 6)
         model.eval()
         ref.eval()
         assert torch.equal(model(x), ref(x))
-        report = plan_convert(copy.deepcopy(ref))
+        report = plan_convert(copy.deepcopy(ref), fuse=True, dropout=True)
         assert report.entries[0].detail.startswith("pattern test_linear_relu")
         # excluded members keep a pattern from matching; the ReLU is then swapped alone
-        m2 = convert(copy.deepcopy(ref), exclude=["0"])
+        m2 = convert(copy.deepcopy(ref), exclude=["0"], fuse=True)
         assert type(m2[0]) is nn.Linear and isinstance(m2[1], mnn.ReLU) and isinstance(m2[2], LinearReLU)
         # a build may decline
         register_sequential_pattern("test_linear_relu", (nn.Linear, nn.ReLU), lambda ms: None, priority=5)
-        m3 = convert(copy.deepcopy(ref))
+        m3 = convert(copy.deepcopy(ref), fuse=True, dropout=True)
         assert type(m3[0]) is nn.Linear and isinstance(m3[1], mnn.ReLU)
         # a pattern that moves parameters is refused and undone
         register_sequential_pattern(
             "test_linear_relu", (nn.Linear, nn.ReLU), lambda ms: [nn.Identity(), nn.Sequential(ms[0], nn.ReLU())])
         m4 = copy.deepcopy(ref)
         with pytest.raises(ValueError, match="state_dict keys"):
-            convert(m4)
+            convert(m4, fuse=True)
         assert type(m4[0]) is nn.Linear and type(m4[1]) is nn.ReLU
         register_sequential_pattern("test_linear_relu", (nn.Linear, nn.ReLU), lambda ms: [ms[0]])
         with pytest.raises(ValueError, match="must return 2 modules"):
-            convert(copy.deepcopy(ref))
+            convert(copy.deepcopy(ref), fuse=True, dropout=True)
         with pytest.raises(TypeError, match="element"):
             register_sequential_pattern("bad", (3,), _fuse)
     finally:
@@ -278,3 +278,20 @@ def test_sequential_pattern_registry():
     assert "test_linear_relu" not in sequential_patterns()
     with pytest.raises(KeyError):
         unregister_sequential_pattern("test_linear_relu")
+
+
+def test_default_convert_is_lossless_and_opt_ins_are_explicit():
+    """convert(model) alone is bitwise equal to eager in training mode, dropout included: it leaves Dropout and the
+    fused patterns (not bitwise) to the dropout=True / fuse=True opt-ins."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 3), nn.ReLU())
+    ours = convert(copy.deepcopy(ref))
+    assert type(ours[1]) is nn.BatchNorm1d and type(ours[3]) is nn.Dropout  # untouched by default
+    assert isinstance(ours[2], mnn.ReLU) and isinstance(ours[5], mnn.ReLU)
+    x = torch.randn(5, 6)
+    for _ in range(2):  # step() seeds the RNG the same way for both: dropout masks match
+        assert_steps_equal(step(ours, x), step(ref, x))
+    opted = convert(copy.deepcopy(ref), dropout=True)
+    assert isinstance(opted[3], mnn.Dropout)
+    report = plan_convert(copy.deepcopy(ref))
+    assert all(e.new != "memsave.Dropout" for e in report.entries)

@@ -55,7 +55,7 @@ def test_patterns_are_registered():
 def test_convert_fuses_sequential_patterns_keeping_keys_values_and_gradients():
     model, ref = _cnn(), _cnn()
     keys = list(ref.state_dict())
-    convert(model)
+    convert(model, fuse=True)
     kinds = [type(m) for m in model]
     assert kinds == [
         nn.Conv2d, DeferredBatchNormAct2d, nn.Identity, BatchNormActConv2d, DeferredBatchNormAct2d, nn.Identity,
@@ -82,7 +82,7 @@ def test_convert_fuses_sequential_patterns_keeping_keys_values_and_gradients():
 
 def test_converted_model_keeps_fewer_bytes():
     model, ref = _cnn(), _cnn()
-    convert(model)
+    convert(model, fuse=True)
     x = torch.randn(4, 3, 6, 6, requires_grad=True)
     fused_bytes, _ = saved_bytes(lambda: model(x), module_state(model))
     eager_bytes, _ = saved_bytes(lambda: ref(x), module_state(ref))
@@ -97,20 +97,20 @@ def test_declined_and_unsupported_cases():
         nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16),  # relu -> Linear: nothing to save, left to the mask swap
         nn.LayerNorm(8), nn.Linear(16, 4),  # shapes do not chain (would fail in forward anyway): declined
     )
-    convert(model)
+    convert(model, fuse=True)
     assert type(model[1]) is memsave.nn.ReLU and type(model[2]) is nn.Linear
     assert type(model[3]) is nn.LayerNorm and type(model[4]) is nn.Linear
     sync = nn.Sequential(nn.Conv2d(3, 4, 1), nn.SyncBatchNorm(4), nn.ReLU())
-    convert(sync)
+    convert(sync, fuse=True)
     assert type(sync[1]) is nn.SyncBatchNorm  # SyncBatchNorm semantics are not supported: left alone
 
 
 def test_include_exclude_and_plan():
     model = _cnn()
-    report = plan_convert(model)
+    report = plan_convert(model, fuse=True)
     assert any("bn_act" in e.detail for e in report.entries)
     assert type(model[1]) is nn.BatchNorm2d  # planning changes nothing
-    convert(model, exclude=[nn.BatchNorm2d, nn.LayerNorm])
+    convert(model, exclude=[nn.BatchNorm2d, nn.LayerNorm], fuse=True)
     assert type(model[1]) is nn.BatchNorm2d and type(model[10]) is nn.LayerNorm and type(model[3]) is nn.Conv2d
     assert type(model[13]) is ActLinear  # SiLU -> Linear does not touch excluded modules
 
@@ -120,7 +120,7 @@ def test_transformer_mlp_sequential():
     mlp = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 128), nn.GELU(approximate="tanh"), nn.Linear(128, 32),
                         nn.Dropout(0.0))
     ref = copy.deepcopy(mlp)
-    convert(mlp)
+    convert(mlp, fuse=True)
     assert [type(m) for m in mlp][:4] == [DeferredLayerNorm, LayerNormLinear, nn.Identity, ActLinear]
     assert mlp[3].act == "gelu_tanh"
     x = torch.randn(2, 8, 32)
@@ -137,14 +137,14 @@ def test_opt_in_inplace_abn_pattern():
     ref = copy.deepcopy(model)
     _convert_fused.register_inplace_abn_pattern()
     try:
-        convert(model)
+        convert(model, fuse=True)
     finally:
         _convert_fused.unregister_inplace_abn_pattern()
     assert _convert_fused.INPLACE_ABN_PATTERN not in sequential_patterns()
     assert [type(m) for m in model] == [nn.Conv2d, InPlaceABN2d, nn.Identity, nn.Conv2d, BatchNormAct2d, nn.Identity]
     # without the opt-in, the same model gets the exact patterns
     plain = copy.deepcopy(ref)
-    convert(plain)
+    convert(plain, fuse=True)
     assert [type(m) for m in plain][:4] == [nn.Conv2d, DeferredBatchNormAct2d, nn.Identity, BatchNormActConv2d]
     assert model[1].act_param == 0.05
     assert list(model.state_dict()) == list(ref.state_dict())

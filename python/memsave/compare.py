@@ -11,7 +11,8 @@ language:
 ``plan:<budget>``           :func:`memsave.plan` at ``<budget>`` (``4GiB``, ``512MB``, ``50%`` or ``0.5`` of eager's
                             peak) or with a baseline (``plan:sqrt``, ``plan:uniform:4``, ``plan:all``), applied with
                             :func:`memsave.wrap`
-``convert``                 :func:`memsave.convert`: memory-efficient operators
+``convert``                 :func:`memsave.convert`: bit-mask activations, byte-index pooling (bitwise exact)
+``convert_all``             ``memsave.convert(fuse=True, dropout=True)``: fused operators too (not bitwise)
 ``amp:fp16`` / ``amp:bf16`` ``torch.autocast`` around the forward (lossy: gradients differ from float32 eager)
 ==========================  ========================================================================================
 
@@ -518,6 +519,12 @@ def _apply_convert(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -
     return model if out is None else out
 
 
+def _apply_convert_all(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
+    convert = importlib.import_module("memsave.convert").convert
+    out = convert(model, fuse=True, dropout=True)
+    return model if out is None else out
+
+
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -531,10 +538,13 @@ register_strategy("checkpoint", "memsave.wrap: recompute the selected modules in
 register_strategy("plan", "memsave.plan at a budget ('4GiB', '50%', 0.5) or with a baseline strategy (sqrt, "
                   "uniform:K, all), applied with memsave.wrap", arg="<budget>",
                   apply=_apply_plan, requires=("memsave.planning:plan", "memsave.wrap:wrap"))
-register_strategy("convert", "memsave.convert: memory-efficient operators", apply=_apply_convert,
-                  requires=("memsave.convert:convert",))
+register_strategy("convert", "memsave.convert: bit-mask ReLU/LeakyReLU and byte-index MaxPool2d (bitwise exact)",
+                  apply=_apply_convert, requires=("memsave.convert:convert",))
 register_strategy("amp", "torch.autocast around the forward (lossy)", choices=("fp16", "bf16"),
                   context=_amp_context, lossless=False)
+register_strategy("convert_all", "memsave.convert(fuse=True, dropout=True): also fused BN/LayerNorm/MLP operators "
+                  "(equal up to float rounding) and memsave Dropout (other random bits than torch's)",
+                  apply=_apply_convert_all, lossless=False, requires=("memsave.convert:convert",))
 
 
 # ------------------------------------------------------------------------------------------------------- comparison
