@@ -31,7 +31,7 @@ __all__ = ["main", "DemoNet", "SIZES"]
 
 #: batch, image side, width, number of residual blocks.
 SIZES: Dict[str, Dict[str, int]] = {
-    "cpu": dict(batch=4, image=64, width=32, blocks=8),
+    "cpu": dict(batch=16, image=64, width=32, blocks=8),
     "cuda": dict(batch=64, image=128, width=64, blocks=12),
     "tiny": dict(batch=2, image=16, width=8, blocks=3),
 }
