@@ -71,6 +71,23 @@ inline std::vector<int64_t> max_pool2d_output_sizes(const at::Tensor& x, const P
   return sizes;
 }
 
+// Checks max_pool2d_backward's gradient and argmax against input_size (3 or 4 values) and returns its rank.
+inline int64_t check_max_pool2d_backward_args(const at::Tensor& grad_out, const at::Tensor& argmax,
+                                              c10::IntArrayRef input_size) {
+  const int64_t dim = static_cast<int64_t>(input_size.size());
+  TORCH_CHECK(dim == 3 || dim == 4, "memsave.max_pool2d_backward: input_size must have 3 or 4 values, got ",
+              input_size);
+  TORCH_CHECK(argmax.scalar_type() == at::kByte && argmax.sizes() == grad_out.sizes(),
+              "memsave.max_pool2d_backward: argmax must be uint8 with the gradient's sizes ", grad_out.sizes(),
+              ", got ", argmax.scalar_type(), " ", argmax.sizes(), "; pass the argmax the forward returned");
+  TORCH_CHECK(argmax.device() == grad_out.device(), "memsave.max_pool2d_backward: argmax is on ", argmax.device(),
+              " but the gradient is on ", grad_out.device());
+  TORCH_CHECK(grad_out.dim() == dim && grad_out.size(0) == input_size[0] && (dim == 3 || grad_out.size(1) ==
+              input_size[1]), "memsave.max_pool2d_backward: gradient sizes ", grad_out.sizes(),
+              " do not fit input_size ", input_size);
+  return dim;
+}
+
 // The input row/column an argmax code points at, for output row/column o (may fall outside the input only for a
 // window that holds no input element at all, which the backward skips).
 C10_HOST_DEVICE inline int64_t pool_input_pos(int64_t o, int64_t k_index, int64_t stride, int64_t pad,

@@ -122,17 +122,7 @@ at::Tensor max_pool2d_backward_cuda(const at::Tensor& grad_out, const at::Tensor
                                     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
   const Pool2dParams p = check_pool2d_params(kernel_size, stride, padding, dilation, "max_pool2d_backward");
   const at::IntArrayRef input_size = C10_AS_INTARRAYREF_SLOW(input_size_sym);
-  const int64_t dim = static_cast<int64_t>(input_size.size());
-  TORCH_CHECK(dim == 3 || dim == 4, "memsave.max_pool2d_backward: input_size must have 3 or 4 values, got ",
-              input_size);
-  TORCH_CHECK(argmax.scalar_type() == at::kByte && argmax.sizes() == grad_out.sizes(),
-              "memsave.max_pool2d_backward: argmax must be uint8 with the gradient's sizes ", grad_out.sizes(),
-              ", got ", argmax.scalar_type(), " ", argmax.sizes(), "; pass the argmax the forward returned");
-  TORCH_CHECK(argmax.device() == grad_out.device(), "memsave.max_pool2d_backward: argmax is on ", argmax.device(),
-              " but the gradient is on ", grad_out.device());
-  TORCH_CHECK(grad_out.dim() == dim && grad_out.size(0) == input_size[0] && (dim == 3 || grad_out.size(1) ==
-              input_size[1]), "memsave.max_pool2d_backward: gradient sizes ", grad_out.sizes(),
-              " do not fit input_size ", input_size);
+  const int64_t dim = check_max_pool2d_backward_args(grad_out, argmax, input_size);
   const c10::cuda::CUDAGuard guard(grad_out.device());
   const at::Tensor g = grad_out.contiguous();
   const at::Tensor am = argmax.contiguous();
