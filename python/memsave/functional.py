@@ -22,6 +22,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ._ops.max_pool2d import argmax_input_positions
+
 __all__ = ["relu", "leaky_relu", "dropout", "max_pool2d"]
 
 _IntOrPair = Union[int, Sequence[int]]
@@ -172,12 +174,7 @@ def _argmax_to_indices(
     argmax: torch.Tensor, input_hw: Tuple[int, int], k: List[int], s: List[int], pad: List[int], d: List[int]
 ) -> torch.Tensor:
     """torch-style int64 indices (``h * W + w`` within each plane) from the 1-byte in-window codes."""
-    oh_n, ow_n = argmax.shape[-2], argmax.shape[-1]
-    code = argmax.long()
-    oh = torch.arange(oh_n, device=argmax.device).view(oh_n, 1)
-    ow = torch.arange(ow_n, device=argmax.device).view(1, ow_n)
-    ih = oh * s[0] - pad[0] + (code // k[1]) * d[0]
-    iw = ow * s[1] - pad[1] + (code % k[1]) * d[1]
+    ih, iw = argmax_input_positions(argmax, k, s, pad, d)
     return ih * input_hw[1] + iw
 
 

@@ -69,6 +69,25 @@ def _backward(ctx: Any, grad_out: torch.Tensor, _grad_argmax: Any) -> Tuple[Any,
 torch.library.register_autograd("memsave::max_pool2d", _backward, setup_context=_setup_context)
 
 
+def argmax_input_positions(
+    argmax: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The input row and column each output element's 1-byte argmax code (``kh * kW + kw``, see
+    csrc/ops/max_pool2d_common.h) points at, both shaped like ``argmax``. They fall outside the input only for a
+    window that holds no input element."""
+    oh_n, ow_n = argmax.shape[-2], argmax.shape[-1]
+    code = argmax.long()
+    oh = torch.arange(oh_n, device=argmax.device).view(oh_n, 1)
+    ow = torch.arange(ow_n, device=argmax.device).view(1, ow_n)
+    ih = oh * stride[0] - padding[0] + (code // kernel_size[1]) * dilation[0]
+    iw = ow * stride[1] - padding[1] + (code % kernel_size[1]) * dilation[1]
+    return ih, iw
+
+
 def gather_at_argmax(
     values: torch.Tensor,
     argmax: torch.Tensor,
@@ -78,13 +97,8 @@ def gather_at_argmax(
     dilation: List[int],
 ) -> torch.Tensor:
     """Read ``values`` (input-shaped) at each output element's argmax: the adjoint of max_pool2d_backward."""
-    oh_n, ow_n = argmax.shape[-2], argmax.shape[-1]
     h, w = values.shape[-2], values.shape[-1]
-    code = argmax.long()
-    oh = torch.arange(oh_n, device=argmax.device).view(oh_n, 1)
-    ow = torch.arange(ow_n, device=argmax.device).view(1, ow_n)
-    ih = oh * stride[0] - padding[0] + (code // kernel_size[1]) * dilation[0]
-    iw = ow * stride[1] - padding[1] + (code % kernel_size[1]) * dilation[1]
+    ih, iw = argmax_input_positions(argmax, kernel_size, stride, padding, dilation)
     inside = (ih >= 0) & (ih < h) & (iw >= 0) & (iw < w)
     flat = (ih.clamp(0, h - 1) * w + iw.clamp(0, w - 1)).flatten(-2)
     picked = values.flatten(-2).gather(-1, flat).view(argmax.shape)
