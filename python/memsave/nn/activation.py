@@ -5,11 +5,12 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import MemsaveModuleMixin
 
 __all__ = ["ReLU", "LeakyReLU"]
 
 
-class ReLU(nn.ReLU):
+class ReLU(MemsaveModuleMixin, nn.ReLU):
     """ReLU that keeps 1 bit per element for backward instead of its output (torch.nn.ReLU keeps the output).
 
     Same constructor, ``extra_repr`` and (empty) state_dict as :class:`torch.nn.ReLU`, of which it is a subclass, so
@@ -26,17 +27,11 @@ class ReLU(nn.ReLU):
         >>> y = act(torch.randn(4, 8, requires_grad=True))
     """
 
-    memsave_keeps_input = False  # for memsave.convert's summary
-    memsave_keeps_output = False
-
-    def _get_name(self) -> str:
-        return "memsave." + type(self).__name__  # print(model) shows what was converted
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.relu(input, inplace=self.inplace)
 
 
-class LeakyReLU(nn.LeakyReLU):
+class LeakyReLU(MemsaveModuleMixin, nn.LeakyReLU):
     """LeakyReLU that keeps 1 bit per element (the sign) for backward instead of its input.
 
     Same constructor, ``extra_repr`` and (empty) state_dict as :class:`torch.nn.LeakyReLU`, of which it is a
@@ -50,12 +45,6 @@ class LeakyReLU(nn.LeakyReLU):
         >>> act = memsave.nn.LeakyReLU(0.2)
         >>> y = act(torch.randn(4, 8, requires_grad=True))
     """
-
-    memsave_keeps_input = False  # for memsave.convert's summary
-    memsave_keeps_output = False
-
-    def _get_name(self) -> str:
-        return "memsave." + type(self).__name__  # print(model) shows what was converted
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.leaky_relu(input, self.negative_slope, self.inplace)

@@ -5,11 +5,12 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import MemsaveModuleMixin
 
 __all__ = ["Dropout"]
 
 
-class Dropout(nn.Dropout):
+class Dropout(MemsaveModuleMixin, nn.Dropout):
     """Dropout that keeps 1 bit per element for backward (torch keeps a mask of 1 byte on CUDA, of one element on CPU).
 
     Same constructor, ``extra_repr`` and (empty) state_dict as :class:`torch.nn.Dropout`, of which it is a
@@ -25,12 +26,6 @@ class Dropout(nn.Dropout):
         >>> drop = memsave.nn.Dropout(0.1)
         >>> y = drop(torch.randn(4, 8, requires_grad=True))
     """
-
-    memsave_keeps_input = False  # for memsave.convert's summary
-    memsave_keeps_output = False
-
-    def _get_name(self) -> str:
-        return "memsave." + type(self).__name__  # print(model) shows what was converted
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.dropout(input, self.p, self.training, self.inplace)

@@ -7,11 +7,12 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import MemsaveModuleMixin
 
 __all__ = ["MaxPool2d"]
 
 
-class MaxPool2d(nn.MaxPool2d):
+class MaxPool2d(MemsaveModuleMixin, nn.MaxPool2d):
     """MaxPool2d that keeps 1 byte per output element for backward, and not its input.
 
     torch.nn.MaxPool2d keeps int64 indices (8 bytes per output element) and its input. Same constructor,
@@ -34,12 +35,6 @@ class MaxPool2d(nn.MaxPool2d):
         >>> pool = memsave.nn.MaxPool2d(2)
         >>> y = pool(torch.randn(2, 3, 8, 8, requires_grad=True))
     """
-
-    memsave_keeps_input = False  # for memsave.convert's summary
-    memsave_keeps_output = False
-
-    def _get_name(self) -> str:
-        return "memsave." + type(self).__name__  # print(model) shows what was converted
 
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__(kernel_size, stride, padding, dilation, return_indices, ceil_mode)
