@@ -13,7 +13,7 @@ import memsave  # noqa: F401  (loads the operators)
 import memsave.functional as MF
 import memsave.nn as mnn
 
-from test_op_relu import DEVICES, DTYPES, bits_equal, cuda_only, saved_bytes
+from test_op_relu import DEVICES, DTYPES, assert_matches_torch, cuda_only, saved_bytes
 
 
 def op_args(k, s, p, d, ceil):
@@ -79,27 +79,15 @@ def test_bitwise_equal_to_torch_cpu_float32(seed):
     if seed % 4 == 1:
         base.view(-1)[3] = math.nan
     for label, x in layouts(base):
-        a = x.detach().clone().requires_grad_()
-        b = x.detach().clone().requires_grad_()
-        ya = MF.max_pool2d(a, k, s, p, d, ceil)
-        yb = TF.max_pool2d(b, k, s, p, d, ceil)
-        assert bits_equal(ya, yb), (label, k, s, p, d, ceil, shape)
-        g = torch.randn(yb.shape)
-        ya.backward(g)
-        yb.backward(g)
-        assert bits_equal(a.grad, b.grad), (label, k, s, p, d, ceil, shape)
+        assert_matches_torch(lambda t: MF.max_pool2d(t, k, s, p, d, ceil), lambda t: TF.max_pool2d(t, k, s, p, d, ceil),
+                             x, lambda y: torch.randn(y.shape), (label, k, s, p, d, ceil, shape))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_dtypes_match_torch(dtype):
     x = torch.randn(2, 3, 11, 10).to(dtype)
-    a = x.clone().requires_grad_()
-    b = x.clone().requires_grad_()
-    ya, yb = MF.max_pool2d(a, 3, 2, 1), TF.max_pool2d(b, 3, 2, 1)
-    g = torch.randn(ya.shape).to(dtype)
-    ya.backward(g)
-    yb.backward(g)
-    assert bits_equal(ya, yb) and bits_equal(a.grad, b.grad)
+    assert_matches_torch(lambda t: MF.max_pool2d(t, 3, 2, 1), lambda t: TF.max_pool2d(t, 3, 2, 1), x,
+                         lambda y: torch.randn(y.shape).to(dtype))
 
 
 def test_largest_window_and_return_indices():

@@ -53,6 +53,19 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(view), b.view(view))
 
 
+def assert_matches_torch(ours, ref, x: torch.Tensor, grad, label: object = "") -> None:
+    """Runs ``ours`` and the torch reference ``ref`` on copies of x (strides kept), backward with ``grad`` (a tensor,
+    or a function of the output that makes one), and asserts bitwise equal outputs and input gradients."""
+    a = x.detach().clone().requires_grad_()
+    b = x.detach().clone().requires_grad_()
+    ya, yb = ours(a), ref(b)
+    assert bits_equal(ya, yb), label
+    g = grad(yb) if callable(grad) else grad
+    ya.backward(g)
+    yb.backward(g)
+    assert bits_equal(a.grad, b.grad), label
+
+
 # ---- opcheck / gradcheck -------------------------------------------------------------------------------------------
 
 
@@ -84,26 +97,14 @@ def test_gradcheck_float64(device):
 def test_bitwise_equal_to_torch_cpu_float32(shape):
     base = special_values(math.prod(shape), torch.float32, seed=len(shape) * 100 + shape[-1]).view(shape)
     for label, x in strided_views(base):
-        a = x.detach().clone().requires_grad_()  # keeps x's strides
-        b = x.detach().clone().requires_grad_()
-        ya, yb = MF.relu(a), torch.relu(b)
-        assert bits_equal(ya, yb), label
-        g = special_values(ya.numel(), torch.float32, seed=7).view(ya.shape)
-        ya.backward(g)
-        yb.backward(g)
-        assert bits_equal(a.grad, b.grad), label
+        g = special_values(x.numel(), torch.float32, seed=7).view(x.shape)
+        assert_matches_torch(MF.relu, torch.relu, x, g, label)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_dtypes_match_torch(dtype):
     x = special_values(1000, dtype, seed=3).view(10, 100)
-    a = x.clone().requires_grad_()
-    b = x.clone().requires_grad_()
-    g = torch.randn(10, 100).to(dtype)
-    ya, yb = MF.relu(a), torch.relu(b)
-    ya.backward(g)
-    yb.backward(g)
-    assert bits_equal(ya, yb) and bits_equal(a.grad, b.grad)
+    assert_matches_torch(MF.relu, torch.relu, x, torch.randn(10, 100).to(dtype))
 
 
 def test_large_tensor_parallel_path_matches_torch():
