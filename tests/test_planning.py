@@ -33,24 +33,6 @@ def mlp50(seed: int = 0):
     return nn.Sequential(*layers, nn.Linear(widths[0], 10)), torch.randn(64, 32)
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c_out)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c_out)
-        self.down = None
-        if stride != 1 or c_in != c_out:
-            self.down = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.down is None else self.down(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        return self.relu(self.bn2(self.conv2(out)) + identity)
-
-
 class ResNetLike(nn.Module):
     """Stem, three stages of two residual blocks (nn.Sequential), pooling and a classifier."""
 
@@ -60,7 +42,7 @@ class ResNetLike(nn.Module):
                                   nn.ReLU(inplace=True))
         stages, c_in = [], widths[0]
         for i, w in enumerate(widths):
-            stages.append(nn.Sequential(BasicBlock(c_in, w, 1 if i == 0 else 2), BasicBlock(w, w)))
+            stages.append(nn.Sequential(models.BasicBlock(c_in, w, 1 if i == 0 else 2), models.BasicBlock(w, w)))
             c_in = w
         self.layer1, self.layer2, self.layer3 = stages
         self.pool = nn.AdaptiveAvgPool2d(1)
