@@ -73,6 +73,24 @@ class _ThreadState(threading.local):
 tls = _ThreadState()
 
 
+# Forwards that, in training mode, normalise with batch statistics and only *write* their buffers (running stats,
+# num_batches_tracked). A recompute of such a module may start from scratch copies taken at recompute time, so no
+# region-entry copy has to stay alive from forward to backward (which would cost more than torch's checkpoint keeps).
+_WRITE_ONLY_BUFFER_FORWARDS = frozenset({nn.BatchNorm1d.forward, nn.SyncBatchNorm.forward, nn.InstanceNorm1d.forward})
+# Stands for "clone the buffer's current value when the recompute starts" in a snapshot.
+CLONE_AT_REPLAY: Any = object()
+
+
+def _buffers_write_only(module: nn.Module) -> bool:
+    """True when ``module``'s output cannot depend on its buffers' values (see _WRITE_ONLY_BUFFER_FORWARDS).
+
+    Only torch's own forwards count (a subclass overriding forward may read its buffers), and a module with forward
+    pre-hooks is excluded (a hook may read them).
+    """
+    return (module.training and not module._forward_pre_hooks
+            and getattr(type(module), "forward", None) in _WRITE_ONLY_BUFFER_FORWARDS)
+
+
 class ModuleSnapshot:
     """A module's ``training`` flag and own buffers as they were when a call of it started.
 
@@ -84,10 +102,13 @@ class ModuleSnapshot:
 
     def __init__(self, module: nn.Module) -> None:
         self.training = module.training
-        bufs: Dict[str, Tuple[Optional[torch.Tensor], int, Optional[torch.Tensor]]] = {}
+        write_only = _buffers_write_only(module)
+        bufs: Dict[str, Tuple[Optional[torch.Tensor], int, Any]] = {}
         for name, buf in module._buffers.items():
             if buf is None:
                 bufs[name] = (None, -1, None)
+            elif write_only:
+                bufs[name] = (buf, buf._version, CLONE_AT_REPLAY)
             else:
                 with torch.no_grad():
                     bufs[name] = (buf, buf._version, buf.detach().clone())
@@ -227,7 +248,10 @@ class ReplayedModuleState:
                 for name, value in rec.buffers.items():
                     if name not in module._buffers:
                         continue
-                    self.undo.append((module, name, module._buffers[name]))
+                    current = module._buffers[name]
+                    self.undo.append((module, name, current))
+                    if value is CLONE_AT_REPLAY:  # a write-only buffer: any scratch copy will do
+                        value = current
                     module._buffers[name] = None if value is None else value.clone()
 
     def __exit__(self, *exc: Any) -> None:

@@ -36,7 +36,9 @@ own registered buffers in its forward or forward pre-hooks — ``BatchNorm*d``, 
 functions, in Python attributes that are not registered buffers, or through another alias of a buffer
 tensor; a module that only writes a buffer through raw kernels without bumping any of its buffers' versions.
 Cost: each call of a module that has buffers, inside a region's forward, clones that module's own buffers
-(dropped at once unless they changed; BatchNorm's are a few floats per channel).
+(dropped at once unless they changed). BatchNorm, SyncBatchNorm and InstanceNorm in training mode are exempt:
+their output uses batch statistics and only *writes* their buffers, so their recompute runs on scratch copies taken
+when the recompute starts, and a region keeps no more than ``torch.utils.checkpoint`` does.
 
 **Nested regions** are correct: the inner region's frame holds the inner arguments until backward, so an
 inner region's arguments stay alive inside an outer region (the outer region frees only what it saves
