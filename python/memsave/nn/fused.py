@@ -44,7 +44,8 @@ does not change, and neither do the state_dict keys)::
 
 New code can use the modules directly: ``BatchNormAct2d(c, act="silu")`` where ``nn.BatchNorm2d(c), nn.SiLU()``
 were, ``LayerNormLinear(d, 3 * d)`` for ``nn.LayerNorm(d), nn.Linear(d, 3 * d)``, ``ActLinear(4 * d, d)`` for
-``nn.GELU(), nn.Linear(4 * d, d)``. ``memsave.convert`` does all of this for nn.Sequential children.
+``nn.GELU(), nn.Linear(4 * d, d)``. ``memsave.convert(model, fuse=True)`` does all of this for nn.Sequential
+children.
 
 SyncBatchNorm: not supported. Statistics are per process, as with nn.BatchNorm2d under DDP without
 SyncBatchNorm. ``memsave.convert`` leaves ``nn.SyncBatchNorm`` untouched, :meth:`BatchNormAct2d.from_batchnorm`
