@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import html
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -184,6 +185,20 @@ def _cpu_memory_deltas(prof: Any) -> List[Tuple[int, int]]:
     return out
 
 
+def cpu_allocation_profiler() -> torch.autograd.profiler.profile:
+    """The profiler context that records every CPU allocation and free with its size and time (DESIGN.md).
+
+    The autograd profiler is what ``torch.profiler.profile`` wraps; used directly it records CPU activity only and
+    does not warn about profiling cycles.
+    """
+    if not torch.cuda.is_available():
+        # A CUDA build of torch on a machine without a GPU makes kineto log "gpuGetDeviceCount failed" as an ERROR
+        # on its first use. Harmless for CPU-only profiling, so keep it off the user's screen (unless they chose a
+        # log level themselves).
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    return torch.autograd.profiler.profile(use_cpu=True, profile_memory=True, use_kineto=True)
+
+
 def cpu_memory_stats(fn: Callable[[], Any]) -> CpuMemoryStats:
     """Run ``fn()`` once under the profiler and return its CPU allocator-level memory statistics.
 
@@ -208,9 +223,7 @@ def cpu_memory_stats(fn: Callable[[], Any]) -> CpuMemoryStats:
     # Free cyclic garbage first, so that blocks older than the call are not collected during it (such frees are not
     # counted, see _cpu_memory_deltas, but the collection's own timing would otherwise vary from run to run).
     gc.collect()
-    # The autograd profiler is what torch.profiler.profile wraps; used directly it records CPU activity only and
-    # does not warn about profiling cycles.
-    with torch.autograd.profiler.profile(use_cpu=True, profile_memory=True, use_kineto=True) as prof:
+    with cpu_allocation_profiler() as prof:
         result = fn()
     running = peak = 0
     deltas = _cpu_memory_deltas(prof)

@@ -50,7 +50,7 @@ from torch.utils._pytree import tree_flatten
 
 from .checkpoint import _Chain, _run_region
 from .errors import InfeasibleBudgetError
-from .measure import _SavedState, _resolve_device, cpu_peak_bytes, default_loss, format_bytes
+from .measure import _SavedState, _resolve_device, cpu_allocation_profiler, cpu_peak_bytes, default_loss, format_bytes
 from .wrap import _CheckpointedForward, _ExtraRepr, _unwrap_module, _wrap_module, is_wrapped
 
 __all__ = ["plan", "Plan", "PlanMismatchError", "InfeasibleBudgetError", "parse_budget", "apply_plan"]
@@ -347,8 +347,7 @@ def _trace_step(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device
                 torch.cuda.reset_peak_memory_stats(device)
                 tr.cuda_base = torch.cuda.memory_allocated(device)
             else:
-                prof = stack_ctx.enter_context(
-                    torch.autograd.profiler.profile(use_cpu=True, profile_memory=True, use_kineto=True))
+                prof = stack_ctx.enter_context(cpu_allocation_profiler())
             stack_ctx.enter_context(log)
             tr.marker(("start",))
             out = model(*inputs)
