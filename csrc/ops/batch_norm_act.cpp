@@ -44,28 +44,13 @@ void apply_act_inplace(at::Tensor& out, Act a, double p) {
   }
 }
 
-bool defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
     const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
     const c10::optional<at::Tensor>& running_mean, const c10::optional<at::Tensor>& running_var, bool training,
     double momentum, double eps, c10::string_view act, double act_param) {
   constexpr const char* op = "batch_norm_act";
   const Act a = parse_act(act, op);
-  check_bn_input(input, op);
-  check_channel_vector(weight, input, "weight", op);
-  check_channel_vector(bias, input, "bias", op);
-  check_channel_vector(running_mean, input, "running_mean", op);
-  check_channel_vector(running_var, input, "running_var", op);
-  TORCH_CHECK_VALUE(defined(running_mean) == defined(running_var), "memsave.", op,
-                    ": pass both running_mean and running_var, or neither");
-  TORCH_CHECK_VALUE(training || defined(running_mean), "memsave.", op,
-                    ": eval mode (training=False) normalizes with running_mean/running_var, which were not given; "
-                    "pass them, or training=True to use the batch statistics");
-  if (training) {
-    TORCH_CHECK_VALUE(input.numel() / input.size(1) > 1 || input.numel() == 0, "memsave.", op,
-                      ": expected more than 1 value per channel when training, got input size ", input.sizes());
-  }
+  check_bn_forward_args(input, weight, bias, running_mean, running_var, training, op);
   const at::MemoryFormat fmt = bn_memory_format(input);
   const at::Tensor x = input.contiguous(fmt);
   auto r = at::_batch_norm_impl_index(x, weight, bias, running_mean, running_var, training, momentum, eps,
@@ -91,14 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd, bool training,
     c10::string_view act, double act_param) {
-  constexpr const char* op = "batch_norm_act_backward";
-  const Act a = parse_act(act, op);
-  check_bn_input(input, op);
-  check_same_shape(grad_out, input, op);
-  check_channel_vector(weight, input, "weight", op);
-  check_channel_vector(bias, input, "bias", op);
-  check_channel_vector(mean, input, "mean", op);
-  check_channel_vector(invstd, input, "invstd", op);
+  const Act a = check_batch_norm_act_backward_args(grad_out, input, weight, bias, mean, invstd, act);
 
   const at::MemoryFormat fmt = bn_memory_format(input);
   const at::Tensor x = input.contiguous(fmt);
@@ -110,20 +88,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cpu(
   double* sum_g = sums.mutable_data_ptr<double>();
   cpu::bn_act_backward_kernel<false>(go, x, ct.params<double>(a, act_param), training, l, grad_in, sum_g,
                                      sum_g + l.C);
-  const at::ScalarType pd = defined(weight) ? weight->scalar_type() : bn_stat_dtype(input);
+  const at::ScalarType pd = is_defined(weight) ? weight->scalar_type() : bn_stat_dtype(input);
   return {grad_in, sums[1].to(pd, false, true), sums[0].to(pd, false, true)};
 }
 
 at::Tensor batch_norm_act_apply_cpu(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
                                     const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
                                     c10::string_view act, double act_param) {
-  constexpr const char* op = "batch_norm_act_apply";
-  const Act a = parse_act(act, op);
-  check_bn_input(input, op);
-  check_channel_vector(weight, input, "weight", op);
-  check_channel_vector(bias, input, "bias", op);
-  check_channel_vector(mean, input, "mean", op);
-  check_channel_vector(invstd, input, "invstd", op);
+  const Act a = check_batch_norm_act_apply_args(input, mean, invstd, weight, bias, act);
   const at::MemoryFormat fmt = bn_memory_format(input);
   const at::Tensor x = input.contiguous(fmt);
   at::Tensor out = at::empty_like(x);

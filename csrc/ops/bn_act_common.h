@@ -79,6 +79,59 @@ inline void check_same_shape(const at::Tensor& grad, const at::Tensor& x, const 
               " but the saved tensor is on ", x.device());
 }
 
+inline bool is_defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+// Checks the input, affine parameters and running statistics of a batch-norm forward (batch_norm_act, inplace_abn).
+inline void check_bn_forward_args(const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+                                  const c10::optional<at::Tensor>& bias,
+                                  const c10::optional<at::Tensor>& running_mean,
+                                  const c10::optional<at::Tensor>& running_var, bool training, const char* op) {
+  check_bn_input(input, op);
+  check_channel_vector(weight, input, "weight", op);
+  check_channel_vector(bias, input, "bias", op);
+  check_channel_vector(running_mean, input, "running_mean", op);
+  check_channel_vector(running_var, input, "running_var", op);
+  TORCH_CHECK_VALUE(is_defined(running_mean) == is_defined(running_var), "memsave.", op,
+                    ": pass both running_mean and running_var, or neither");
+  TORCH_CHECK_VALUE(training || is_defined(running_mean), "memsave.", op,
+                    ": eval mode (training=False) normalizes with running_mean/running_var, which were not given; "
+                    "pass them, or training=True to use the batch statistics");
+  if (training) {
+    TORCH_CHECK_VALUE(input.numel() / input.size(1) > 1 || input.numel() == 0, "memsave.", op,
+                      ": expected more than 1 value per channel when training, got input size ", input.sizes());
+  }
+}
+
+// Checks the arguments of batch_norm_act_backward (CPU and CUDA) and returns its activation.
+inline Act check_batch_norm_act_backward_args(const at::Tensor& grad_out, const at::Tensor& input,
+                                              const c10::optional<at::Tensor>& weight,
+                                              const c10::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                              const at::Tensor& invstd, c10::string_view act) {
+  constexpr const char* op = "batch_norm_act_backward";
+  const Act a = parse_act(act, op);
+  check_bn_input(input, op);
+  check_same_shape(grad_out, input, op);
+  check_channel_vector(weight, input, "weight", op);
+  check_channel_vector(bias, input, "bias", op);
+  check_channel_vector(mean, input, "mean", op);
+  check_channel_vector(invstd, input, "invstd", op);
+  return a;
+}
+
+// Checks the arguments of batch_norm_act_apply (CPU and CUDA) and returns its activation.
+inline Act check_batch_norm_act_apply_args(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+                                           const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias, c10::string_view act) {
+  constexpr const char* op = "batch_norm_act_apply";
+  const Act a = parse_act(act, op);
+  check_bn_input(input, op);
+  check_channel_vector(weight, input, "weight", op);
+  check_channel_vector(bias, input, "bias", op);
+  check_channel_vector(mean, input, "mean", op);
+  check_channel_vector(invstd, input, "invstd", op);
+  return a;
+}
+
 // Per-channel values as raw pointers in the accumulation type; used on the host and in CUDA kernels.
 template <typename acc_t>
 struct ChannelParams {

@@ -15,8 +15,6 @@
 
 namespace memsave {
 
-inline bool is_defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
-
 // Checks the arguments of inplace_abn and returns its activation.
 inline Act check_inplace_abn_args(const at::Tensor& self, const c10::optional<at::Tensor>& weight,
                                   const c10::optional<at::Tensor>& bias,
@@ -26,20 +24,23 @@ inline Act check_inplace_abn_args(const at::Tensor& self, const c10::optional<at
   constexpr const char* op = "inplace_abn";
   const Act a = parse_act(act, op);
   check_invertible(a, act_param, op);
-  check_bn_input(self, op);
-  check_channel_vector(weight, self, "weight", op);
-  check_channel_vector(bias, self, "bias", op);
-  check_channel_vector(running_mean, self, "running_mean", op);
-  check_channel_vector(running_var, self, "running_var", op);
-  TORCH_CHECK_VALUE(is_defined(running_mean) == is_defined(running_var), "memsave.", op,
-                    ": pass both running_mean and running_var, or neither");
-  TORCH_CHECK_VALUE(training || is_defined(running_mean), "memsave.", op,
-                    ": eval mode (training=False) normalizes with running_mean/running_var, which were not given; "
-                    "pass them, or training=True to use the batch statistics");
-  if (training) {
-    TORCH_CHECK_VALUE(self.numel() / self.size(1) > 1 || self.numel() == 0, "memsave.", op,
-                      ": expected more than 1 value per channel when training, got input size ", self.sizes());
-  }
+  check_bn_forward_args(self, weight, bias, running_mean, running_var, training, op);
+  return a;
+}
+
+// Checks the arguments of inplace_abn_backward (CPU and CUDA) and returns its activation.
+inline Act check_inplace_abn_backward_args(const at::Tensor& grad_out, const at::Tensor& output,
+                                           const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias, const at::Tensor& invstd,
+                                           c10::string_view act, double act_param) {
+  constexpr const char* op = "inplace_abn_backward";
+  const Act a = parse_act(act, op);
+  check_invertible(a, act_param, op);
+  check_bn_input(output, op);
+  check_same_shape(grad_out, output, op);
+  check_channel_vector(weight, output, "weight", op);
+  check_channel_vector(bias, output, "bias", op);
+  check_channel_vector(invstd, output, "invstd", op);
   return a;
 }
 

@@ -14,14 +14,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd, bool training,
     c10::string_view act, double act_param) {
-  constexpr const char* op = "batch_norm_act_backward";
-  const Act a = parse_act(act, op);
-  check_bn_input(input, op);
-  check_same_shape(grad_out, input, op);
-  check_channel_vector(weight, input, "weight", op);
-  check_channel_vector(bias, input, "bias", op);
-  check_channel_vector(mean, input, "mean", op);
-  check_channel_vector(invstd, input, "invstd", op);
+  const Act a = check_batch_norm_act_backward_args(grad_out, input, weight, bias, mean, invstd, act);
   const c10::cuda::CUDAGuard guard(input.device());
 
   const at::MemoryFormat fmt = bn_memory_format(input);
@@ -33,21 +26,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cuda(
   at::Tensor grad_in = at::empty_like(x);
   at::Tensor sums = at::empty({2, l.C}, x.options().dtype(sd));
   cuda::bn::backward<false>(go, x, ct, a, act_param, training, l, grad_in, sums);
-  const bool affine = weight.has_value() && weight->defined();
-  const at::ScalarType pd = affine ? weight->scalar_type() : sd;
+  const at::ScalarType pd = is_defined(weight) ? weight->scalar_type() : sd;
   return {grad_in, sums[1].to(pd, false, true), sums[0].to(pd, false, true)};
 }
 
 at::Tensor batch_norm_act_apply_cuda(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
                                      const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
                                      c10::string_view act, double act_param) {
-  constexpr const char* op = "batch_norm_act_apply";
-  const Act a = parse_act(act, op);
-  check_bn_input(input, op);
-  check_channel_vector(weight, input, "weight", op);
-  check_channel_vector(bias, input, "bias", op);
-  check_channel_vector(mean, input, "mean", op);
-  check_channel_vector(invstd, input, "invstd", op);
+  const Act a = check_batch_norm_act_apply_args(input, mean, invstd, weight, bias, act);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::MemoryFormat fmt = bn_memory_format(input);
   const at::Tensor x = input.contiguous(fmt);

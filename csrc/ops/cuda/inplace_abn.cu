@@ -34,14 +34,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> inplace_abn_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& output, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>& bias, const at::Tensor& invstd, bool training, c10::string_view act,
     double act_param) {
-  constexpr const char* op = "inplace_abn_backward";
-  const Act a = parse_act(act, op);
-  check_invertible(a, act_param, op);
-  check_bn_input(output, op);
-  check_same_shape(grad_out, output, op);
-  check_channel_vector(weight, output, "weight", op);
-  check_channel_vector(bias, output, "bias", op);
-  check_channel_vector(invstd, output, "invstd", op);
+  const Act a = check_inplace_abn_backward_args(grad_out, output, weight, bias, invstd, act, act_param);
   const c10::cuda::CUDAGuard guard(output.device());
 
   const at::MemoryFormat fmt = bn_memory_format(output);
