@@ -35,6 +35,14 @@ def empty_in_kernel_layout(x: Tensor) -> Tensor:
     return torch.empty_like(x.contiguous(memory_format=kernel_memory_format(x)))
 
 
+def bn_backward_fake(x: Tensor, weight: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Fake (grad_input, grad_weight, grad_bias) of the fused batch-norm backward kernels for the saved tensor ``x``:
+    the parameter gradients take the weight's dtype, or the statistics dtype without affine parameters."""
+    param_dtype = weight.dtype if weight is not None else stat_dtype(x)
+    grad_weight = x.new_empty((x.shape[1],), dtype=param_dtype)
+    return empty_in_kernel_layout(x), grad_weight, torch.empty_like(grad_weight)
+
+
 @torch.library.register_fake("memsave::batch_norm_act")
 def _batch_norm_act_fake(
     input: Tensor,
@@ -66,9 +74,7 @@ def _batch_norm_act_backward_fake(
     act: str,
     act_param: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    param_dtype = weight.dtype if weight is not None else stat_dtype(input)
-    grad_weight = input.new_empty((input.shape[1],), dtype=param_dtype)
-    return empty_in_kernel_layout(input), grad_weight, torch.empty_like(grad_weight)
+    return bn_backward_fake(input, weight)
 
 
 class _BatchNormActFunction(torch.autograd.Function):

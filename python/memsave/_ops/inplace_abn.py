@@ -12,7 +12,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from ._fused_autograd import grads_or_none, register_backward_op_autograd, register_mutating_autograd
-from .batch_norm_act import empty_in_kernel_layout, stat_dtype
+from .batch_norm_act import bn_backward_fake, stat_dtype
 
 Tensor = torch.Tensor
 
@@ -46,9 +46,7 @@ def _inplace_abn_backward_fake(
     act: str,
     act_param: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    param_dtype = weight.dtype if weight is not None else stat_dtype(output)
-    grad_weight = output.new_empty((output.shape[1],), dtype=param_dtype)
-    return empty_in_kernel_layout(output), grad_weight, torch.empty_like(grad_weight)
+    return bn_backward_fake(output, weight)
 
 
 class _InPlaceABNFunction(torch.autograd.Function):
