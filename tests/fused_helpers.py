@@ -82,3 +82,26 @@ def saved_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> Tuple[
 def module_state(module: torch.nn.Module) -> Tuple[Tensor, ...]:
     """Parameters and buffers of ``module`` (to exclude from saved_bytes)."""
     return tuple(module.parameters()) + tuple(module.buffers())
+
+
+#: The memory formats the batch-norm tests run the fused kernels in.
+BN_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+def bn_reference(x, rm, rv, w, b, training, act, momentum=0.1, eps=1e-5):
+    """torch's unfused batch norm followed by the activation named ``act``."""
+    return TORCH_ACTS[act](TF.batch_norm(x, rm, rv, w, b, training, momentum, eps))
+
+
+def bn_inputs(shape=(4, 5, 6, 7), fmt=torch.contiguous_format, dtype=torch.float32, seed=0, bias_scale=1.0,
+              mean_scale=1.0):
+    """Seeded (x, weight, bias, running_mean, running_var) for a batch norm; x, weight and bias require grad.
+    ``bias_scale`` and ``mean_scale`` scale the bias and the running mean."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=dtype).to(memory_format=fmt).requires_grad_()
+    c = shape[1]
+    w = (torch.rand(c, generator=g, dtype=dtype) + 0.5).requires_grad_()
+    b = (bias_scale * torch.randn(c, generator=g, dtype=dtype)).requires_grad_()
+    rm = mean_scale * torch.randn(c, generator=g, dtype=dtype)
+    rv = torch.rand(c, generator=g, dtype=dtype) + 0.5
+    return x, w, b, rm, rv

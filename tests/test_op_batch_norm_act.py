@@ -13,9 +13,12 @@ from memsave import functional as MF
 from memsave.nn.fused import BatchNormAct2d
 
 from fused_helpers import (
+    BN_FORMATS,
     FLOAT32_RTOL,
     TORCH_ACTS,
     assert_low_precision_ok,
+    bn_inputs,
+    bn_reference,
     leaf_copies,
     module_state,
     rel_err,
@@ -23,22 +26,8 @@ from fused_helpers import (
 )
 
 ACTS = list(TORCH_ACTS)
-FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
-
-
-def _reference(x, rm, rv, w, b, training, act, momentum=0.1, eps=1e-5):
-    return TORCH_ACTS[act](TF.batch_norm(x, rm, rv, w, b, training, momentum, eps))
-
-
-def _inputs(shape=(4, 5, 6, 7), fmt=torch.contiguous_format, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g, dtype=dtype).to(memory_format=fmt).requires_grad_()
-    c = shape[1]
-    w = (torch.rand(c, generator=g, dtype=dtype) + 0.5).requires_grad_()
-    b = torch.randn(c, generator=g, dtype=dtype).requires_grad_()
-    rm = torch.randn(c, generator=g, dtype=dtype)
-    rv = torch.rand(c, generator=g, dtype=dtype) + 0.5
-    return x, w, b, rm, rv
+FORMATS = BN_FORMATS
+_inputs = bn_inputs
 
 
 @pytest.mark.parametrize(
@@ -50,7 +39,7 @@ def test_matches_unfused_float32(act, training, fmt):
     x2, w2, b2 = leaf_copies(x, w, b)
     rm2, rv2 = rm.clone(), rv.clone()
     y = MF.batch_norm_act(x, rm, rv, w, b, training, 0.1, 1e-5, act)
-    y2 = _reference(x2, rm2, rv2, w2, b2, training, act)
+    y2 = bn_reference(x2, rm2, rv2, w2, b2, training, act)
     # Forward: torch's own batch-norm kernel followed by the activation, so bitwise equal; stats too.
     assert torch.equal(y, y2)
     assert torch.equal(rm, rm2) and torch.equal(rv, rv2)
@@ -69,7 +58,7 @@ def test_no_running_stats_and_no_affine(affine):
     w, b = (w, b) if affine else (None, None)
     x2, w2, b2 = leaf_copies(x, w, b)
     y = MF.batch_norm_act(x, None, None, w, b, True, act="silu")
-    y2 = _reference(x2, None, None, w2, b2, True, "silu")
+    y2 = bn_reference(x2, None, None, w2, b2, True, "silu")
     assert torch.equal(y, y2)
     g = torch.randn_like(y)
     ours = torch.autograd.grad(y, [t for t in (x, w, b) if t is not None], g)
@@ -127,8 +116,8 @@ def test_low_precision_error_at_most_twice_torchs(dtype, act):
     x64, w64, b64 = leaf_copies(x_lp, w, b, dtype=torch.float64)
     xt, wt, bt = leaf_copies(x_lp, w, b)
     y = MF.batch_norm_act(x_lp, None, None, w, b, True, act=act)
-    yt = _reference(xt, None, None, wt, bt, True, act)
-    y64 = _reference(x64, None, None, w64, b64, True, act)
+    yt = bn_reference(xt, None, None, wt, bt, True, act)
+    y64 = bn_reference(x64, None, None, w64, b64, True, act)
     assert y.dtype == dtype
     assert_low_precision_ok(y, yt, y64, "output")
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
@@ -299,7 +288,7 @@ def test_cuda_matches_float64_reference(act, fmt):
     y = MF.batch_norm_act(xc, rmc, rvc, wc, bc, True, act=act)
     x64, w64, b64 = leaf_copies(x, w, b, dtype=torch.float64)
     rm64, rv64 = rm.double(), rv.double()
-    y64 = _reference(x64, rm64, rv64, w64, b64, True, act)
+    y64 = bn_reference(x64, rm64, rv64, w64, b64, True, act)
     assert rel_err(y.cpu(), y64) <= FLOAT32_RTOL
     assert rel_err(rmc.cpu(), rm64) <= FLOAT32_RTOL and rel_err(rvc.cpu(), rv64) <= FLOAT32_RTOL
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(6))
@@ -320,8 +309,8 @@ def test_cuda_low_precision_and_opcheck(dtype):
     xt, wt, bt = leaf_copies(x_lp, wc, bc)
     x64, w64, b64 = leaf_copies(x_lp, wc, bc, dtype=torch.float64)
     y = MF.batch_norm_act(x_lp, None, None, wc, bc, True, act="gelu")
-    yt = _reference(xt, None, None, wt, bt, True, "gelu")
-    y64 = _reference(x64, None, None, w64, b64, True, "gelu")
+    yt = bn_reference(xt, None, None, wt, bt, True, "gelu")
+    y64 = bn_reference(x64, None, None, w64, b64, True, "gelu")
     assert_low_precision_ok(y, yt, y64, "output")
     g = torch.randn_like(y)
     for name, o, t, r in zip(
@@ -344,7 +333,7 @@ CONV_CASES = {
 
 
 def _conv_reference(x, rm, rv, bw, bb, w, b, training, act, conv):
-    h = _reference(x, rm, rv, bw, bb, training, act)
+    h = bn_reference(x, rm, rv, bw, bb, training, act)
     return TF.conv2d(h, w, b, conv["stride"], conv["padding"], conv["dilation"], conv["groups"])
 
 

@@ -13,9 +13,12 @@ from memsave import functional as MF
 from memsave.nn.fused import InPlaceABN2d
 
 from fused_helpers import (
+    BN_FORMATS,
     FLOAT32_RTOL,
     TORCH_ACTS,
     assert_low_precision_ok,
+    bn_inputs,
+    bn_reference,
     leaf_copies,
     module_state,
     rel_err,
@@ -23,22 +26,11 @@ from fused_helpers import (
 )
 
 ACTS = ["leaky_relu", "elu", "identity"]
-FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
-
-
-def _reference(x, rm, rv, w, b, training, act, momentum=0.1, eps=1e-5):
-    return TORCH_ACTS[act](TF.batch_norm(x, rm, rv, w, b, training, momentum, eps))
+FORMATS = BN_FORMATS
 
 
 def _inputs(shape=(4, 5, 6, 7), fmt=torch.contiguous_format, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g, dtype=dtype).to(memory_format=fmt).requires_grad_()
-    c = shape[1]
-    w = (torch.rand(c, generator=g, dtype=dtype) + 0.5).requires_grad_()
-    b = (0.5 * torch.randn(c, generator=g, dtype=dtype)).requires_grad_()
-    rm = 0.1 * torch.randn(c, generator=g, dtype=dtype)
-    rv = torch.rand(c, generator=g, dtype=dtype) + 0.5
-    return x, w, b, rm, rv
+    return bn_inputs(shape, fmt, dtype, seed, bias_scale=0.5, mean_scale=0.1)
 
 
 def _abn(x, *args, **kwargs):
@@ -56,7 +48,7 @@ def test_matches_unfused_float32(act, training, fmt):
     h = x * 1.0
     y = MF.inplace_abn(h, rm, rv, w, b, training, 0.1, 1e-5, act)
     assert y is h  # in place: the input tensor now holds the output
-    y2 = _reference(x2, rm2, rv2, w2, b2, training, act)
+    y2 = bn_reference(x2, rm2, rv2, w2, b2, training, act)
     assert rel_err(y, y2) <= FLOAT32_RTOL
     assert torch.equal(rm, rm2) and torch.equal(rv, rv2)  # torch's own statistics kernel and update
     assert y.is_contiguous(memory_format=FORMATS[fmt])
@@ -128,8 +120,8 @@ def test_low_precision_error_at_most_twice_torchs(dtype, act):
     x64, w64, b64 = leaf_copies(x_lp, w, b, dtype=torch.float64)
     xt, wt, bt = leaf_copies(x_lp, w, b)
     y = _abn(x_lp, None, None, w, b, True, act=act)
-    yt = _reference(xt, None, None, wt, bt, True, act)
-    y64 = _reference(x64, None, None, w64, b64, True, act)
+    yt = bn_reference(xt, None, None, wt, bt, True, act)
+    y64 = bn_reference(x64, None, None, w64, b64, True, act)
     assert y.dtype == dtype
     assert_low_precision_ok(y, yt, y64, "output")
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
@@ -149,7 +141,7 @@ def test_zero_gamma_channel():
         w[1] = 0.0
     x2, w2, b2 = leaf_copies(x, w, b)
     y = _abn(x, None, None, w, b, True, act="leaky_relu")
-    y2 = _reference(x2, None, None, w2, b2, True, "leaky_relu")
+    y2 = bn_reference(x2, None, None, w2, b2, True, "leaky_relu")
     g = torch.randn_like(y)
     gx, gw, gb = torch.autograd.grad(y, (x, w, b), g)
     rx, rw, rb = torch.autograd.grad(y2, (x2, w2, b2), g)
@@ -165,7 +157,7 @@ def test_small_gamma_float64_stays_accurate():
         w.copy_(torch.tensor([1e-3, -1e-4, 2.0], dtype=torch.float64))
     x2, w2, b2 = leaf_copies(x, w, b)
     y = _abn(x, None, None, w, b, True, act="elu")
-    y2 = _reference(x2, None, None, w2, b2, True, "elu")
+    y2 = bn_reference(x2, None, None, w2, b2, True, "elu")
     g = torch.randn_like(y)
     for o, r in zip(torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(y2, (x2, w2, b2), g)):
         assert rel_err(o, r) <= 1e-9
@@ -281,7 +273,7 @@ def test_cuda_matches_float64_reference(act, fmt):
     y = _abn(xc, rmc, rvc, wc, bc, True, act=act)
     x64, w64, b64 = leaf_copies(x, w, b, dtype=torch.float64)
     rm64, rv64 = rm.double(), rv.double()
-    y64 = _reference(x64, rm64, rv64, w64, b64, True, act)
+    y64 = bn_reference(x64, rm64, rv64, w64, b64, True, act)
     assert rel_err(y.cpu(), y64) <= FLOAT32_RTOL
     assert rel_err(rmc.cpu(), rm64) <= FLOAT32_RTOL and rel_err(rvc.cpu(), rv64) <= FLOAT32_RTOL
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(8))
