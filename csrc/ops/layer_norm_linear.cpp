@@ -69,11 +69,7 @@ void check_linear(const at::Tensor& input, const at::Tensor& weight, const c10::
 at::Tensor layer_norm_apply_cpu(const at::Tensor& input, c10::IntArrayRef normalized_shape, const at::Tensor& mean,
                                 const at::Tensor& rstd, const c10::optional<at::Tensor>& weight,
                                 const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> dtype) {
-  constexpr const char* op = "layer_norm_apply";
-  const LnShape s = ln_shape(input, normalized_shape, op);
-  check_ln_param(weight, normalized_shape, input, "weight", op);
-  check_ln_param(bias, normalized_shape, input, "bias", op);
-  check_ln_stats(mean, rstd, input, s.rows, op);
+  const LnShape s = check_layer_norm_apply_args(input, normalized_shape, mean, rstd, weight, bias);
   const at::Tensor x = input.contiguous();
   // Element math in float (double for double inputs); absent affine parameters become 1 / 0.
   const at::ScalarType mt = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;

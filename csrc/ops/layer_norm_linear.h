@@ -46,4 +46,17 @@ inline void check_ln_stats(const at::Tensor& mean, const at::Tensor& rstd, const
               ": mean and rstd must be on the input's device ", x.device());
 }
 
+// Checks the arguments of layer_norm_apply (CPU and CUDA) and returns the input's row layout.
+inline LnShape check_layer_norm_apply_args(const at::Tensor& input, c10::IntArrayRef normalized_shape,
+                                           const at::Tensor& mean, const at::Tensor& rstd,
+                                           const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias) {
+  constexpr const char* op = "layer_norm_apply";
+  const LnShape s = ln_shape(input, normalized_shape, op);
+  check_ln_param(weight, normalized_shape, input, "weight", op);
+  check_ln_param(bias, normalized_shape, input, "bias", op);
+  check_ln_stats(mean, rstd, input, s.rows, op);
+  return s;
+}
+
 }  // namespace memsave

@@ -32,11 +32,7 @@ __global__ void layer_norm_apply_kernel(const in_t* __restrict__ x, const acc_t*
 at::Tensor layer_norm_apply_cuda(const at::Tensor& input, c10::IntArrayRef normalized_shape, const at::Tensor& mean,
                                  const at::Tensor& rstd, const c10::optional<at::Tensor>& weight,
                                  const c10::optional<at::Tensor>& bias, c10::optional<at::ScalarType> dtype) {
-  constexpr const char* op = "layer_norm_apply";
-  const LnShape s = ln_shape(input, normalized_shape, op);
-  check_ln_param(weight, normalized_shape, input, "weight", op);
-  check_ln_param(bias, normalized_shape, input, "bias", op);
-  check_ln_stats(mean, rstd, input, s.rows, op);
+  const LnShape s = check_layer_norm_apply_args(input, normalized_shape, mean, rstd, weight, bias);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor x = input.contiguous();
   at::Tensor out = at::empty(input.sizes(), input.options().dtype(dtype.value_or(input.scalar_type())));
