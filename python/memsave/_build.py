@@ -14,12 +14,6 @@ import torch
 REBUILD_COMMAND = "pip install --no-build-isolation --force-reinstall --no-deps memsave  (or, in a checkout: pip install --no-build-isolation -e .)"
 
 
-def _base(version: str) -> str:
-    # "2.11.0+cu130" and "2.11.0" are the same build for ABI purposes only if the local tag matches too, so compare
-    # the full string; strip nothing.
-    return version.strip()
-
-
 def load_extension() -> ModuleType:
     """Import ``memsave._C`` after checking it was built for the running torch.
 
@@ -37,7 +31,8 @@ def load_extension() -> ModuleType:
             "memsave's compiled extension is missing (no memsave/_build_config.py): build it with\n    "
             + REBUILD_COMMAND
         ) from exc
-    if _base(config.TORCH_VERSION) != _base(torch.__version__):
+    # The full version string, local tag included: 2.11.0+cu130 and 2.11.0+cpu are different binaries.
+    if config.TORCH_VERSION != torch.__version__:
         raise ImportError(
             f"memsave {config.MEMSAVE_VERSION} was built against torch {config.TORCH_VERSION} but torch "
             f"{torch.__version__} is installed. A C++ extension only works with the torch it was compiled for; "
