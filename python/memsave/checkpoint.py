@@ -119,7 +119,8 @@ class _Frame:
             self.strict_values.append(t.detach())
         return handle
 
-    def finish_forward(self) -> None:
+    def finish_forward(self, arg_versions: List[Tuple[str, torch.Tensor, int]]) -> None:
+        """Close the forward; ``arg_versions`` are the arguments' versions, already checked unchanged since entry."""
         for index, ref in self.leaf_refs:
             t = ref()
             if t is None:
@@ -130,7 +131,7 @@ class _Frame:
                 self.stale[index] = (saved_version, t._version)
             self.leaf_checks.append((index, ref, t._version))
         self.leaf_refs = []
-        self.arg_versions = [(path, t, t._version) for path, t in _tensor_args(self.args, self.kwargs)]
+        self.arg_versions = arg_versions
         self.forward_done = True
 
     # ---- backward ------------------------------------------------------------------------------------------
@@ -383,7 +384,7 @@ def _run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str,
             f"saved at region entry and random operations on CUDA (dropout) may differ in the recompute. "
             f"Initialise CUDA before the first checkpointed forward (e.g. torch.cuda.init() or model.cuda()).",
             MemsaveWarning, stacklevel=3)
-    frame.finish_forward()
+    frame.finish_forward(entry_versions)  # the loop above checked they are still the versions at exit
     return out
 
 
