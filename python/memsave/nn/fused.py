@@ -117,7 +117,10 @@ def activation_spec(module: nn.Module) -> Optional[Tuple[str, Optional[float]]]:
 
 
 class _BatchNormActBase(nn.Module):
-    """nn.BatchNorm2d's parameters, buffers, state_dict handling and running-statistics policy."""
+    """nn.BatchNorm2d's parameters, buffers, state_dict handling and running-statistics policy.
+
+    Its ``__init__`` is BatchNormAct2d's and DeferredBatchNormAct2d's (arguments: see :class:`BatchNormAct2d`).
+    """
 
     _version = 2  # nn.BatchNorm2d's state_dict version (num_batches_tracked present)
     _invertible = False
@@ -125,14 +128,14 @@ class _BatchNormActBase(nn.Module):
     def __init__(
         self,
         num_features: int,
-        act: str,
-        act_param: Optional[float],
-        eps: float,
-        momentum: Optional[float],
-        affine: bool,
-        track_running_stats: bool,
-        device: Any,
-        dtype: Any,
+        act: str = "relu",
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        act_param: Optional[float] = None,
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
@@ -306,20 +309,6 @@ class BatchNormAct2d(_BatchNormActBase):
         >>> bn_act = memsave.nn.BatchNormAct2d(64); bn_act.load_state_dict(torch.nn.BatchNorm2d(64).state_dict())
     """
 
-    def __init__(
-        self,
-        num_features: int,
-        act: str = "relu",
-        eps: float = 1e-5,
-        momentum: Optional[float] = 0.1,
-        affine: bool = True,
-        track_running_stats: bool = True,
-        device: Any = None,
-        dtype: Any = None,
-        act_param: Optional[float] = None,
-    ) -> None:
-        super().__init__(num_features, act, act_param, eps, momentum, affine, track_running_stats, device, dtype)
-
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
         bn_training, factor, running_mean, running_var = self._bn_arguments()
@@ -382,7 +371,7 @@ class InPlaceABN2d(_BatchNormActBase):
         dtype: Any = None,
         act_param: Optional[float] = None,
     ) -> None:
-        super().__init__(num_features, act, act_param, eps, momentum, affine, track_running_stats, device, dtype)
+        super().__init__(num_features, act, eps, momentum, affine, track_running_stats, device, dtype, act_param)
 
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
@@ -407,20 +396,6 @@ class DeferredBatchNormAct2d(_BatchNormActBase):
 
     Args: as :class:`BatchNormAct2d`.
     """
-
-    def __init__(
-        self,
-        num_features: int,
-        act: str = "relu",
-        eps: float = 1e-5,
-        momentum: Optional[float] = 0.1,
-        affine: bool = True,
-        track_running_stats: bool = True,
-        device: Any = None,
-        dtype: Any = None,
-        act_param: Optional[float] = None,
-    ) -> None:
-        super().__init__(num_features, act, act_param, eps, momentum, affine, track_running_stats, device, dtype)
 
     def forward(self, input: Tensor) -> Tensor:
         return input
