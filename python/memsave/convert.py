@@ -441,10 +441,11 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
         consumed = set()
         singles: List[Tuple[int, _ModuleSwap]] = []
         if in_sequential and fuse:
+            patterns = _ordered_patterns()
             i = 0
             while i < len(children):
                 matched = False
-                for pat in _ordered_patterns():
+                for pat in patterns:
                     n = len(pat.elements)
                     run = children[i:i + n]
                     if len(run) < n or any(id(m) in done for _, m in run):
