@@ -426,28 +426,18 @@ class GradScaler:
             combined = found[0]
             for f in found[1:]:
                 combined = combined + f
-            if scale.device.type in _kernel_device_types():
-                torch.ops.memsave.amp_update_scale_(
-                    scale,
-                    growth_tracker,
-                    overflow_tracker,
-                    combined,
-                    self._growth_factor,
-                    self._backoff_factor,
-                    self._growth_interval,
-                    self._hysteresis,
-                )
-            else:
-                _update_scale_fallback(
-                    scale,
-                    growth_tracker,
-                    overflow_tracker,
-                    combined,
-                    self._growth_factor,
-                    self._backoff_factor,
-                    self._growth_interval,
-                    self._hysteresis,
-                )
+            has_kernel = scale.device.type in _kernel_device_types()
+            update_scale = torch.ops.memsave.amp_update_scale_ if has_kernel else _update_scale_fallback
+            update_scale(
+                scale,
+                growth_tracker,
+                overflow_tracker,
+                combined,
+                self._growth_factor,
+                self._backoff_factor,
+                self._growth_interval,
+                self._hysteresis,
+            )
         self._per_optimizer_states = defaultdict(_fresh_optimizer_state)
         self._overflow_in_iteration = False
 
