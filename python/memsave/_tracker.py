@@ -174,18 +174,25 @@ class LiveTensorTracker(TorchDispatchMode):
                 if self.live_bytes > self.peak_bytes:
                     self.peak_bytes = self.live_bytes
 
+    @staticmethod
+    def _input_storages(args: Any, kwargs: Any) -> set:
+        keys = set()
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor):
+                s = _storage_of(t)
+                if s is not None:
+                    keys.add(s._cdata)
+        return keys
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if not outputs:
             return out
-        inputs = set()
-        for t in tree_flatten((args, kwargs))[0]:
-            if isinstance(t, torch.Tensor):
-                s = _storage_of(t)
-                if s is not None:
-                    inputs.add(s._cdata)
+        # Storages of the inputs, collected only once an output storage is not tracked yet (in-place ops and views
+        # of tracked tensors never need them).
+        inputs: Optional[set] = None
         seen = set()
         for t in outputs:
             s = _storage_of(t)
@@ -201,8 +208,11 @@ class LiveTensorTracker(TorchDispatchMode):
             if key in self._records:
                 # In-place resize (resize_, out= variants) of a storage we already count.
                 self._resize(key, nbytes)
-            elif key not in inputs:
-                self._track(s, nbytes)
+            else:
+                if inputs is None:
+                    inputs = self._input_storages(args, kwargs)
+                if key not in inputs:
+                    self._track(s, nbytes)
         return out
 
     # ------------------------------------------------------------------ queries
