@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from ._fused_autograd import grads_or_none, register_backward_op_autograd, register_mutating_autograd
-from .batch_norm_act import empty_in_kernel_layout, kernel_memory_format, stat_dtype
+from .batch_norm_act import bn_backward_fake, empty_in_kernel_layout, kernel_memory_format, stat_dtype
 
 Tensor = torch.Tensor
 
@@ -55,11 +55,10 @@ def _batch_norm_act_conv2d_backward_fake(
     invstd: Tensor, training: bool, act: str, act_param: float, weight: Tensor, has_bias: bool, stride: List[int],
     padding: List[int], dilation: List[int], groups: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    param_dtype = bn_weight.dtype if bn_weight is not None else stat_dtype(input)
-    grad_bn_weight = input.new_empty((input.shape[1],), dtype=param_dtype)
+    grad_input, grad_bn_weight, grad_bn_bias = bn_backward_fake(input, bn_weight)
     grad_weight = torch.empty_like(weight).contiguous(memory_format=kernel_memory_format(weight))
     grad_bias = weight.new_empty((weight.shape[0] if has_bias else 0,))
-    return empty_in_kernel_layout(input), grad_bn_weight, torch.empty_like(grad_bn_weight), grad_weight, grad_bias
+    return grad_input, grad_bn_weight, grad_bn_bias, grad_weight, grad_bias
 
 
 class _BatchNormActConv2dFunction(torch.autograd.Function):
