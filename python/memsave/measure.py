@@ -406,6 +406,8 @@ def measure(
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"measure: warmup must be an int >= 0, got {warmup!r}")
     dev = _resolve_device(model, inputs, device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"measure: device type {dev.type!r} is not supported; memsave measures on 'cpu' and 'cuda'")
     is_cuda = dev.type == "cuda"
 
     state = _SavedState(model, inputs)
@@ -441,12 +443,8 @@ def measure(
             torch.cuda.synchronize(dev)
             peak = torch.cuda.max_memory_allocated(dev) - before
             reserved = torch.cuda.max_memory_reserved(dev)
-        elif dev.type == "cpu":
-            peak = cpu_peak_bytes(step)
         else:
-            raise ValueError(
-                f"measure: device type {dev.type!r} is not supported; memsave measures on 'cpu' and 'cuda'"
-            )
+            peak = cpu_peak_bytes(step)
 
         state.clear_grads()
         with LiveTensorTracker(root=model if isinstance(model, torch.nn.Module) else None) as tracker:
