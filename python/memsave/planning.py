@@ -50,7 +50,9 @@ from torch.utils._pytree import tree_flatten
 
 from .checkpoint import _Chain, _run_region
 from .errors import InfeasibleBudgetError
-from .measure import _SavedState, _resolve_device, cpu_allocation_profiler, cpu_peak_bytes, default_loss, format_bytes
+from ._tracker import _nbytes, _storage_of
+from .measure import (_SavedState, _resolve_device, _tensors, cpu_allocation_profiler, cpu_peak_bytes, default_loss,
+                      format_bytes)
 from .wrap import _CheckpointedForward, _ExtraRepr, _unwrap_module, _wrap_module, is_wrapped
 
 __all__ = ["plan", "Plan", "PlanMismatchError", "InfeasibleBudgetError", "parse_budget", "apply_plan"]
@@ -142,10 +144,8 @@ class _Call:
 
 
 def _storage_key(t: torch.Tensor) -> Optional[int]:
-    try:
-        return t.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
+    s = _storage_of(t)
+    return None if s is None else s._cdata
 
 
 class _AllocLog(TorchDispatchMode):
@@ -175,17 +175,14 @@ class _AllocLog(TorchDispatchMode):
         if not outs:
             return out
         for t in outs:
-            s = t.untyped_storage() if _storage_key(t) is not None else None
+            s = _storage_of(t)
             if s is None:
                 continue
             key = s._cdata
             if key in inputs or key in self.uid_of:
                 continue
-            try:
-                nb = int(s.nbytes())
-            except (RuntimeError, TypeError, ValueError):
-                continue
-            if nb == 0:
+            nb = _nbytes(s)
+            if not nb:  # None (symbolic size) or 0
                 continue
             uid = len(self.nbytes)
             self.nbytes[uid] = nb
@@ -279,10 +276,6 @@ class _Trace:
         missing = [m for m in self.markers if m not in self.marker_ns]
         if missing:
             raise RuntimeError(f"memsave.plan: the profiler lost {len(missing)} of memsave's markers")
-
-
-def _tensors(obj: Any) -> List[torch.Tensor]:
-    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
 
 
 def _module_names(model: nn.Module) -> Dict[int, str]:
