@@ -4,6 +4,7 @@
 # a ninja no-op (seconds).
 #   bash tools/setup.sh            # runtime + build
 #   bash tools/setup.sh --test     # also the test dependencies
+#   bash tools/setup.sh --rebuild  # rebuild even when no tracked source changed (while editing C++)
 # Environment: MEMSAVE_TORCH (pip requirement used only when torch is missing; default torch==2.11.0, built for
 # CUDA 13.0), MEMSAVE_CUDA=AUTO|ON|OFF, TORCH_CUDA_ARCH_LIST (default 9.0 here; set yours, e.g. "8.0;9.0").
 set -euo pipefail
@@ -11,7 +12,14 @@ cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 PY="${PYTHON:-python3}"
 WITH_TEST=0
-[[ "${1:-}" == "--test" ]] && WITH_TEST=1
+REBUILD=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) WITH_TEST=1 ;;
+    --rebuild) REBUILD=1 ;;
+    *) echo "usage: bash tools/setup.sh [--test] [--rebuild]" >&2; exit 2 ;;
+  esac
+done
 
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 have_module() { "$PY" -c "import $1" >/dev/null 2>&1; }
@@ -49,7 +57,7 @@ export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=true CCACHE_SLOPPINESS="${CCACHE_
 stamp="build/.memsave-build-stamp"
 sources_hash="$( (git ls-files -z -- csrc CMakeLists.txt pyproject.toml python/memsave/_build_config.py.in 2>/dev/null \
                   | xargs -0 cat 2>/dev/null; "$PY" -c 'import torch; print(torch.__version__)') | sha1sum | cut -d' ' -f1)"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$sources_hash" ]] && (cd /tmp && "$PY" -c "import memsave" 2>/dev/null) \
+if [[ $REBUILD == 0 && -f "$stamp" && "$(cat "$stamp")" == "$sources_hash" ]] && (cd /tmp && "$PY" -c "import memsave" 2>/dev/null) \
    && [[ "$("$PY" -c 'import memsave,os;print(os.path.dirname(memsave.__file__))' 2>/dev/null)" == "$ROOT/python/memsave" ]]; then
   echo "[setup] memsave is built and up to date"
 else
