@@ -57,8 +57,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, Unsupporte
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from ._tracker import LiveTensorTracker
-from .compare import Strategy, StrategyContext, parse_bytes, parse_strategy
+from ._tracker import LiveTensorTracker, _storage_of
+from .compare import Strategy, StrategyContext, _RngState, _strip_runner_prefix, parse_bytes, parse_strategy
 from .measure import LossFn, default_loss, format_bytes
 
 __all__ = ["Estimate", "NoFakeKernelError", "estimate", "max_batch_size", "cuda_block_bytes", "OPTIMIZER_STATES"]
@@ -290,11 +290,8 @@ def _as_device(device: Union[str, torch.device]) -> torch.device:
 def _storage_bytes(tensors: Sequence[torch.Tensor], round_fn: Callable[[int], int]) -> int:
     seen, total = set(), 0
     for t in tensors:
-        try:
-            s = t.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):
-            continue
-        if s._cdata in seen:
+        s = _storage_of(t)
+        if s is None or s._cdata in seen:
             continue
         seen.add(s._cdata)
         total += round_fn(int(s.nbytes()))
@@ -377,12 +374,6 @@ def _run_fake_step(model: nn.Module, inputs: Tuple[Any, ...], strat: Strategy, l
     )
 
 
-def _strip_prefix(by_module: Dict[str, int], runner: nn.Module) -> Dict[str, int]:
-    from .compare import _strip_runner_prefix
-
-    return _strip_runner_prefix(by_module, runner)
-
-
 def estimate(
     model: nn.Module,
     *example_inputs: Any,
@@ -448,8 +439,7 @@ def estimate(
     cpu_onednn = dev.type == "cpu" and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
     workspace_fn = _cpu_conv_workspace if cpu_onednn else None
 
-    cpu_rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    rng = _RngState()
     try:
         try:
             r = _run_fake_step(model, tuple(example_inputs), strat, loss_fn, run_dev, dtype, round_fn, workspace_fn,
@@ -464,9 +454,7 @@ def estimate(
             r = _run_fake_step(model, tuple(example_inputs), strat, loss_fn, torch.device("cpu"), dtype, round_fn,
                                None, states, emulate_cuda=True)
     finally:
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
+        rng.restore()
 
     return Estimate(
         peak_bytes=int(r["peak"]),
@@ -483,7 +471,7 @@ def estimate(
         allocator=("CUDA caching allocator, 512-byte blocks" if dev.type == "cuda"
                    else "exact sizes + oneDNN convolution workspaces" if cpu_onednn else "exact sizes"),
         emulated=emulated,
-        by_module=_strip_prefix(r["by_module"], r["runner"]),
+        by_module=_strip_runner_prefix(r["by_module"], r["runner"]),
     )
 
 
