@@ -4,8 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
@@ -28,6 +32,36 @@ inline void check_mask_matches(const at::Tensor& grad, const at::Tensor& mask, c
               packed_mask_bytes(grad.numel()), "; pass the mask the forward returned for this tensor");
   TORCH_CHECK(mask.device() == grad.device(), "memsave.", op, ": the mask is on ", mask.device(),
               " but the gradient is on ", grad.device());
+}
+
+// A fresh mask for a tensor of `numel` elements on `like`'s device.
+inline at::Tensor empty_mask(int64_t numel, const at::Tensor& like) {
+  return at::empty({packed_mask_bytes(numel)}, like.options().dtype(at::kByte));
+}
+
+// The out-of-place forward of a mask-saving operator: `into(x, out, mask)` fills out and mask from contiguous x.
+template <typename Into>
+std::tuple<at::Tensor, at::Tensor> mask_forward(const at::Tensor& self, Into&& into) {
+  const at::Tensor x = self.contiguous();
+  at::Tensor out = at::empty_like(x);
+  at::Tensor mask = empty_mask(x.numel(), x);
+  into(x, out, mask);
+  return {out, mask};
+}
+
+// The in-place forward: `into(x, x, mask)` on self, or on a contiguous copy written back when self is strided.
+template <typename Into>
+at::Tensor mask_forward_(at::Tensor& self, Into&& into) {
+  at::assert_no_internal_overlap(self);
+  at::Tensor mask = empty_mask(self.numel(), self);
+  if (self.is_contiguous()) {
+    into(self, self, mask);
+  } else {
+    const at::Tensor x = self.contiguous();
+    into(x, x, mask);
+    self.copy_(x);
+  }
+  return mask;
 }
 
 }  // namespace memsave

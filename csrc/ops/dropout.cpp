@@ -57,26 +57,17 @@ void dropout_cpu_into(const at::Tensor& x, const at::Tensor& out, const at::Tens
 std::tuple<at::Tensor, at::Tensor> dropout_cpu(const at::Tensor& self, double p) {
   check_floating_input(self, "dropout");
   check_dropout_probability(p, "dropout");
-  const at::Tensor x = self.contiguous();
-  at::Tensor out = at::empty_like(x);
-  at::Tensor mask = at::empty({packed_mask_bytes(x.numel())}, x.options().dtype(at::kByte));
-  dropout_cpu_into(x, out, mask, p);
-  return {out, mask};
+  return mask_forward(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
+    dropout_cpu_into(x, out, mask, p);
+  });
 }
 
 at::Tensor dropout_inplace_cpu(at::Tensor& self, double p) {
   check_floating_input(self, "dropout_");
   check_dropout_probability(p, "dropout_");
-  at::assert_no_internal_overlap(self);
-  at::Tensor mask = at::empty({packed_mask_bytes(self.numel())}, self.options().dtype(at::kByte));
-  if (self.is_contiguous()) {
-    dropout_cpu_into(self, self, mask, p);
-  } else {
-    const at::Tensor x = self.contiguous();
-    dropout_cpu_into(x, x, mask, p);
-    self.copy_(x);
-  }
-  return mask;
+  return mask_forward_(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
+    dropout_cpu_into(x, out, mask, p);
+  });
 }
 
 at::Tensor dropout_backward_cpu(const at::Tensor& grad_out, const at::Tensor& mask, double p) {

@@ -32,25 +32,12 @@ void relu_cpu_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor&
 
 std::tuple<at::Tensor, at::Tensor> relu_cpu(const at::Tensor& self) {
   check_floating_input(self, "relu");
-  const at::Tensor x = self.contiguous();
-  at::Tensor out = at::empty_like(x);
-  at::Tensor mask = at::empty({packed_mask_bytes(x.numel())}, x.options().dtype(at::kByte));
-  relu_cpu_into(x, out, mask);
-  return {out, mask};
+  return mask_forward(self, relu_cpu_into);
 }
 
 at::Tensor relu_inplace_cpu(at::Tensor& self) {
   check_floating_input(self, "relu_");
-  at::assert_no_internal_overlap(self);
-  at::Tensor mask = at::empty({packed_mask_bytes(self.numel())}, self.options().dtype(at::kByte));
-  if (self.is_contiguous()) {
-    relu_cpu_into(self, self, mask);
-  } else {
-    const at::Tensor x = self.contiguous();
-    relu_cpu_into(x, x, mask);
-    self.copy_(x);
-  }
-  return mask;
+  return mask_forward_(self, relu_cpu_into);
 }
 
 at::Tensor relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& mask) {

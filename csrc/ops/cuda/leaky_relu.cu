@@ -42,26 +42,17 @@ void leaky_relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::
 std::tuple<at::Tensor, at::Tensor> leaky_relu_cuda(const at::Tensor& self, double negative_slope) {
   check_floating_input(self, "leaky_relu");
   const c10::cuda::CUDAGuard guard(self.device());
-  const at::Tensor x = self.contiguous();
-  at::Tensor out = at::empty_like(x);
-  at::Tensor mask = at::empty({packed_mask_bytes(x.numel())}, x.options().dtype(at::kByte));
-  leaky_relu_cuda_into(x, out, mask, negative_slope);
-  return {out, mask};
+  return mask_forward(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
+    leaky_relu_cuda_into(x, out, mask, negative_slope);
+  });
 }
 
 at::Tensor leaky_relu_inplace_cuda(at::Tensor& self, double negative_slope) {
   check_floating_input(self, "leaky_relu_");
-  at::assert_no_internal_overlap(self);
   const c10::cuda::CUDAGuard guard(self.device());
-  at::Tensor mask = at::empty({packed_mask_bytes(self.numel())}, self.options().dtype(at::kByte));
-  if (self.is_contiguous()) {
-    leaky_relu_cuda_into(self, self, mask, negative_slope);
-  } else {
-    const at::Tensor x = self.contiguous();
-    leaky_relu_cuda_into(x, x, mask, negative_slope);
-    self.copy_(x);
-  }
-  return mask;
+  return mask_forward_(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
+    leaky_relu_cuda_into(x, out, mask, negative_slope);
+  });
 }
 
 at::Tensor leaky_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& mask, double negative_slope) {

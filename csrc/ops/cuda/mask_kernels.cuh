@@ -1,4 +1,4 @@
-// CUDA kernels shared by the mask-saving operators (leaky_relu, dropout): the elementwise forward that writes a
+// CUDA kernels shared by the mask-saving operators (relu, leaky_relu, dropout): the elementwise forward that writes a
 // bit-packed mask, and the backward that applies one. Mask layout: csrc/ops/bitmask.h.
 #pragma once
 
