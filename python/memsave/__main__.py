@@ -1,4 +1,4 @@
-"""Command line: ``python -m memsave {info,demo,bench}``."""
+"""Command line: ``python -m memsave {info,demo,bench,estimate}``."""
 from __future__ import annotations
 
 import argparse
@@ -37,6 +37,12 @@ def _bench(args: argparse.Namespace) -> int:
     return bench.main(args.rest)
 
 
+def _estimate(args: argparse.Namespace) -> int:
+    from memsave import bench
+
+    return bench.estimate_main(args.rest)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m memsave`` and the ``memsave`` console script."""
     parser = argparse.ArgumentParser(prog="python -m memsave", description=__doc__)
@@ -51,7 +57,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench.set_defaults(run=_bench)
     est = sub.add_parser("estimate", help="predict a model's training-step memory on fake tensors (see --help)", add_help=False)
     est.add_argument("rest", nargs=argparse.REMAINDER)
-    est.set_defaults(run=lambda a: __import__("memsave.bench", fromlist=["estimate_main"]).estimate_main(a.rest))
+    est.set_defaults(run=_estimate)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("demo", "bench", "estimate"):  # argparse.REMAINDER drops leading options: pass them through
         return int(sub.choices[argv[0]].get_default("run")(argparse.Namespace(rest=argv[1:])) or 0)
