@@ -279,6 +279,12 @@ class RngState:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             self.cuda = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
 
+    def restore(self) -> None:
+        """Set the CPU generator and the saved CUDA generators back to these states."""
+        torch.set_rng_state(self.cpu)
+        for i, s in enumerate(self.cuda):
+            torch.cuda.set_rng_state(s, i)
+
     def fork_and_restore(self) -> Any:
         """A context manager that restores these states and, on exit, puts the caller's RNG streams back."""
         return _ForkedRng(self)
@@ -291,9 +297,7 @@ class _ForkedRng:
 
     def __enter__(self) -> None:
         self.fork.__enter__()
-        torch.set_rng_state(self.state.cpu)
-        for i, s in enumerate(self.state.cuda):
-            torch.cuda.set_rng_state(s, i)
+        self.state.restore()
 
     def __exit__(self, *exc: Any) -> Any:
         return self.fork.__exit__(*exc)

@@ -41,6 +41,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 import torch
 from torch import nn
 
+from ._state import RngState
 from .measure import LossFn, Measurement, _resolve_device, default_loss, format_bytes, measure
 
 __all__ = [
@@ -505,7 +506,7 @@ def _apply_plan(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> n
         kwargs: Dict[str, Any] = {"strategy": text}
     else:
         kwargs = {"budget": _budget(text)}
-    rng = _RngState()
+    rng = RngState()
     try:
         p = memsave_plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, **kwargs)
     finally:
@@ -770,17 +771,6 @@ class Comparison:
 
 
 # ----------------------------------------------------------------------------------------------------------- compare
-class _RngState:
-    def __init__(self) -> None:
-        self.cpu = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
-
-
 def _param_grads(model: nn.Module) -> Dict[str, Optional[torch.Tensor]]:
     """Gradients by state_dict key (stable under wrap and convert), detached."""
     out: Dict[str, Optional[torch.Tensor]] = {}
@@ -903,7 +893,7 @@ def compare(
         raise ValueError(f"compare: snapshot_dir needs CUDA (memory snapshots are a CUDA allocator feature); "
                          f"the model is on {dev}")
 
-    rng = _RngState()
+    rng = RngState()
     ctx = StrategyContext(tuple(inputs), loss_fn, dev)
     rows: List[ComparisonRow] = []
     ref_grads: Dict[str, Optional[torch.Tensor]] = {}

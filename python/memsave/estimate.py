@@ -58,7 +58,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 from ._tracker import LiveTensorTracker, _storage_of
-from .compare import Strategy, StrategyContext, _RngState, _strip_runner_prefix, parse_bytes, parse_strategy
+from ._state import RngState
+from .compare import Strategy, StrategyContext, _strip_runner_prefix, parse_bytes, parse_strategy
 from .measure import LossFn, default_loss, format_bytes
 
 __all__ = ["Estimate", "NoFakeKernelError", "estimate", "max_batch_size", "cuda_block_bytes", "OPTIMIZER_STATES"]
@@ -439,7 +440,7 @@ def estimate(
     cpu_onednn = dev.type == "cpu" and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
     workspace_fn = _cpu_conv_workspace if cpu_onednn else None
 
-    rng = _RngState()
+    rng = RngState()
     try:
         try:
             r = _run_fake_step(model, tuple(example_inputs), strat, loss_fn, run_dev, dtype, round_fn, workspace_fn,

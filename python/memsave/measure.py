@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch.utils._pytree import tree_flatten
 
+from ._state import RngState
 from ._tracker import LiveTensorTracker
 
 __all__ = [
@@ -325,8 +326,7 @@ class _SavedState:
         # Gradients are replaced (set to None) rather than written into, so keeping the tensors is enough.
         self.grads = [(p, p.grad) for p in model.parameters()]
         self.input_grads = [(t, t.grad) for t in _tensors(inputs) if t.requires_grad and t.is_leaf]
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.rng = RngState()
 
     def clear_grads(self) -> None:
         for p, _ in self.grads:
@@ -342,9 +342,7 @@ class _SavedState:
             p.grad = g
         for t, g in self.input_grads:
             t.grad = g
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
+        self.rng.restore()
 
 
 def _forward_backward(model: Any, inputs: Sequence[Any], loss_fn: LossFn) -> None:
