@@ -253,6 +253,26 @@ def cpu_peak_bytes(step_fn: Callable[[], Any]) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------ measurement
+def step_peak_bytes(step_fn: Callable[[], Any], device: torch.device) -> int:
+    """Peak memory of one call of ``step_fn`` above what was allocated before it, as DESIGN.md measures it.
+
+    CUDA: ``max_memory_allocated() - memory_allocated()`` around the call, peak statistics reset first (so
+    ``max_memory_reserved`` afterwards is the call's too). CPU: :func:`cpu_peak_bytes`.
+
+    Example:
+        >>> step_peak_bytes(lambda: model(x).sum().backward(), torch.device("cpu")) > 0
+        True
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        step_fn()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    return int(cpu_peak_bytes(step_fn))
+
+
 @dataclass(frozen=True)
 class Measurement:
     """The result of :func:`measure`.
@@ -433,16 +453,9 @@ def measure(
 
         state.clear_grads()
         reserved: Optional[int] = None
+        peak = step_peak_bytes(step, dev)
         if is_cuda:
-            torch.cuda.synchronize(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            before = torch.cuda.memory_allocated(dev)
-            step()
-            torch.cuda.synchronize(dev)
-            peak = torch.cuda.max_memory_allocated(dev) - before
-            reserved = torch.cuda.max_memory_reserved(dev)
-        else:
-            peak = cpu_peak_bytes(step)
+            reserved = torch.cuda.max_memory_reserved(dev)  # since step_peak_bytes reset the peak statistics
 
         state.clear_grads()
         with LiveTensorTracker(root=model if isinstance(model, torch.nn.Module) else None) as tracker:

@@ -51,8 +51,8 @@ from torch.utils._pytree import tree_flatten
 from .checkpoint import _Chain, _run_region
 from .errors import InfeasibleBudgetError
 from ._tracker import _nbytes, _storage_of
-from .measure import (_SavedState, _resolve_device, _tensors, cpu_allocation_profiler, cpu_peak_bytes, default_loss,
-                      format_bytes)
+from .measure import (_SavedState, _resolve_device, _tensors, cpu_allocation_profiler, default_loss, format_bytes,
+                      step_peak_bytes)
 from .wrap import _CheckpointedForward, _ExtraRepr, _unwrap_module, _wrap_module, is_wrapped
 
 __all__ = ["plan", "Plan", "PlanMismatchError", "InfeasibleBudgetError", "parse_budget", "apply_plan"]
@@ -715,17 +715,10 @@ class _Stepper:
         loss.backward()
 
     def peak(self) -> int:
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"memsave.plan: device type {self.device.type!r} is not supported; use 'cpu' or 'cuda'")
         self.state.clear_grads()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            before = torch.cuda.memory_allocated(self.device)
-            self.step()
-            torch.cuda.synchronize(self.device)
-            return int(torch.cuda.max_memory_allocated(self.device) - before)
-        if self.device.type == "cpu":
-            return int(cpu_peak_bytes(self.step))
-        raise ValueError(f"memsave.plan: device type {self.device.type!r} is not supported; use 'cpu' or 'cuda'")
+        return step_peak_bytes(self.step, self.device)
 
 
 def _fingerprint(model: nn.Module) -> str:
