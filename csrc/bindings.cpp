@@ -25,6 +25,11 @@ py::dict build_info() {
   info["cuda_archs"] = "";
   info["cuda_runtime_version"] = py::none();
 #endif
+#ifdef _OPENMP
+  info["openmp"] = true;  // at::parallel_for splits CPU kernels over torch's intra-op threads
+#else
+  info["openmp"] = false;
+#endif
 #if defined(__clang__)
   info["compiler"] = "clang " __clang_version__;
 #elif defined(__GNUC__)
@@ -41,6 +46,6 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "memsave's compiled core: build facts and the checkpoint planner (operators live in torch.ops.memsave)";
   m.def("build_info", &build_info,
         "The facts memsave was built with: version, torch_version, cuda (bool), cuda_archs, cuda_runtime_version, "
-        "compiler.");
+        "openmp (CPU kernels parallel over torch's threads), compiler.");
   memsave::bind_planner(m);
 }

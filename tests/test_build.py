@@ -20,6 +20,12 @@ def test_build_info_names_the_torch_it_was_built_against():
         assert info["cuda_runtime_version"] >= 11000
 
 
+def test_cpu_kernels_use_torchs_openmp_threads_when_torch_does():
+    # at::parallel_for compiled without -fopenmp runs every CPU kernel on one thread, silently.
+    torch_uses_openmp = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    assert memsave.build_info()["openmp"] == torch_uses_openmp
+
+
 def test_cuda_kernels_are_built_when_torch_has_cuda_and_nvcc_is_found():
     import shutil
 
