@@ -157,6 +157,63 @@ def test_profiled_chain_is_monotonic_and_beats_sqrt(unet_sqrt) -> None:
         assert opt["predicted_extra_time"] <= base["predicted_extra_time"]
 
 
+# ----------------------------------------------------------------------------- the measured search of plan()
+class _FakePlan:
+    def __init__(self, res):
+        self.segments = res["segments"]
+        self.predicted_peak_bytes = res["predicted_peak_bytes"]
+        self.predicted_extra_seconds = res["predicted_extra_time"]
+        self.measured_peak_bytes = None
+
+
+def _fake_search(options, measured, budget, verify=True):
+    """_search_optimal over a made-up solver: ``options`` = [(name, predicted peak, extra time)], the solver picks
+    the cheapest whose predicted peak fits; ``measured`` = name -> measured peak."""
+    from memsave.planning import _search_optimal
+
+    def res(name, peak, extra):
+        return {"feasible": True, "segments": [name], "predicted_peak_bytes": peak, "predicted_extra_time": extra}
+
+    def solve(b):
+        fits = [o for o in options if o[1] <= b]
+        return res(*min(fits, key=lambda o: o[2])) if fits else {"feasible": False}
+
+    calls = []
+
+    def measure(p):
+        calls.append(p.segments[0])
+        return measured[p.segments[0]]
+
+    least = min(options, key=lambda o: o[1])
+    best = _search_optimal(solve, lambda: res(*least), _FakePlan, measure if verify else None, budget)
+    return best, calls
+
+
+def test_search_finds_a_plan_predicted_just_above_the_budget_that_measures_within_it() -> None:
+    # GPT-like at sqrt's measured peak: the model's smallest prediction (101) is above the budget (100), but two
+    # plans measure 99.5; the cheaper one (S) must win over the minimum-memory one (M).
+    best, calls = _fake_search([("S", 101, 1.0), ("M", 100.5, 3.0), ("eager", 200, 0.0)],
+                               {"S": 99.5, "M": 99.0, "eager": 200}, budget=100)
+    assert best.segments == ["S"] and best.measured_peak_bytes == 99.5
+    assert calls == ["M", "S"]
+
+
+def test_search_lowers_the_solver_budget_when_the_model_was_optimistic() -> None:
+    best, calls = _fake_search([("A", 100, 1.0), ("B", 95, 2.0), ("C", 80, 5.0)],
+                               {"A": 104, "B": 97, "C": 82}, budget=100)
+    assert best.segments == ["B"] and calls == ["A", "B"]
+
+
+def test_search_returns_none_when_nothing_measures_within_the_budget() -> None:
+    best, _ = _fake_search([("A", 100, 1.0)], {"A": 120}, budget=100)
+    assert best is None
+
+
+def test_search_without_verification_takes_the_solver_answer() -> None:
+    best, calls = _fake_search([("A", 100, 1.0), ("B", 90, 2.0)], {"A": 500, "B": 500}, budget=100, verify=False)
+    assert best.segments == ["A"] and best.measured_peak_bytes is None and calls == []
+
+
 def test_unet_skip_connections_are_in_the_chain(unet_sqrt) -> None:
     skips = unet_sqrt[2].chain["skips"]
     assert len(skips) >= 2  # s1 and s2 are read by the decoder's concatenations
