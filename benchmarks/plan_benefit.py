@@ -9,7 +9,9 @@ For each model:
 4. Step times: eager, sqrt, optimal and torch stepped in turn, round after round, in the same run (so load that
    drifts during the run hits all four alike); the median of each over the rounds, as a ratio to eager's.
 
-Checks printed (and stored): optimal's measured peak <= its budget, and optimal's time ratio <= sqrt's.
+Checks printed (and stored): optimal's measured peak <= its budget, and optimal's time ratio <= sqrt's (when the
+optimal plan is the sqrt plan itself, segment for segment, the two are one computation and the check holds by
+identity; the table says so).
 Gradients of the memsave rows are compared with eager's from the same seed (bitwise on CPU float32).
 
     python3 benchmarks/plan_benefit.py                       # unet and gpt2 at --size cpu, 7 rounds
@@ -129,6 +131,7 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
     med = {label: statistics.median(ts) for label, ts in times.items()}
     ratio = {label: med[label] / med["eager"] for label in med}
 
+    same_schedule = p_opt.segments == p_sqrt.segments
     result = {
         "model": name, "size": size, "config": bench_models.SIZES[name][size],
         "eager": {"peak_bytes": eager_peak, "step_seconds": med["eager"]},
@@ -146,8 +149,10 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
                                         "peaks_by_segments": {str(k): v for k, v in seg_peaks.items()},
                                         "max_grad_diff": diffs["torch"]},
         "step_times": times,
+        "same_schedule": same_schedule,
         "checks": {"optimal_peak_within_budget": opt_peak <= sqrt_peak,
-                   "optimal_time_ratio_not_above_sqrt": ratio["optimal"] <= ratio["sqrt"]},
+                   # The same schedule is the same computation: its two medians differ by noise only.
+                   "optimal_time_ratio_not_above_sqrt": same_schedule or ratio["optimal"] <= ratio["sqrt"]},
         "seconds_total": round(time.perf_counter() - t_start, 1),
     }
     log(f"    time / eager: sqrt {ratio['sqrt']:.3f}, optimal {ratio['optimal']:.3f}, torch {ratio['torch']:.3f}; "
@@ -193,7 +198,9 @@ def to_markdown(result: Dict[str, Any]) -> str:
         checks.append(f"- {m['model']}: optimal peak {format_bytes(m['optimal']['peak_bytes'])} <= budget "
                       f"{format_bytes(m['optimal']['budget_bytes'])}: **{c['optimal_peak_within_budget']}**; "
                       f"optimal time ratio {m['optimal']['time_ratio']:.3f} <= sqrt's {m['sqrt']['time_ratio']:.3f}: "
-                      f"**{c['optimal_time_ratio_not_above_sqrt']}**")
+                      f"**{c['optimal_time_ratio_not_above_sqrt']}**"
+                      + (" (the optimal schedule *is* the sqrt schedule here: sqrt's peak is the smallest that fits, "
+                         "so the two medians differ by noise only)" if m.get("same_schedule") else ""))
     lines += ["", "Checks:", ""] + checks
     return "\n".join(lines) + "\n"
 
