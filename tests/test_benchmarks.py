@@ -101,6 +101,21 @@ def test_harness_end_to_end(tmp_path):
     assert "| memsave.checkpoint/block |" in md and f"torch {torch.__version__}" in md
 
 
+def test_plan_rows_run_within_the_feasible_range_and_stay_exact():
+    from benchmarks import strategies_plan
+
+    assert strategies_plan.range_budget(100, 200, 0.25) == 125
+    with pytest.raises(ValueError, match="within"):
+        strategies_plan.range_budget(100, 200, 1.5)
+    rows = bench_run.run_model("gpt2", "tiny", list(strategies_plan.PLAN_STRATEGIES), torch.device("cpu"), steps=1,
+                               warmup=0, log=lambda *a: None)
+    assert [r["strategy"] for r in rows] == ["eager", *strategies_plan.PLAN_STRATEGIES]
+    assert not any("error" in r or "skipped" in r for r in rows), rows
+    # Every plan is lossless: gradients bitwise equal to eager's; each keeps fewer activations than eager.
+    assert all(r["max_grad_diff"] == 0.0 for r in rows), rows
+    assert all(r["activation_bytes"] < rows[0]["activation_bytes"] for r in rows[1:]), rows
+
+
 @pytest.mark.parametrize("name", ["vgg16", "unet"])
 def test_per_block_checkpoint_halves_activations_at_cpu_size(name):
     """Issue 2 acceptance, at the committed CPU sizes: per-block checkpointing keeps at most 50% of eager's
