@@ -117,35 +117,6 @@ MEMSAVE_HOT bool unscale_bf16(uint16_t* __restrict p, int64_t n, float inv) {
   return bad != 0;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// The same 8 at a time with AVX2 (the compiler does not vectorize the widening loop above well).
-__attribute__((target("avx2"))) bool unscale_bf16_avx2(uint16_t* __restrict p, int64_t n, float inv) {
-  const __m256 scale = _mm256_set1_ps(inv);
-  const __m128i exp = _mm_set1_epi16(0x7f80);
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  const __m256i inf_bits = _mm256_set1_epi32(0x7f800000);
-  const __m256i bias = _mm256_set1_epi32(0x7fff);
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m256i quiet_nan = _mm256_set1_epi32(0x7fc0);
-  __m128i bad = _mm_setzero_si128();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-    bad = _mm_or_si128(bad, _mm_cmpeq_epi16(_mm_and_si128(raw, exp), exp));
-    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)), scale);
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf_bits);
-    r = _mm256_blendv_epi8(r, quiet_nan, nan);
-    // 8 x 32-bit (each <= 0xffff) -> 8 x 16-bit: pack within 128-bit lanes, then gather the two low quarters.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + i), _mm256_castsi256_si128(packed));
-  }
-  return unscale_bf16(p + i, n - i, inv) || _mm_movemask_epi8(bad) != 0;
-}
-#endif
-
 bool unscale_f16_portable(uint16_t* __restrict p, int64_t n, float inv) {
   const bool bad = any_nonfinite_16<0x7c00>(p, n);
   c10::Half* h = reinterpret_cast<c10::Half*>(p);
@@ -156,35 +127,68 @@ bool unscale_f16_portable(uint16_t* __restrict p, int64_t n, float inv) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// F16C converts 8 halves at a time with the IEEE round-to-nearest-even that c10::Half's software conversion
-// implements; used when the CPU has it (checked once), else the portable loop above.
-__attribute__((target("avx2,f16c"))) bool unscale_f16_f16c(uint16_t* __restrict p, int64_t n, float inv) {
-  const __m256 scale = _mm256_set1_ps(inv);
-  const __m128i exp = _mm_set1_epi16(0x7c00);
-  __m128i bad = _mm_setzero_si128();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-    bad = _mm_or_si128(bad, _mm_cmpeq_epi16(_mm_and_si128(raw, exp), exp));
-    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(raw), scale);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-  }
-  return unscale_f16_portable(p + i, n - i, inv) || _mm_movemask_epi8(bad) != 0;
-}
+#define MEMSAVE_X86_16BIT 1
+#define MEMSAVE_TARGET_F16C __attribute__((target("avx2,f16c")))
 
-bool cpu_has_f16c() {
+bool cpu_has_avx2_f16c() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   return has;
 }
+
+// 8 raw halves -> 8 raw halves times `scale`: F16C converts with the IEEE round-to-nearest-even that c10::Half's
+// software conversion implements.
+struct HalfTimes8 {
+  MEMSAVE_TARGET_F16C __m128i operator()(__m128i raw, __m256 scale) const {
+    return _mm256_cvtps_ph(_mm256_mul_ps(_mm256_cvtph_ps(raw), scale), _MM_FROUND_TO_NEAREST_INT);
+  }
+};
+
+// 8 raw bfloat16 -> 8 raw bfloat16 times `scale`, rounded as unscale_bf16 does (the compiler does not vectorize
+// that widening loop well).
+struct BFloat16Times8 {
+  MEMSAVE_TARGET_F16C __m128i operator()(__m128i raw, __m256 scale) const {
+    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)), scale);
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i out = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+    // 8 x 32-bit (each <= 0xffff) -> 8 x 16-bit: pack within 128-bit lanes, then gather the two low quarters.
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(out, out), 0x08));
+  }
+};
+
+// The vector body of both 16-bit types: 8 values at a time, checked on their raw exponent bits and unscaled in the
+// same pass. Returns how many leading values it handled (a multiple of 8); *bad tells whether any was non-finite.
+template <uint16_t kExp, typename Times8>
+MEMSAVE_TARGET_F16C int64_t unscale_16_x8(uint16_t* __restrict p, int64_t n, float inv, bool* bad) {
+  const __m256 scale = _mm256_set1_ps(inv);
+  const __m128i exp = _mm_set1_epi16(static_cast<int16_t>(kExp));
+  __m128i any = _mm_setzero_si128();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
+    any = _mm_or_si128(any, _mm_cmpeq_epi16(_mm_and_si128(raw, exp), exp));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + i), Times8{}(raw, scale));
+  }
+  *bad = _mm_movemask_epi8(any) != 0;
+  return i;
+}
 #endif
 
-bool unscale_f16(uint16_t* __restrict p, int64_t n, float inv) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (cpu_has_f16c()) {
-    return unscale_f16_f16c(p, n, inv);
+// The 16-bit types: the vector body when the CPU has AVX2 and F16C (checked once), the portable loop for the rest.
+template <uint16_t kExp, bool (*kPortable)(uint16_t*, int64_t, float)>
+bool unscale_16(uint16_t* p, int64_t n, float inv) {
+#ifdef MEMSAVE_X86_16BIT
+  if (cpu_has_avx2_f16c()) {
+    bool bad = false;
+    const int64_t done = kExp == 0x7c00 ? unscale_16_x8<kExp, HalfTimes8>(p, n, inv, &bad)
+                                        : unscale_16_x8<kExp, BFloat16Times8>(p, n, inv, &bad);
+    return kPortable(p + done, n - done, inv) || bad;
   }
 #endif
-  return unscale_f16_portable(p, n, inv);
+  return kPortable(p, n, inv);
 }
 
 bool unscale_segment(at::ScalarType dtype, void* data, int64_t begin, int64_t end, float inv, bool unscale) {
@@ -196,19 +200,11 @@ bool unscale_segment(at::ScalarType dtype, void* data, int64_t begin, int64_t en
       return unscale_f64(static_cast<double*>(data) + begin, n, inv, unscale);
     case at::kHalf: {
       uint16_t* p = static_cast<uint16_t*>(data) + begin;
-      return unscale ? unscale_f16(p, n, inv) : any_nonfinite_16<0x7c00>(p, n);
+      return unscale ? unscale_16<0x7c00, unscale_f16_portable>(p, n, inv) : any_nonfinite_16<0x7c00>(p, n);
     }
     case at::kBFloat16: {
       uint16_t* p = static_cast<uint16_t*>(data) + begin;
-      if (!unscale) {
-        return any_nonfinite_16<0x7f80>(p, n);
-      }
-#if defined(__x86_64__) && defined(__GNUC__)
-      if (cpu_has_f16c()) {  // implies AVX2
-        return unscale_bf16_avx2(p, n, inv);
-      }
-#endif
-      return unscale_bf16(p, n, inv);
+      return unscale ? unscale_16<0x7f80, unscale_bf16>(p, n, inv) : any_nonfinite_16<0x7f80>(p, n);
     }
     default:
       TORCH_INTERNAL_ASSERT(false, "unscale_and_check_: unexpected dtype ", dtype);
