@@ -35,7 +35,7 @@ from benchmarks import models as bench_models  # noqa: E402
 import memsave  # noqa: E402
 from memsave._tracker import LiveTensorTracker  # noqa: E402
 from memsave.compare import StrategyContext, parse_strategy  # noqa: E402
-from memsave.measure import cpu_memory_stats, format_bytes  # noqa: E402
+from memsave.measure import format_bytes, step_peak_bytes  # noqa: E402
 
 
 def measure_peak(runner: torch.nn.Module, inputs: Any, loss_fn: Any, dev: torch.device) -> Dict[str, int]:
@@ -51,15 +51,7 @@ def measure_peak(runner: torch.nn.Module, inputs: Any, loss_fn: Any, dev: torch.
     step()
     clear()
     with LiveTensorTracker() as tracker:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            before = torch.cuda.memory_allocated(dev)
-            step()
-            torch.cuda.synchronize(dev)
-            peak = torch.cuda.max_memory_allocated(dev) - before
-        else:
-            peak = cpu_memory_stats(step).peak_bytes
+        peak = step_peak_bytes(step, dev)
     clear()
     return {"measured": int(peak), "tracker": int(tracker.peak_bytes)}
 
