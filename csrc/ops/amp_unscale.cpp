@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -182,9 +183,9 @@ template <uint16_t kExp, bool (*kPortable)(uint16_t*, int64_t, float)>
 bool unscale_16(uint16_t* p, int64_t n, float inv) {
 #ifdef MEMSAVE_X86_16BIT
   if (cpu_has_avx2_f16c()) {
+    using Times8 = std::conditional_t<kExp == 0x7c00, HalfTimes8, BFloat16Times8>;
     bool bad = false;
-    const int64_t done = kExp == 0x7c00 ? unscale_16_x8<kExp, HalfTimes8>(p, n, inv, &bad)
-                                        : unscale_16_x8<kExp, BFloat16Times8>(p, n, inv, &bad);
+    const int64_t done = unscale_16_x8<kExp, Times8>(p, n, inv, &bad);
     return kPortable(p + done, n - done, inv) || bad;
   }
 #endif
