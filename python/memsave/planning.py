@@ -1161,9 +1161,9 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         eager_seconds = sum(s["fwd_time"] + s["bwd_time"] for s in chain["stages"])
         budget_bytes = parse_budget(budget, eager_peak) if budget is not None else None
 
-        def make(res: Dict[str, Any], measured: Optional[int]) -> Plan:
+        def make(res: Dict[str, Any]) -> Plan:  # the solver's answer, not measured yet
             return Plan(strategy=strategy, budget_bytes=budget_bytes,
-                        predicted_peak_bytes=int(res["predicted_peak_bytes"]), measured_peak_bytes=measured,
+                        predicted_peak_bytes=int(res["predicted_peak_bytes"]), measured_peak_bytes=None,
                         eager_peak_bytes=int(eager_peak), min_feasible_bytes=int(res["min_feasible_bytes"]),
                         predicted_extra_seconds=float(res["predicted_extra_time"]), eager_step_seconds=eager_seconds,
                         segments=[tuple(s) for s in res["segments"]], pieces=pieces, chain=chain,
@@ -1192,7 +1192,7 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         result: Optional[Plan] = None
         if solver_strategy != "optimal":
             res = _C.planner_solve(chain, budget_bytes, solver_strategy, slots)
-            p = make(res, None)
+            p = make(res)
             if verify or budget_bytes is not None:
                 p.measured_peak_bytes = measure_plan(p)
             if budget_bytes is None or p.measured_peak_bytes is None or p.measured_peak_bytes <= budget_bytes:
@@ -1202,12 +1202,12 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             result = _search_optimal(
                 solve=lambda b: _C.planner_solve(chain, b, "optimal", slots),
                 solve_min_memory=lambda: _C.planner_solve(chain, None, "min_memory", slots),
-                make=lambda res: make(res, None), measure=measure_plan if verify else None,
+                make=make, measure=measure_plan if verify else None,
                 budget_bytes=budget_bytes)
         if result is None:
             # Nothing fits: the smallest budget that does is the measured peak of the minimum-memory plan.
             res = _C.planner_solve(chain, None, "min_memory", slots)
-            smallest = make(res, None)
+            smallest = make(res)
             min_bytes = measure_plan(smallest)
             if budget_bytes is not None and min_bytes <= budget_bytes and strategy == "optimal":
                 smallest.measured_peak_bytes = min_bytes
