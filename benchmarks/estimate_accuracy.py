@@ -30,12 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import models as bench_models  # noqa: E402
+from memsave.measurement import models as bench_models  # noqa: E402
 
 import memsave  # noqa: E402
-from memsave._tracker import LiveTensorTracker  # noqa: E402
-from memsave.compare import StrategyContext, parse_strategy  # noqa: E402
-from memsave.measure import format_bytes, step_peak_bytes  # noqa: E402
+from memsave.measurement.tracker import LiveTensorTracker  # noqa: E402
+from memsave.measurement.strategies import StrategyContext, parse_strategy  # noqa: E402
+from memsave.measurement.allocator import step_peak_bytes  # noqa: E402
+from memsave.measurement.units import format_bytes  # noqa: E402
 
 
 def measure_peak(runner: torch.nn.Module, inputs: Any, loss_fn: Any, dev: torch.device) -> Dict[str, int]:

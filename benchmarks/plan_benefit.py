@@ -40,12 +40,14 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
 
-from benchmarks import models as bench_models  # noqa: E402
+from memsave.measurement import models as bench_models  # noqa: E402
 from benchmarks.run import _grad_step, _max_diff, _step_time, environment  # noqa: E402
 from benchmarks.strategies import SequentialRunner  # noqa: E402
-from memsave.measure import cpu_peak_bytes, format_bytes, measure  # noqa: E402
-from memsave.planning import plan  # noqa: E402
-from memsave.wrap import wrap  # noqa: E402
+from memsave.measurement.allocator import cpu_peak_bytes  # noqa: E402
+from memsave.measurement.units import format_bytes  # noqa: E402
+from memsave.measurement.measuring import measure  # noqa: E402
+from memsave.recompute.planning import plan  # noqa: E402
+from memsave.recompute.wrapping import wrap  # noqa: E402
 
 
 def _peak(runner: nn.Module, case: bench_models.BenchCase, warmup: int = 1) -> int:

@@ -44,9 +44,11 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
 
 import torch  # noqa: E402
 
-from benchmarks import models as bench_models  # noqa: E402
+from memsave.measurement import models as bench_models  # noqa: E402
 from benchmarks import strategies as bench_strategies  # noqa: E402
-from memsave.measure import cpu_memory_stats, format_bytes, measure  # noqa: E402
+from memsave.measurement.allocator import cpu_memory_stats  # noqa: E402
+from memsave.measurement.units import format_bytes  # noqa: E402
+from memsave.measurement.measuring import measure  # noqa: E402
 
 __all__ = ["main", "run", "environment", "to_markdown"]
 

@@ -6,10 +6,10 @@ run, so adding a row is adding a registration, never editing the loop::
 
     from benchmarks.strategies import register
 
-    @register("plan:50%", "memsave.plan at half of eager's peak", requires=("memsave.planning:plan",))
+    @register("plan:50%", "memsave.plan at half of eager's peak", requires=("memsave.recompute:plan",))
     def _plan_half(model, inputs):
-        from memsave.planning import plan
-        from memsave.wrap import wrap
+        from memsave.recompute.planning import plan
+        from memsave.recompute.wrapping import wrap
         return wrap(model, plan(model, *inputs, budget=0.5))
 
 ``prepare(model, inputs)`` receives a deep copy of the seeded model (in training mode) and the inputs; it may change
@@ -42,7 +42,7 @@ class Strategy:
         description: one line saying what it does.
         prepare: (fresh model copy, inputs) -> module to step.
         lossless: gradients must equal eager's bitwise on CPU float32 (the tests hold the lossless rows to 0).
-        requires: ``"module:attribute"`` entries the strategy needs (``"memsave.wrap:wrap"``); one that does not
+        requires: ``"module:attribute"`` entries the strategy needs (``"memsave.recompute:wrap"``); one that does not
             import skips the row with the reason.
     """
 
@@ -73,7 +73,7 @@ def register(name: str, description: str, *, lossless: bool = True, requires: Se
 
     Args:
         name: unique row name. description: what it does. lossless: see :class:`Strategy`.
-        requires: ``"module:attribute"`` entries, e.g. ``("memsave.wrap:wrap",)``.
+        requires: ``"module:attribute"`` entries, e.g. ``("memsave.recompute:wrap",)``.
 
     Returns:
         the decorator; it returns ``prepare`` unchanged.
@@ -161,18 +161,18 @@ def _torch_sequential(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
 
 
 # memsave is imported from its submodules: that works whether or not the package re-exports the names.
-@register("memsave.checkpoint/block", "memsave.wrap(model, <every block>)", requires=("memsave.wrap:wrap",))
+@register("memsave.checkpoint/block", "memsave.wrap(model, <every block>)", requires=("memsave.recompute:wrap",))
 def _memsave_per_block(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
-    from memsave.wrap import wrap
+    from memsave.recompute.wrapping import wrap
 
     names = set(_blocks(model))
     return wrap(model, lambda name, module: name in names)
 
 
 @register("memsave.checkpoint_sequential/2", "memsave.checkpoint_sequential, 2 segments",
-          requires=("memsave.checkpoint:checkpoint_sequential",))
+          requires=("memsave.recompute:checkpoint_sequential",))
 def _memsave_sequential(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
-    from memsave.checkpoint import checkpoint_sequential
+    from memsave.recompute.region import checkpoint_sequential
 
     return SequentialRunner(model.as_sequential(), 2, checkpoint_sequential)  # type: ignore[operator]
 

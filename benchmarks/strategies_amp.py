@@ -39,7 +39,7 @@ class AutocastRunner(nn.Module):
 
 
 def _memsave_blocks(model: nn.Module) -> nn.Module:
-    from memsave.wrap import wrap
+    from memsave.recompute.wrapping import wrap
 
     names = set(model.checkpoint_blocks())  # type: ignore[operator]
     return wrap(model, lambda name, module: name in names)
@@ -56,12 +56,12 @@ def _amp_fp16(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
 
 
 @register("amp:bf16+memsave.checkpoint/block", "autocast(bfloat16) with memsave.wrap around every block",
-          lossless=False, requires=("memsave.wrap:wrap",))
+          lossless=False, requires=("memsave.recompute:wrap",))
 def _amp_bf16_blocks(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
     return AutocastRunner(_memsave_blocks(model), torch.bfloat16)
 
 
 @register("amp:fp16+memsave.checkpoint/block", "autocast(float16) with memsave.wrap around every block",
-          lossless=False, requires=("memsave.wrap:wrap",))
+          lossless=False, requires=("memsave.recompute:wrap",))
 def _amp_fp16_blocks(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
     return AutocastRunner(_memsave_blocks(model), torch.float16)

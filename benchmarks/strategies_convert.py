@@ -27,27 +27,27 @@ _MASKS = (nn.ReLU, nn.LeakyReLU, nn.MaxPool2d)
 
 
 def _convert(model: nn.Module, with_dropout: bool) -> nn.Module:
-    from memsave.convert import convert
+    from memsave.operators.convert import convert
 
     return convert(model, include=[*_MASKS, nn.Dropout] if with_dropout else list(_MASKS), dropout=with_dropout)
 
 
 @register("convert", "memsave.convert: ReLU/LeakyReLU/MaxPool2d keep 1 bit / 1 byte (Dropout left to torch)",
-          requires=("memsave.convert:convert",))
+          requires=("memsave:convert",))
 def _convert_masks(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
     return _convert(model, with_dropout=False)
 
 
 @register("convert+memsave.checkpoint/block", "convert, then memsave.wrap(model, <every block>)",
-          requires=("memsave.convert:convert", "memsave.wrap:wrap"))
+          requires=("memsave:convert", "memsave.recompute:wrap"))
 def _convert_checkpointed(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
-    from memsave.wrap import wrap
+    from memsave.recompute.wrapping import wrap
 
     names = set(model.checkpoint_blocks())  # type: ignore[operator]
     return wrap(_convert(model, with_dropout=False), lambda name, module: name in names)
 
 
 @register("convert(all)", "memsave.convert including Dropout (other random bits than torch: not bitwise)",
-          lossless=False, requires=("memsave.convert:convert",))
+          lossless=False, requires=("memsave:convert",))
 def _convert_all(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
     return _convert(model, with_dropout=True)

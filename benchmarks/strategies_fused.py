@@ -11,12 +11,12 @@ Import it as a plugin of ``benchmarks/run.py``::
 Rows (each rewrites a fresh copy of the model in place; parameter names and the state_dict do not change):
 
 * ``fused:bn_act_conv`` -- ResNet-50: in every bottleneck, bn1 -> relu -> conv2 and bn2 -> relu -> conv3 become
-  ``fuse_bn_act_conv`` pairs (the conv's input is recomputed in backward), the stem's bn1 -> relu a
+  ``fuse_batch_norm_act_conv2d`` pairs (the conv's input is recomputed in backward), the stem's bn1 -> relu a
   BatchNormAct2d. UNet (and any nn.Sequential): the ``bn_act_conv`` / ``bn_act`` convert patterns.
 * ``fused:inplace_abn`` -- ResNet-50: bn1/bn2 (+ relu) of every bottleneck and the stem become InPlaceABN2d with
   leaky_relu(0.01). That changes the model (relu is not invertible), so its gradients are not eager's.
 * ``fused:norm_mlp`` -- GPT-2-like: ln_1 -> qkv, ln_2 -> fc1 and ln_f -> lm_head become LayerNormLinear pairs
-  (``fuse_norm_linear``; the tied lm_head weight stays tied), GELU -> fc2 an ActLinear.
+  (``fuse_layer_norm_linear``; the tied lm_head weight stays tied), GELU -> fc2 an ActLinear.
 
 None is bitwise lossless (the fused backward kernels round differently from torch's), hence ``lossless=False``;
 ``bn_act_conv`` and ``norm_mlp`` gradients equal eager's within float32 rounding.
@@ -33,7 +33,7 @@ from benchmarks.strategies import register
 
 __all__ = ["fuse_gpt2", "fuse_resnet50"]
 
-_REQUIRES = ("memsave.nn.fused:fuse_bn_act_conv",)
+_REQUIRES = ("memsave.nn.fused:fuse_batch_norm_act_conv2d",)
 
 
 # --------------------------------------------------------------------------------------------------------- ResNet-50
@@ -71,7 +71,7 @@ def fuse_resnet50(model: nn.Module, inplace_abn: bool = False) -> nn.Module:
     Returns:
         ``model``.
     """
-    from memsave.nn.fused import BatchNormAct2d, InPlaceABN2d, fuse_bn_act_conv
+    from memsave.nn import BatchNormAct2d, InPlaceABN2d, fuse_batch_norm_act_conv2d
 
     if inplace_abn:
         model.bn1 = InPlaceABN2d.from_batchnorm(model.bn1, act="leaky_relu", act_param=0.01)
@@ -83,16 +83,16 @@ def fuse_resnet50(model: nn.Module, inplace_abn: bool = False) -> nn.Module:
             block.bn1 = InPlaceABN2d.from_batchnorm(block.bn1, act="leaky_relu", act_param=0.01)
             block.bn2 = InPlaceABN2d.from_batchnorm(block.bn2, act="leaky_relu", act_param=0.01)
         else:
-            block.bn1, block.conv2 = fuse_bn_act_conv(block.bn1, "relu", block.conv2)
-            block.bn2, block.conv3 = fuse_bn_act_conv(block.bn2, "relu", block.conv3)
+            block.bn1, block.conv2 = fuse_batch_norm_act_conv2d(block.bn1, "relu", block.conv2)
+            block.bn2, block.conv3 = fuse_batch_norm_act_conv2d(block.bn2, "relu", block.conv3)
         block.forward = types.MethodType(_bottleneck_forward, block)
     return model
 
 
 def _fuse_sequentials(model: nn.Module, names: Tuple[str, ...]) -> int:
     """Apply the named fused convert patterns (only those) to every nn.Sequential; returns the number of fusions."""
-    from memsave import _convert_fused as cf
-    from memsave.nn.fused import activation_spec
+    from memsave.operators.convert import fused_patterns as cf
+    from memsave.nn import activation_spec
 
     builders = {
         "bn_act_conv": ((nn.BatchNorm2d, None, nn.Conv2d), cf._build_bn_act_conv),
@@ -152,14 +152,14 @@ def fuse_gpt2(model: nn.Module) -> nn.Module:
     Returns:
         ``model``.
     """
-    from memsave.nn.fused import ActLinear, activation_spec, fuse_norm_linear
+    from memsave.nn import ActLinear, activation_spec, fuse_layer_norm_linear
 
     for block in model.h:
-        block.ln_1, block.attn.qkv = fuse_norm_linear(block.ln_1, block.attn.qkv)
-        block.ln_2, block.mlp[0] = fuse_norm_linear(block.ln_2, block.mlp[0])
+        block.ln_1, block.attn.qkv = fuse_layer_norm_linear(block.ln_1, block.attn.qkv)
+        block.ln_2, block.mlp[0] = fuse_layer_norm_linear(block.ln_2, block.mlp[0])
         act, param = activation_spec(block.mlp[1])
         block.mlp[1], block.mlp[2] = nn.Identity(), ActLinear.from_linear(block.mlp[2], act=act, act_param=param)
-    model.head.ln_f, model.head.lm_head = fuse_norm_linear(model.head.ln_f, model.head.lm_head)
+    model.head.ln_f, model.head.lm_head = fuse_layer_norm_linear(model.head.ln_f, model.head.lm_head)
     return model
 
 

@@ -35,7 +35,7 @@ __all__ = ["PLAN_RANGE_POINTS", "PLAN_STRATEGIES", "range_budget"]
 #: Budgets of the optimal rows, as points along [smallest feasible peak, eager's peak].
 PLAN_RANGE_POINTS: Tuple[float, ...] = (0.25, 0.5, 0.75)
 
-_REQUIRES = ("memsave.planning:plan", "memsave.wrap:wrap")
+_REQUIRES = ("memsave.recompute:plan", "memsave.recompute:wrap")
 
 
 def range_budget(smallest: int, eager: int, point: float) -> int:
@@ -51,8 +51,8 @@ def range_budget(smallest: int, eager: int, point: float) -> int:
 
 
 def _planned(model: nn.Module, inputs: Tuple[Any, ...], **kwargs: Any) -> nn.Module:
-    from memsave.planning import plan
-    from memsave.wrap import wrap
+    from memsave.recompute.planning import plan
+    from memsave.recompute.wrapping import wrap
 
     return wrap(model, plan(model, *inputs, **kwargs))
 
@@ -69,7 +69,7 @@ def _register_optimal(point: float) -> str:
     @register(name, f"memsave.plan(strategy='optimal') at {point:.0%} of the way from the smallest feasible peak to "
                     "eager's + memsave.wrap", requires=_REQUIRES)
     def _plan_optimal(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
-        from memsave.planning import plan
+        from memsave.recompute.planning import plan
 
         least = plan(model, *inputs, strategy="min_memory")
         assert least.measured_peak_bytes is not None  # plan() measures every plan it returns by default

@@ -34,11 +34,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import memsave  # noqa: E402
-from benchmarks.models import UNet  # noqa: E402
+from memsave.measurement.models import UNet  # noqa: E402
 from benchmarks.strategies_amp import AutocastRunner  # noqa: E402
 from memsave.amp import GradScaler  # noqa: E402
-from memsave.measure import format_bytes  # noqa: E402
-from memsave.wrap import wrap  # noqa: E402
+from memsave.measurement.units import format_bytes  # noqa: E402
+from memsave.recompute.wrapping import wrap  # noqa: E402
 
 SIZES = {  # micro-batch b, micro-batches per step K, image side, first-level width, training windows
     "full": dict(micro=4, k=4, image=256, width=64, windows=4),

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import memsave
-from memsave.measure import format_bytes
+from memsave.measurement.units import format_bytes
 
 SIZES = {  # batch, image side, first-level width
     "full": dict(batch=8, image=512, width=64),

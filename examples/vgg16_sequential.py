@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import memsave
-from memsave.measure import format_bytes
+from memsave.measurement.units import format_bytes
 
 SIZES = {  # batch, image side, first-stage width, classifier width, classes
     "full": dict(batch=64, image=224, width=64, hidden=4096, classes=1000),

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import memsave
-from memsave.accumulate import accumulate
+from memsave.amp import accumulate
 from memsave.amp import GradScaler
 
 B, K, D_IN, D_OUT = 4, 3, 6, 3

@@ -30,7 +30,7 @@ def _net() -> nn.Module:
 
 
 def _run(rank: int) -> Dict[str, Any]:
-    from memsave.accumulate import accumulate
+    from memsave.amp import accumulate
     from memsave.amp import GradScaler
 
     gen = torch.Generator().manual_seed(10 + rank)  # every rank has its own data

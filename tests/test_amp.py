@@ -126,7 +126,7 @@ def test_update_scale_hysteresis_backs_off_after_n_consecutive_overflows(hystere
     for f in pattern:
         found = torch.full((), float(f))
         torch.ops.memsave.amp_update_scale_(scale, tracker, overflow, found, 2.0, 0.5, 3, hysteresis)
-        memsave.amp._update_scale_fallback(*fb, found, 2.0, 0.5, 3, hysteresis)  # the op-free path for other devices
+        memsave.amp.grad_scaler._update_scale_fallback(*fb, found, 2.0, 0.5, 3, hysteresis)  # the op-free path for other devices
         ref = _reference_update(*ref, bool(f), hysteresis, 3)
         assert (scale.item(), tracker.item(), overflow.item()) == ref
         assert (fb[0].item(), fb[1].item(), fb[2].item()) == ref
@@ -139,7 +139,7 @@ def test_unscale_fallback_matches_op() -> None:
     inv = torch.full((), 0.25)
     found, found_ref = torch.zeros(()), torch.zeros(())
     flags, flags_ref = torch.zeros(len(grads)), torch.zeros(len(grads))
-    memsave.amp._unscale_fallback(grads, found, inv, flags)
+    memsave.amp.grad_scaler._unscale_fallback(grads, found, inv, flags)
     torch.ops.memsave.unscale_and_check_(ref, found_ref, inv, flags_ref)
     assert all(torch.equal(a, b) for a, b in zip(grads, ref) if not a.isnan().any())
     assert found.item() == found_ref.item() == 1.0 and torch.equal(flags, flags_ref)

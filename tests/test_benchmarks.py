@@ -11,12 +11,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import models as bench_models  # noqa: E402
+from memsave.measurement import models as bench_models  # noqa: E402
 from benchmarks import run as bench_run  # noqa: E402
 from benchmarks import strategies as bench_strategies  # noqa: E402
 
-from memsave._tracker import LiveTensorTracker  # noqa: E402
-from memsave.measure import cpu_memory_stats  # noqa: E402
+from memsave.measurement.tracker import LiveTensorTracker  # noqa: E402
+from memsave.measurement.allocator import cpu_memory_stats  # noqa: E402
 
 PER_BLOCK = ("torch.checkpoint/block", "memsave.checkpoint/block")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import memsave
-from memsave import _build
+from memsave import extension as _build
 
 
 def test_build_info_names_the_torch_it_was_built_against():

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from memsave import _state
-from memsave.checkpoint import checkpoint, checkpoint_sequential, checkpointed
+from memsave.recompute import state as _state
+from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
 from memsave.errors import CheckpointError, InplaceModificationError, RecomputeMismatchError
 
 
@@ -616,11 +616,11 @@ def test_backward_inside_region_is_rejected() -> None:
 
     with pytest.raises(CheckpointError, match="before its forward returned"):
         checkpoint(f, x)
-    assert not _state.module_hooks_active() and not _state.tls.frames
+    assert not _state.module_hooks_active() and not _state.tls.records
 
 
 def test_frames_are_freed_with_the_graph() -> None:
-    from memsave.checkpoint import _Frame
+    from memsave.recompute.region import _Frame
 
     def live_probe_frames() -> int:
         gc.collect()

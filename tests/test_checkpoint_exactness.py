@@ -17,8 +17,8 @@ import torch.utils.checkpoint as torch_ckpt
 from torch import nn
 
 import models
-from memsave.checkpoint import checkpoint, checkpoint_sequential, checkpointed
-from memsave.wrap import wrap
+from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
+from memsave.recompute.wrapping import wrap
 
 Forward = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 

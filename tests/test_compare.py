@@ -11,19 +11,18 @@ import pytest
 import torch
 
 import models
-from memsave.compare import (
-    Comparison,
+from memsave.errors import StrategyUnavailableError
+from memsave.measurement.comparison import Comparison, compare
+from memsave.measurement.strategies import (
     StrategyContext,
-    StrategyUnavailableError,
-    _REGISTRY,
     available_strategies,
-    compare,
-    parse_bytes,
     parse_strategy,
     register_strategy,
-    resolve_checkpoint_policy,
+    unregister_strategy,
 )
-from memsave.measure import measure
+from memsave.measurement.units import parse_bytes
+from memsave.recompute import resolve_checkpoint_policy
+from memsave.measurement.measuring import measure
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:
@@ -51,7 +50,7 @@ def test_parse_strategy_names_and_combinations():
 
 
 @pytest.mark.parametrize("bad,match", [
-    ("fsdp", r"unknown strategy 'fsdp'.*valid strategies: eager, checkpoint:<policy>, plan:<budget>, convert, amp:fp16"),
+    ("fsdp", r"unknown strategy 'fsdp'.*valid strategies: eager, checkpoint:<policy>, plan:<budget>, convert, convert_all, amp:fp16"),
     ("eager+zero", r"unknown strategy 'zero' in 'eager\+zero'"),
     ("", r"unknown strategy"),
     ("convert+", r"unknown strategy"),
@@ -79,20 +78,21 @@ def test_registry_plugs_in_and_reports_missing_modules():
             register_strategy("test-half-width", "again", apply=lambda m, arg, ctx: m)
         assert parse_strategy("test-half-width+checkpoint:blocks").parts[0][0] is spec
     finally:
-        del _REGISTRY["test-half-width"]
+        unregister_strategy("test-half-width")
     register_strategy("test-missing", "needs a module that does not exist", apply=lambda m, a, c: m,
                       requires=("memsave.not_there:thing",))
     register_strategy("test-missing-attr", "needs an attribute that does not exist", apply=lambda m, a, c: m,
-                      requires=("memsave.compare:not_there",))
+                      requires=("memsave.measurement.comparison:not_there",))
     try:
         model, x = models.build("mlp")
         with pytest.raises(StrategyUnavailableError, match=r"'test-missing' needs memsave.not_there "
                                                             r"\(python/memsave/not_there.py\)"):
             compare(model, x, strategies=["eager", "test-missing"])
-        with pytest.raises(StrategyUnavailableError, match=r"needs memsave.compare.not_there"):
+        with pytest.raises(StrategyUnavailableError, match=r"needs memsave.measurement.comparison.not_there"):
             parse_strategy("test-missing-attr").check_available()
     finally:
-        del _REGISTRY["test-missing"], _REGISTRY["test-missing-attr"]
+        unregister_strategy("test-missing")
+        unregister_strategy("test-missing-attr")
     with pytest.raises(ValueError, match="bad name"):
         register_strategy("has space", "x", apply=lambda m, a, c: m)
 
@@ -126,7 +126,7 @@ def test_parse_bytes_units_and_errors():
             parse_bytes(bad)
     with pytest.raises(TypeError):
         parse_bytes(True)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match="must be > 0 bytes"):
         parse_bytes(-5)
 
 
@@ -229,7 +229,7 @@ def test_plot_renders_a_png(cnn_result):
 
 # -------------------------------------------------------------------------------------------------------- CLI
 def test_bench_command_line(tmp_path, capsys):
-    from memsave.__main__ import main
+    from memsave.cli import main
 
     out = tmp_path / "gpt2.json"
     assert main(["bench", "--model", "gpt2", "--size", "tiny", "--device", "cpu", "--strategies",

@@ -10,7 +10,7 @@ from torch import nn
 
 import memsave
 import memsave.nn as mnn
-from memsave.convert import (
+from memsave.operators.convert import (
     ConvertReport,
     convert,
     plan_convert,

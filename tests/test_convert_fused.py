@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import memsave  # noqa: F401
-from memsave import _convert_fused
-from memsave.convert import convert, plan_convert, sequential_patterns
-from memsave.nn.fused import (
+from memsave.operators.convert import fused_patterns as _convert_fused
+from memsave.operators.convert import convert, plan_convert, sequential_patterns
+from memsave.nn import (
     ActLinear,
     BatchNormAct2d,
     BatchNormActConv2d,
@@ -49,7 +49,7 @@ def _step(model: nn.Module, x: torch.Tensor):
 
 
 def test_patterns_are_registered():
-    assert {"bn_act_conv", "bn_act", "ln_linear", "act_linear"} <= set(sequential_patterns())
+    assert {"batch_norm_act_conv2d", "batch_norm_act", "layer_norm_linear", "act_linear"} <= set(sequential_patterns())
 
 
 def test_convert_fuses_sequential_patterns_keeping_keys_values_and_gradients():
@@ -108,7 +108,7 @@ def test_declined_and_unsupported_cases():
 def test_include_exclude_and_plan():
     model = _cnn()
     report = plan_convert(model, fuse=True)
-    assert any("bn_act" in e.detail for e in report.entries)
+    assert any("batch_norm_act" in e.detail for e in report.entries)
     assert type(model[1]) is nn.BatchNorm2d  # planning changes nothing
     convert(model, exclude=[nn.BatchNorm2d, nn.LayerNorm], fuse=True)
     assert type(model[1]) is nn.BatchNorm2d and type(model[10]) is nn.LayerNorm and type(model[3]) is nn.Conv2d
@@ -162,7 +162,7 @@ def test_benchmark_rewrites_keep_keys_and_gradients():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks import models as bench_models
+    from memsave.measurement import models as bench_models
     from benchmarks import strategies_fused
 
     for name, fuse in (("resnet50", strategies_fused.fuse_resnet50), ("gpt2", strategies_fused.fuse_gpt2)):

@@ -36,7 +36,7 @@ class _Net(nn.Module):
 
 
 def _train(rank: int, wrapped: bool, find_unused: bool) -> Dict[str, torch.Tensor]:
-    from memsave.wrap import wrap
+    from memsave.recompute.wrapping import wrap
 
     model = _Net(with_unused=find_unused)
     if wrapped:

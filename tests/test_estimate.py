@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import models as bench_models  # noqa: E402
+from memsave.measurement import models as bench_models  # noqa: E402
 
-from memsave._tracker import LiveTensorTracker  # noqa: E402
-from memsave.compare import StrategyContext, parse_strategy  # noqa: E402
-from memsave.estimate import OPTIMIZER_STATES, cuda_block_bytes, estimate, max_batch_size  # noqa: E402
-from memsave.measure import cpu_memory_stats, measure  # noqa: E402
+from memsave.measurement.tracker import LiveTensorTracker  # noqa: E402
+from memsave.measurement.strategies import StrategyContext, parse_strategy  # noqa: E402
+from memsave.measurement.estimation import OPTIMIZER_STATES, cuda_block_bytes, estimate, max_batch_size  # noqa: E402
+from memsave.measurement.allocator import cpu_memory_stats  # noqa: E402
+from memsave.measurement.measuring import measure  # noqa: E402
 
 
 def shape_ce(out: torch.Tensor) -> torch.Tensor:
@@ -221,7 +222,7 @@ def test_max_batch_size_bad_input():
 
 # ------------------------------------------------------------------------------------------------------------ CLI
 def test_estimate_command_line(tmp_path, capsys):
-    from memsave.__main__ import main
+    from memsave.cli import main
 
     out = tmp_path / "est.json"
     assert main(["estimate", "--model", "gpt2", "--size", "tiny", "--strategies", "eager,checkpoint:blocks",

@@ -36,7 +36,7 @@ def test_vgg16_example():
 
 
 def test_demo(capsys):
-    from memsave import demo
+    from memsave.cli import demo
 
     assert demo.main(["--size", "tiny", "--steps", "1", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

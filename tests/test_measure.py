@@ -7,8 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from memsave._tracker import NO_MODULE, LiveTensorTracker
-from memsave.measure import Measurement, cpu_memory_stats, cpu_peak_bytes, default_loss, format_bytes, measure
+from memsave.measurement.tracker import NO_MODULE, LiveTensorTracker
+from memsave.measurement.allocator import cpu_memory_stats, cpu_peak_bytes
+from memsave.measurement.units import format_bytes
+from memsave.measurement.measuring import Measurement, default_loss, measure
 
 B, D0, D1, D2, D3 = 8, 32, 64, 48, 16
 F32 = 4

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from memsave.monitor import MemoryMonitor, StepMemory, cuda_memory_snapshot
+from memsave.measurement.monitor import MemoryMonitor, StepMemory, cuda_memory_snapshot
 
 KIB4 = 4096  # bytes of torch.ones(1024)
 

@@ -10,7 +10,7 @@ from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
 from memsave import functional as MF
-from memsave.nn.fused import BatchNormAct2d
+from memsave.nn import BatchNormAct2d
 
 from fused_helpers import (
     BN_FORMATS,
@@ -427,14 +427,14 @@ def test_bn_act_conv_low_precision(dtype):
         assert_low_precision_ok(o.to(t.dtype), t, r, f"grad {name}")
 
 
-def test_fuse_bn_act_conv_module_keys_stats_and_modes():
-    from memsave.nn.fused import BatchNormActConv2d, DeferredBatchNormAct2d, fuse_bn_act_conv
+def test_fuse_batch_norm_act_conv2d_module_keys_stats_and_modes():
+    from memsave.nn import BatchNormActConv2d, DeferredBatchNormAct2d, fuse_batch_norm_act_conv2d
 
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
                         nn.Conv2d(8, 4, 3, padding=1))
     model = copy.deepcopy(ref)
-    model[1], model[3] = fuse_bn_act_conv(model[1], model[2], model[3])
+    model[1], model[3] = fuse_batch_norm_act_conv2d(model[1], model[2], model[3])
     model[2] = nn.Identity()
     assert isinstance(model[1], DeferredBatchNormAct2d) and isinstance(model[3], BatchNormActConv2d)
     assert list(model.state_dict()) == list(ref.state_dict())
@@ -451,22 +451,22 @@ def test_fuse_bn_act_conv_module_keys_stats_and_modes():
         ["weight", "bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"])
     assert standalone(torch.randn(2, 8, 5, 5)).shape == (2, 4, 5, 5)
     with pytest.raises(ValueError, match="padding"):
-        fuse_bn_act_conv(nn.BatchNorm2d(8), "relu", nn.Conv2d(8, 4, 3, padding="same"))
+        fuse_batch_norm_act_conv2d(nn.BatchNorm2d(8), "relu", nn.Conv2d(8, 4, 3, padding="same"))
     with pytest.raises(ValueError, match="does not feed"):
-        fuse_bn_act_conv(nn.BatchNorm2d(8), "relu", nn.Conv2d(6, 4, 3))
+        fuse_batch_norm_act_conv2d(nn.BatchNorm2d(8), "relu", nn.Conv2d(6, 4, 3))
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu"])
 def test_conv_bn_act_conv_fused_into_the_conv_saves_a_full_tensor(act):
     """The acceptance claim for every activation, relu included: conv -> BN -> act -> conv with the BN and
     activation fused into the second conv keeps at least one full tensor fewer than torch."""
-    from memsave.nn.fused import fuse_bn_act_conv
+    from memsave.nn import fuse_batch_norm_act_conv2d
 
     torch.manual_seed(0)
     eager = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), {"relu": nn.ReLU(), "gelu": nn.GELU()}[act],
                           nn.Conv2d(16, 8, 3, padding=1))
     fused = copy.deepcopy(eager)
-    fused[1], fused[3] = fuse_bn_act_conv(fused[1], fused[2], fused[3])
+    fused[1], fused[3] = fuse_batch_norm_act_conv2d(fused[1], fused[2], fused[3])
     fused[2] = nn.Identity()
     x = torch.randn(4, 8, 16, 16, requires_grad=True)
     full = 4 * 16 * 16 * 16 * 4

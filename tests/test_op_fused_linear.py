@@ -11,7 +11,7 @@ from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
 from memsave import functional as MF
-from memsave.nn.fused import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_norm_linear
+from memsave.nn import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_layer_norm_linear
 
 from fused_helpers import (
     FLOAT32_RTOL,
@@ -228,11 +228,11 @@ def test_modules_construct_like_torch_and_keep_keys():
     assert rel_err(fused(x), ref(x)) <= FLOAT32_RTOL
 
 
-def test_fuse_norm_linear_keeps_state_dict_keys_and_values():
+def test_fuse_layer_norm_linear_keeps_state_dict_keys_and_values():
     torch.manual_seed(0)
     model = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 8), nn.GELU(), nn.Linear(8, 4))
     ref = copy.deepcopy(model)
-    model[0], model[1] = fuse_norm_linear(model[0], model[1])
+    model[0], model[1] = fuse_layer_norm_linear(model[0], model[1])
     model[2], model[3] = nn.Identity(), ActLinear.from_linear(model[3], act="gelu")
     assert isinstance(model[0], DeferredLayerNorm)
     assert list(model.state_dict()) == list(ref.state_dict())
@@ -308,8 +308,8 @@ def test_transformer_block_keeps_at_most_70_percent():
     torch.manual_seed(0)
     block = _Block()
     fused = copy.deepcopy(block)
-    fused.ln_1, fused.attn.qkv = fuse_norm_linear(fused.ln_1, fused.attn.qkv)
-    fused.ln_2, fused.mlp[0] = fuse_norm_linear(fused.ln_2, fused.mlp[0])
+    fused.ln_1, fused.attn.qkv = fuse_layer_norm_linear(fused.ln_1, fused.attn.qkv)
+    fused.ln_2, fused.mlp[0] = fuse_layer_norm_linear(fused.ln_2, fused.mlp[0])
     fused.mlp[1], fused.mlp[2] = nn.Identity(), ActLinear.from_linear(fused.mlp[2], act="gelu_tanh")
     x = torch.randn(2, 32, 64, requires_grad=True)
     eager_bytes, y_eager = saved_bytes(lambda: block(x), module_state(block))

@@ -10,7 +10,7 @@ from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
 from memsave import functional as MF
-from memsave.nn.fused import InPlaceABN2d
+from memsave.nn import InPlaceABN2d
 
 from fused_helpers import (
     BN_FORMATS,

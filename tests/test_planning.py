@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 import memsave
-from memsave.measure import cpu_peak_bytes, default_loss
-from memsave.planning import _GroupedForward, parse_budget
+from memsave.measurement.allocator import cpu_peak_bytes
+from memsave.measurement.measuring import default_loss
+from memsave.measurement.units import parse_budget
+from memsave.recompute.planning.plan import _GroupedForward
 
 import models
 
@@ -141,7 +143,7 @@ def test_budget_at_or_above_eager_peak_recomputes_nothing() -> None:
 
 
 def test_profiled_chain_is_monotonic_and_beats_sqrt(unet_sqrt) -> None:
-    chain = unet_sqrt[2].chain
+    chain = unet_sqrt[2].chain.to_dict()
     lo = memsave._C.planner_min_peak(chain)["peak_bytes"]
     hi = memsave._C.planner_simulate(chain, [(0, len(chain["stages"]), False)])["peak_bytes"]
     previous = math.inf
@@ -169,7 +171,7 @@ class _FakePlan:
 def _fake_search(options, measured, budget, verify=True):
     """_search_optimal over a made-up solver: ``options`` = [(name, predicted peak, extra time)], the solver picks
     the cheapest whose predicted peak fits; ``measured`` = name -> measured peak."""
-    from memsave.planning import _search_optimal
+    from memsave.recompute.planning.search import search_optimal as _search_optimal
 
     def res(name, peak, extra):
         return {"feasible": True, "segments": [name], "predicted_peak_bytes": peak, "predicted_extra_time": extra}
@@ -215,9 +217,9 @@ def test_search_without_verification_takes_the_solver_answer() -> None:
 
 
 def test_unet_skip_connections_are_in_the_chain(unet_sqrt) -> None:
-    skips = unet_sqrt[2].chain["skips"]
+    skips = unet_sqrt[2].chain.skips
     assert len(skips) >= 2  # s1 and s2 are read by the decoder's concatenations
-    assert all(s["consumer"] > s["producer"] + 1 for s in skips)
+    assert all(s.consumer > s.producer + 1 for s in skips)
 
 
 # ------------------------------------------------------------------------------------------------- strategies
@@ -336,7 +338,7 @@ def test_plan_leaves_the_model_as_it_found_it() -> None:
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in state.items())  # BatchNorm statistics included
-    assert not any(memsave.wrap.is_wrapped(m) for m in model.modules())
+    assert not any(memsave.recompute.is_wrapped(m) for m in model.modules())
 
 
 # ------------------------------------------------------------------------------------------------- bad input

@@ -13,7 +13,7 @@ from torch import nn
 
 import models
 from memsave.errors import MemsaveWarning
-from memsave.wrap import _wrap_module, is_wrapped, unwrap, wrap
+from memsave.recompute.wrapping import is_wrapped, unwrap, wrap, wrap_module
 
 
 def _in_backward() -> bool:
@@ -84,7 +84,7 @@ def test_wrapping_twice_is_a_noop() -> None:
     assert [m.__dict__.get("forward") for m in model.modules() if isinstance(m, nn.Linear)] == \
         [f for f in forwards if f is not None]
     assert repr(model).count("[memsave.checkpoint]") == 5  # 4 Linear + 1 GELU, once each
-    assert _wrap_module(model[0], "again") is False
+    assert wrap_module(model[0], "again") is False
     unwrap(model)
     assert "[memsave.checkpoint]" not in repr(model)
 
@@ -184,7 +184,10 @@ def test_eval_and_no_grad_run_plain_forward() -> None:
         assert torch.equal(y, model(x))
 
 
-def test_is_wrapped_reachable_from_wrap_function() -> None:
+def test_is_wrapped_is_public_in_recompute() -> None:
+    import memsave.recompute
+
     lin = nn.Linear(2, 2)
+    assert not memsave.recompute.is_wrapped(lin)
     wrap(lin, nn.Linear)
-    assert wrap.is_wrapped(lin)  # type: ignore[attr-defined]  (memsave.wrap.is_wrapped once re-exported)
+    assert memsave.recompute.is_wrapped(lin)

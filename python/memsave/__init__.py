@@ -1,10 +1,21 @@
 """memsave: train bigger models and batches on the GPU you have.
 
-Three levers and one instrument:
+Three levers and one instrument, one subpackage each:
 
-* recompute in backward: :func:`checkpoint`, :func:`checkpointed`, :func:`checkpoint_sequential`, :func:`wrap`;
-* memory-efficient operators: :mod:`memsave.functional`, :mod:`memsave.nn`;
-* measurement: :func:`measure`.
+==================  ============================================================================================
+``recompute/``      recompute in backward: :func:`checkpoint`, :func:`checkpointed`, :func:`checkpoint_sequential`,
+                    :func:`wrap`, :func:`unwrap`, :func:`plan` (a budget-driven plan solved in C++)
+``operators/``      memory-efficient operators (``torch.ops.memsave.*``): :mod:`memsave.functional`,
+                    :mod:`memsave.nn`, :func:`convert`
+``amp/``            mixed precision: :class:`memsave.amp.GradScaler`, :func:`accumulate`
+``measurement/``    :func:`measure`, :func:`compare`, :func:`estimate`, :func:`max_batch_size`, :class:`MemoryMonitor`
+==================  ============================================================================================
+
+plus ``errors.py`` (every exception), ``extension.py`` (loads the compiled ``memsave._C``), ``common/`` (the RNG
+state and progress bar several parts share) and ``cli/`` (``python -m memsave``).
+
+``memsave.functional`` and ``memsave.nn`` are the public spellings of ``memsave.operators.functional`` and
+``memsave.operators.nn`` (``import memsave.nn`` and ``from memsave.nn import ReLU`` work).
 
 Example:
     >>> import memsave
@@ -13,46 +24,31 @@ Example:
 """
 from __future__ import annotations
 
-from ._build import load_extension
+import sys
 
-_C = load_extension()
+from .extension import build_info, dispatch_table, load_extension
 
-from . import _ops  # noqa: E402,F401  (registers fake kernels and autograd for torch.ops.memsave.*)
-from . import amp, functional, nn  # noqa: E402
-from ._dispatch import dispatch_table  # noqa: E402
-from .accumulate import accumulate  # noqa: E402
-from .checkpoint import checkpoint, checkpoint_sequential, checkpointed  # noqa: E402
-from .compare import Comparison, compare  # noqa: E402
-from .convert import convert  # noqa: E402
+_C = load_extension()  # before the parts: it registers the torch.ops.memsave schemas and kernels
+
+from . import measurement, recompute, operators, amp  # noqa: E402,I001  (registration order: the strategies list)
+from .amp import accumulate  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,
     InfeasibleBudgetError,
     InplaceModificationError,
     MemsaveWarning,
+    PlanMismatchError,
     RecomputeMismatchError,
 )
-from .estimate import Estimate, estimate, max_batch_size  # noqa: E402
-from .measure import Measurement, measure  # noqa: E402
-from .monitor import MemoryMonitor  # noqa: E402
-from .planning import Plan, PlanMismatchError, plan  # noqa: E402
-from .wrap import unwrap, wrap  # noqa: E402
+from .measurement import Comparison, Estimate, Measurement, MemoryMonitor, compare, estimate, max_batch_size, measure  # noqa: E402
+from .operators import convert, functional, nn  # noqa: E402
+from .recompute import Plan, checkpoint, checkpoint_sequential, checkpointed, plan, unwrap, wrap  # noqa: E402
 
-__version__: str = _C.build_info()["version"]
+# The public spellings memsave.functional / memsave.nn (import memsave.nn, from memsave.nn import ReLU).
+sys.modules[__name__ + ".functional"] = functional
+sys.modules[__name__ + ".nn"] = nn
 
-
-def build_info() -> dict:
-    """The facts memsave was built with.
-
-    Returns:
-        dict with ``version``, ``torch_version`` (the torch it was compiled against), ``cuda`` (CUDA kernels built),
-        ``cuda_archs``, ``cuda_runtime_version`` and ``compiler``.
-
-    Example:
-        >>> memsave.build_info()["cuda"]
-        True
-    """
-    return dict(_C.build_info())
-
+__version__: str = build_info()["version"]
 
 __all__ = [
     # recompute in backward

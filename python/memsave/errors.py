@@ -1,12 +1,12 @@
-"""Exceptions and warnings raised by memsave's recompute-in-backward core.
+"""Every exception and warning memsave raises, in one place (each part imports what it raises from here).
 
-Every error says which region it concerns (the ``name`` passed to :func:`memsave.checkpoint`, the qualified
-name of a wrapped module, or the function's ``__qualname__``) and what to do about it.
+Every error says what was wrong and what to do about it; a region's errors name the region (the ``name`` passed to
+:func:`memsave.checkpoint`, the qualified name of a wrapped module, or the function's ``__qualname__``).
 """
 from __future__ import annotations
 
 __all__ = ["CheckpointError", "RecomputeMismatchError", "InplaceModificationError", "MemsaveWarning",
-           "InfeasibleBudgetError"]
+           "InfeasibleBudgetError", "PlanMismatchError", "StrategyUnavailableError", "NoFakeKernelError"]
 
 
 class CheckpointError(RuntimeError):
@@ -43,3 +43,15 @@ class InfeasibleBudgetError(ValueError):
     def __init__(self, message: str, min_bytes: int) -> None:
         super().__init__(message)
         self.min_bytes = int(min_bytes)
+
+
+class StrategyUnavailableError(ImportError):
+    """A strategy was named correctly, but the memsave module it needs is not available in this build."""
+
+
+class NoFakeKernelError(RuntimeError):
+    """An operator of the model has no fake-tensor implementation, so :func:`estimate` cannot run the step."""
+
+
+class PlanMismatchError(ValueError):
+    """A :class:`memsave.Plan` was applied to a model it was not made for (other modules or parameter shapes)."""

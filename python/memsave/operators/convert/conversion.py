@@ -1,0 +1,346 @@
+"""memsave.convert: swap memory-efficient modules into an existing model, in place, keeping its state_dict keys.
+
+Two kinds of rewrite, both extensible:
+
+* **module swaps** — one torch module for one memsave module: ``nn.ReLU -> memsave.nn.ReLU``,
+  ``nn.LeakyReLU -> memsave.nn.LeakyReLU``, ``nn.MaxPool2d -> memsave.nn.MaxPool2d`` (exact types: subclasses are
+  left alone), and with ``dropout=True`` ``nn.Dropout -> memsave.nn.Dropout``. More with
+  :func:`register_module_swap`.
+* **Sequential patterns** (with ``fuse=True``) — consecutive children of an ``nn.Sequential`` replaced together
+  (fused operators, e.g. BatchNorm -> activation). Registered with :func:`register_sequential_pattern`; tried before
+  module swaps, highest priority first.
+
+Lossless by default
+-------------------
+``convert(model)`` makes only the swaps whose outputs, gradients and buffers are bitwise equal to eager on CPU
+(ReLU, LeakyReLU, MaxPool2d). Two opt-ins change results in ways the user should choose knowingly:
+
+* ``dropout=True``: memsave's Dropout keeps the keep probability and scaling but draws its own random bits (from
+  the same generator), so a converted model's dropout masks, and hence gradients, differ from torch's Dropout —
+  equal in distribution, not bitwise. Recompute inside ``memsave.checkpoint`` still replays them exactly.
+* ``fuse=True``: fused operators recompute in backward with their own reduction order, so gradients equal the unfused
+  model's up to float rounding (<= 1e-5 relative in float32, tested); running statistics are equal.
+
+Where a mask pays, and where it does not
+-----------------------------------------
+A module's saved tensors are what it keeps alive until backward. A 1-bit ReLU mask instead of the ReLU's output
+frees memory **only if nothing else keeps that output**:
+
+* it pays when the consumer does not keep its input: memsave's MaxPool2d (keeps 1-byte indices), Dropout, another
+  mask activation, an addition, or a checkpointed region (``memsave.checkpoint`` keeps only the region's inputs, and
+  during its recompute the masks keep the peak down);
+* it gains nothing on its own when the next Conv/Linear/BatchNorm (or torch's MaxPool2d) keeps that output for its
+  own backward anyway: you then hold the output *and* a mask (1/32 of a float32 output more).
+
+``convert(model, verbose=True)`` prints this verdict for every module it swaps, as far as the model's structure
+shows it (inside an ``nn.Sequential`` the consumer is the next child; elsewhere it is decided in ``forward`` and
+reported as "depends"). :func:`plan_convert` returns the same report without changing the model.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from torch import nn
+
+from .registry import (
+    DEPENDS, NO_GAIN, PAYS, SKIPPED, TRANSPARENT, ModuleSwap, element_matches, module_swap_for, ordered_patterns,
+    sequential_patterns,
+)
+
+__all__ = ["ConvertEntry", "ConvertReport", "convert", "plan_convert"]
+
+Selector = Union[type, str]
+
+
+# ---- the report -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConvertEntry:
+    """One line of a :class:`ConvertReport`."""
+
+    name: str  # qualified module name ("" for the root)
+    old: str  # old module type
+    new: str  # new module type ("" when skipped)
+    verdict: str  # "pays", "no gain alone", "depends" or "skipped"
+    detail: str
+
+
+@dataclass
+class ConvertReport:
+    """What :func:`convert` swapped (or would swap) and where it saves memory.
+
+    Attributes:
+        entries: one :class:`ConvertEntry` per swapped, fused or skipped module.
+    """
+
+    entries: List[ConvertEntry] = field(default_factory=list)
+
+    def count(self, verdict: str) -> int:
+        """Number of entries with this verdict."""
+        return sum(e.verdict == verdict for e in self.entries)
+
+    def summary(self) -> str:
+        """A plain-text table: module, swap, verdict and why."""
+        if not self.entries:
+            return "memsave.convert: nothing to convert (no nn.ReLU, nn.LeakyReLU, nn.Dropout or nn.MaxPool2d)."
+        rows = [(e.name or "(root)", f"{e.old} -> {e.new}" if e.new else e.old, e.verdict, e.detail)
+                for e in self.entries]
+        w0 = max(len(r[0]) for r in rows)
+        w1 = max(len(r[1]) for r in rows)
+        w2 = max(len(r[2]) for r in rows)
+        lines = [f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]:<{w2}}  {r[3]}" for r in rows]
+        converted = len(self.entries) - self.count(SKIPPED)
+        lines.append(
+            f"memsave.convert: {converted} converted ({self.count(PAYS)} pay, {self.count(NO_GAIN)} no gain alone, "
+            f"{self.count(DEPENDS)} depend on their consumer), {self.count(SKIPPED)} skipped. A mask pays where the "
+            f"consumer does not keep its input (pooling with memsave MaxPool2d, addition, a checkpointed region), "
+            f"not where the next Linear/Conv keeps the output anyway."
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+# ---- planning and applying --------------------------------------------------------------------------------------
+
+
+def _as_selectors(arg: object, what: str) -> Optional[List[Selector]]:
+    if arg is None:
+        return None
+    items = [arg] if isinstance(arg, (str, type)) else list(arg)  # type: ignore[call-overload]
+    for it in items:
+        if not (isinstance(it, str) or (isinstance(it, type) and issubclass(it, nn.Module))):
+            raise TypeError(
+                f"memsave.convert: {what} takes module classes (e.g. torch.nn.ReLU) and qualified-name patterns "
+                f"(e.g. 'features.*'), got {it!r}"
+            )
+    return items
+
+
+def _selected(selectors: Optional[List[Selector]], name: str, module: nn.Module) -> bool:
+    for s in selectors or ():
+        if isinstance(s, str):
+            if fnmatch.fnmatchcase(name, s):
+                return True
+        elif isinstance(module, s):
+            return True
+    return False
+
+
+@dataclass
+class _Planned:
+    parent: nn.Module
+    child: str
+    name: str
+    old: nn.Module
+    new: nn.Module
+
+
+def _qualify(prefix: str, child: str) -> str:
+    return f"{prefix}.{child}" if prefix else child
+
+
+def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional[List[Selector]],
+          build: bool, fuse: bool = False, dropout: bool = False) -> Tuple[List[_Planned], ConvertReport]:
+    """Decide every swap; with build=False (a dry run) Sequential patterns are matched but not built."""
+    opted_in = {"dropout": dropout}
+    report = ConvertReport()
+    planned: List[_Planned] = []
+    done: Dict[int, Optional[nn.Module]] = {}  # shared modules are swapped once, to one replacement
+
+    def candidate(name: str, module: nn.Module) -> bool:
+        if include is not None and not _selected(include, name, module):
+            return False
+        return not _selected(exclude, name, module)
+
+    def neighbour(children: List[Tuple[str, nn.Module]], i: int, step: int,
+                  final: Dict[int, nn.Module]) -> Optional[nn.Module]:
+        """The nearest non-view module before (step -1) or after (step +1) position i, None at the ends."""
+        j = i + step
+        while 0 <= j < len(children):
+            m = final.get(j, children[j][1])
+            if not isinstance(m, TRANSPARENT):
+                return m
+            j += step
+        return None
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        # every child slot, a module registered twice included (named_children() lists it once)
+        children = [(c, m) for c, m in module._modules.items() if m is not None]
+        in_sequential = isinstance(module, nn.Sequential)
+        final: Dict[int, nn.Module] = {}  # position -> planned replacement (for the consumer analysis)
+        consumed = set()
+        singles: List[Tuple[int, ModuleSwap]] = []
+        if in_sequential and fuse:
+            patterns = ordered_patterns()
+            i = 0
+            while i < len(children):
+                matched = False
+                for pat in patterns:
+                    n = len(pat.elements)
+                    run = children[i:i + n]
+                    if len(run) < n or any(id(m) in done for _, m in run):
+                        continue
+                    if not all(element_matches(el, m) for el, (_, m) in zip(pat.elements, run)):
+                        continue
+                    if not all(candidate(_qualify(prefix, c), m) for c, m in run):
+                        continue
+                    olds = [m for _, m in run]
+                    news = pat.build(list(olds)) if build else olds
+                    if news is None:
+                        continue
+                    news = list(news)
+                    if len(news) != n or not all(isinstance(x, nn.Module) for x in news):
+                        raise ValueError(
+                            f"memsave.convert: Sequential pattern {pat.name!r} must return {n} modules (one per "
+                            f"matched position), got {news!r}"
+                        )
+                    for k, ((c, old), new) in enumerate(zip(run, news)):
+                        qn = _qualify(prefix, c)
+                        if new is not old:
+                            planned.append(_Planned(module, c, qn, old, new))
+                        final[i + k] = new
+                        consumed.add(i + k)
+                        done[id(old)] = new
+                        report.entries.append(ConvertEntry(
+                            qn, type(old).__name__, f"{type(new).__name__}" if build else f"[{pat.name}]", PAYS,
+                            f"pattern {pat.name}" + (f": {pat.note}" if pat.note else "")))
+                    i += n
+                    matched = True
+                    break
+                if not matched:
+                    i += 1
+        for i, (c, child) in enumerate(children):
+            if i in consumed:
+                continue
+            qn = _qualify(prefix, c)
+            swap = module_swap_for(type(child))
+            if swap is not None and swap.opt_in is not None and not opted_in.get(swap.opt_in, False):
+                swap = None
+            if swap is None or not candidate(qn, child):
+                if swap is None:
+                    visit(qn, child)
+                continue
+            if id(child) in done:
+                new = done[id(child)]
+                if new is not None:
+                    planned.append(_Planned(module, c, qn, child, new))
+                    final[i] = new
+                continue
+            reason = swap.refuse(child)
+            if reason is not None:
+                done[id(child)] = None
+                report.entries.append(ConvertEntry(qn, type(child).__name__, "", SKIPPED, reason))
+                continue
+            new = swap.build(child)  # built in a dry run too (cheap): the consumer analysis looks at it
+            new.train(child.training)
+            if build:
+                planned.append(_Planned(module, c, qn, child, new))
+            done[id(child)] = new
+            final[i] = new
+            singles.append((i, swap))
+        for i, swap in singles:
+            c, child = children[i]
+            nxt = neighbour(children, i, +1, final) if in_sequential else None
+            prv = neighbour(children, i, -1, final) if in_sequential else None
+            new = final[i]
+            verdict, detail = swap.note(child, prv, nxt)
+            new_name = f"memsave.{type(new).__name__}"
+            report.entries.append(ConvertEntry(_qualify(prefix, c), type(child).__name__, new_name, verdict, detail))
+
+    visit("", model)
+    order = {name: k for k, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
+    report.entries.sort(key=lambda e: order.get(e.name, len(order)))
+    return planned, report
+
+
+def plan_convert(
+    model: nn.Module,
+    include: Optional[Iterable[Selector]] = None,
+    exclude: Optional[Iterable[Selector]] = None,
+    *,
+    fuse: bool = False,
+    dropout: bool = False,
+) -> ConvertReport:
+    """What :func:`convert` would swap, and where it would pay, without changing the model.
+
+    Args:
+        model, include, exclude, fuse, dropout: as for :func:`convert`.
+
+    Returns:
+        A :class:`ConvertReport`; ``print(report)`` shows the table.
+
+    Example:
+        >>> from memsave.convert import plan_convert
+        >>> print(plan_convert(model))
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"memsave.plan_convert expects an nn.Module, got {type(model).__name__}")
+    _, report = _plan(model, _as_selectors(include, "include"), _as_selectors(exclude, "exclude"), build=False,
+                      fuse=fuse, dropout=dropout)
+    return report
+
+
+def convert(
+    model: nn.Module,
+    include: Optional[Iterable[Selector]] = None,
+    exclude: Optional[Iterable[Selector]] = None,
+    verbose: bool = False,
+    *,
+    fuse: bool = False,
+    dropout: bool = False,
+) -> nn.Module:
+    """Swap memory-efficient modules into ``model``, recursively and in place; state_dict keys do not change.
+
+    Replaces ``nn.ReLU``, ``nn.LeakyReLU`` and ``nn.MaxPool2d`` (exact types) by their :mod:`memsave.nn`
+    counterparts; outputs, gradients and buffers stay bitwise equal to eager on CPU. ``fuse=True`` also replaces
+    runs of ``nn.Sequential`` children matching a registered pattern by fused modules (equal up to float rounding),
+    ``dropout=True`` also swaps ``nn.Dropout`` (other random bits than torch's). See the module docstring for where a
+    mask saves memory and where it does not.
+
+    Args:
+        model: the model; modified in place.
+        include: if given, only modules matching one of these are converted: module classes (``isinstance``) or
+            qualified-name patterns as ``named_modules()`` prints them (shell-style, e.g. ``"features.*"``). A
+            Sequential pattern needs all its modules included.
+        exclude: modules matching one of these (same forms) are left alone, and patterns touching them skipped.
+        verbose: print the :class:`ConvertReport`: each swap and whether its mask pays.
+        fuse: also apply the fused Sequential patterns (BatchNorm -> activation, LayerNorm -> Linear,
+            Linear -> activation -> Linear, ...): gradients equal up to float rounding, not bitwise.
+        dropout: also swap ``nn.Dropout``: same keep probability and scaling, other random bits than torch's.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not an nn.Module, or include/exclude hold something else than classes and strings.
+        ValueError: a registered pattern broke the state_dict keys (everything is undone first).
+
+    Example:
+        >>> model = memsave.convert(torchvision.models.vgg16(), verbose=True)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"memsave.convert expects an nn.Module, got {type(model).__name__}")
+    keys_before = set(model.state_dict().keys())
+    planned, report = _plan(model, _as_selectors(include, "include"), _as_selectors(exclude, "exclude"), build=True,
+                            fuse=fuse, dropout=dropout)
+    for p in planned:
+        setattr(p.parent, p.child, p.new)
+    keys_after = set(model.state_dict().keys())
+    if keys_after != keys_before:
+        for p in reversed(planned):
+            setattr(p.parent, p.child, p.old)
+        changed = sorted(keys_before ^ keys_after)[:6]
+        raise ValueError(
+            f"memsave.convert: the swaps would change state_dict keys ({changed}...), so nothing was converted; a "
+            f"registered Sequential pattern must return one module per position keeping that position's keys "
+            f"(patterns: {sequential_patterns()})"
+        )
+    if verbose:
+        print(report.summary())
+    return model
+

@@ -1,0 +1,288 @@
+"""Batch norm + activation operators (csrc/ops/norm_act): batch_norm_act, batch_norm_act_conv2d (with its
+recompute kernel batch_norm_act_apply) and inplace_abn.
+
+Each registers its fake kernels and its Autograd kernel. All three update the running statistics (inplace_abn also
+overwrites its input), so their Autograd kernels are ``autograd.Function`` classes registered through
+:func:`memsave.operators.library.autograd.register_mutating_autograd`.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from .autograd import grads_or_none, register_backward_op_autograd, register_mutating_autograd
+
+
+# ----------------------------------------------------------------------------------------------------
+# memsave::batch_norm_act: batch norm + activation keeping only the batch-norm input and per-channel statistics.
+# ----------------------------------------------------------------------------------------------------
+Tensor = torch.Tensor
+
+
+def kernel_memory_format(x: Tensor) -> torch.memory_format:
+    """The layout the C++ kernels use for ``x`` (mirrors ``bn_memory_format`` in csrc/ops/bn_act_common.h)."""
+    if x.is_contiguous():
+        return torch.contiguous_format
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def stat_dtype(x: Tensor) -> torch.dtype:
+    """Per-channel statistics are float32, or float64 for float64 inputs."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def empty_in_kernel_layout(x: Tensor) -> Tensor:
+    return torch.empty_like(x.contiguous(memory_format=kernel_memory_format(x)))
+
+
+def bn_backward_fake(x: Tensor, weight: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Fake (grad_input, grad_weight, grad_bias) of the fused batch-norm backward kernels for the saved tensor ``x``:
+    the parameter gradients take the weight's dtype, or the statistics dtype without affine parameters."""
+    param_dtype = weight.dtype if weight is not None else stat_dtype(x)
+    grad_weight = x.new_empty((x.shape[1],), dtype=param_dtype)
+    return empty_in_kernel_layout(x), grad_weight, torch.empty_like(grad_weight)
+
+
+@torch.library.register_fake("memsave::batch_norm_act")
+def _batch_norm_act_fake(
+    input: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+    act: str,
+    act_param: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    torch._check(input.dim() >= 2, lambda: f"memsave.batch_norm_act: expected [N, C, ...] input, got {input.dim()}-D")
+    channels = input.shape[1]
+    mean = input.new_empty((channels,), dtype=stat_dtype(input))
+    return empty_in_kernel_layout(input), mean, torch.empty_like(mean)
+
+
+@torch.library.register_fake("memsave::batch_norm_act_backward")
+def _batch_norm_act_backward_fake(
+    grad_out: Tensor,
+    input: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    mean: Tensor,
+    invstd: Tensor,
+    training: bool,
+    act: str,
+    act_param: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return bn_backward_fake(input, weight)
+
+
+class _BatchNormActFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        redispatch: Any,
+        input: Tensor,
+        weight: Optional[Tensor],
+        bias: Optional[Tensor],
+        running_mean: Optional[Tensor],
+        running_var: Optional[Tensor],
+        training: bool,
+        momentum: float,
+        eps: float,
+        act: str,
+        act_param: float,
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        out, mean, invstd = redispatch(
+            input, weight, bias, running_mean, running_var, training, momentum, eps, act, act_param
+        )
+        # The memory win: the input and two per-channel vectors, not the normalized tensor or activation input.
+        ctx.save_for_backward(input, weight, bias, mean, invstd)
+        ctx.training, ctx.act, ctx.act_param = training, act, act_param
+        ctx.mark_non_differentiable(mean, invstd)
+        return out, mean, invstd
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
+        input, weight, bias, mean, invstd = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if grad_out is None or not any(needs[1:4]):
+            return (None,) * 11
+        grad_input, grad_weight, grad_bias = torch.ops.memsave.batch_norm_act_backward(
+            grad_out, input, weight, bias, mean, invstd, ctx.training, ctx.act, ctx.act_param
+        )
+        return (None,) + grads_or_none(needs[1:4], (grad_input, grad_weight, grad_bias)) + (None,) * 7
+
+
+register_mutating_autograd("memsave::batch_norm_act", _BatchNormActFunction)
+register_backward_op_autograd("memsave::batch_norm_act_backward")
+
+
+# ----------------------------------------------------------------------------------------------------
+# memsave::batch_norm_act_conv2d: BatchNorm2d -> activation -> Conv2d keeping only the batch-norm input and two
+# ----------------------------------------------------------------------------------------------------
+
+
+def conv2d_output_shape(
+    input: Tensor, weight: Tensor, stride: List[int], padding: List[int], dilation: List[int]
+) -> Tuple[int, int, int, int]:
+    """Shape of ``conv2d(input, weight)`` with zero padding."""
+    n, _, h, w = input.shape
+    kh, kw = weight.shape[2], weight.shape[3]
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    return n, weight.shape[0], ho, wo
+
+
+@torch.library.register_fake("memsave::batch_norm_act_apply")
+def _batch_norm_act_apply_fake(
+    input: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], act: str,
+    act_param: float,
+) -> Tensor:
+    return empty_in_kernel_layout(input)
+
+
+@torch.library.register_fake("memsave::batch_norm_act_conv2d")
+def _batch_norm_act_conv2d_fake(
+    input: Tensor, bn_weight: Optional[Tensor], bn_bias: Optional[Tensor], running_mean: Optional[Tensor],
+    running_var: Optional[Tensor], training: bool, momentum: float, eps: float, act: str, act_param: float,
+    weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int], dilation: List[int], groups: int,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    torch._check(input.dim() == 4, lambda: f"memsave.batch_norm_act_conv2d: expected 4-D input, got {input.dim()}-D")
+    shape = conv2d_output_shape(input, weight, stride, padding, dilation)
+    out = input.new_empty(shape, dtype=weight.dtype).contiguous(memory_format=kernel_memory_format(input))
+    mean = input.new_empty((input.shape[1],), dtype=stat_dtype(input))
+    return out, mean, torch.empty_like(mean)
+
+
+@torch.library.register_fake("memsave::batch_norm_act_conv2d_backward")
+def _batch_norm_act_conv2d_backward_fake(
+    grad_out: Tensor, input: Tensor, bn_weight: Optional[Tensor], bn_bias: Optional[Tensor], mean: Tensor,
+    invstd: Tensor, training: bool, act: str, act_param: float, weight: Tensor, has_bias: bool, stride: List[int],
+    padding: List[int], dilation: List[int], groups: int,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    grad_input, grad_bn_weight, grad_bn_bias = bn_backward_fake(input, bn_weight)
+    grad_weight = torch.empty_like(weight).contiguous(memory_format=kernel_memory_format(weight))
+    grad_bias = weight.new_empty((weight.shape[0] if has_bias else 0,))
+    return grad_input, grad_bn_weight, grad_bn_bias, grad_weight, grad_bias
+
+
+class _BatchNormActConv2dFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, redispatch: Any, input: Tensor, bn_weight: Optional[Tensor], bn_bias: Optional[Tensor],
+        running_mean: Optional[Tensor], running_var: Optional[Tensor], training: bool, momentum: float, eps: float,
+        act: str, act_param: float, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
+        dilation: List[int], groups: int,
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        out, mean, invstd = redispatch(input, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps,
+                                       act, act_param, weight, bias, stride, padding, dilation, groups)
+        # The memory win: the batch-norm input and two per-channel vectors; not the convolution's input.
+        ctx.save_for_backward(input, bn_weight, bn_bias, mean, invstd, weight)
+        ctx.training, ctx.act, ctx.act_param = training, act, act_param
+        ctx.conv = (bias is not None, list(stride), list(padding), list(dilation), groups)
+        ctx.mark_non_differentiable(mean, invstd)
+        return out, mean, invstd
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
+        input, bn_weight, bn_bias, mean, invstd, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if grad_out is None:
+            return (None,) * 17
+        has_bias, stride, padding, dilation, groups = ctx.conv
+        gi, gbw, gbb, gw, gb = torch.ops.memsave.batch_norm_act_conv2d_backward(
+            grad_out, input, bn_weight, bn_bias, mean, invstd, ctx.training, ctx.act, ctx.act_param, weight,
+            has_bias, stride, padding, dilation, groups,
+        )
+        head = grads_or_none(needs[1:4], (gi, gbw, gbb))
+        tail = grads_or_none(needs[11:13], (gw, gb))
+        return (None,) + head + (None,) * 7 + tail + (None,) * 4
+
+
+register_mutating_autograd("memsave::batch_norm_act_conv2d", _BatchNormActConv2dFunction)
+register_backward_op_autograd("memsave::batch_norm_act_conv2d_backward")
+register_backward_op_autograd("memsave::batch_norm_act_apply")
+
+
+# ----------------------------------------------------------------------------------------------------
+# memsave::inplace_abn: In-Place Activated BatchNorm, keeping only its output (written over its input).
+# ----------------------------------------------------------------------------------------------------
+
+
+@torch.library.register_fake("memsave::inplace_abn")
+def _inplace_abn_fake(
+    self: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+    act: str,
+    act_param: float,
+) -> Tuple[Tensor, Tensor]:
+    torch._check(self.dim() >= 2, lambda: f"memsave.inplace_abn: expected [N, C, ...] input, got {self.dim()}-D")
+    mean = self.new_empty((self.shape[1],), dtype=stat_dtype(self))
+    return mean, torch.empty_like(mean)
+
+
+@torch.library.register_fake("memsave::inplace_abn_backward")
+def _inplace_abn_backward_fake(
+    grad_out: Tensor,
+    output: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    invstd: Tensor,
+    training: bool,
+    act: str,
+    act_param: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return bn_backward_fake(output, weight)
+
+
+class _InPlaceABNFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        redispatch: Any,
+        x: Tensor,
+        weight: Optional[Tensor],
+        bias: Optional[Tensor],
+        running_mean: Optional[Tensor],
+        running_var: Optional[Tensor],
+        training: bool,
+        momentum: float,
+        eps: float,
+        act: str,
+        act_param: float,
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        mean, invstd = redispatch(x, weight, bias, running_mean, running_var, training, momentum, eps, act, act_param)
+        ctx.mark_dirty(x)
+        # The memory win: x now holds the output, which backward inverts; nothing else of full size is kept.
+        ctx.save_for_backward(x, weight, bias, invstd)
+        ctx.training, ctx.act, ctx.act_param = training, act, act_param
+        ctx.mark_non_differentiable(mean, invstd)
+        return x, mean, invstd
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
+        output, weight, bias, invstd = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if grad_out is None or not any(needs[1:4]):
+            return (None,) * 11
+        grad_input, grad_weight, grad_bias = torch.ops.memsave.inplace_abn_backward(
+            grad_out, output, weight, bias, invstd, ctx.training, ctx.act, ctx.act_param
+        )
+        return (None,) + grads_or_none(needs[1:4], (grad_input, grad_weight, grad_bias)) + (None,) * 7
+
+
+# The schema returns (mean, invstd); the Function also returns the mutated input so autograd rebases its history.
+register_mutating_autograd("memsave::inplace_abn", _InPlaceABNFunction, unpack=lambda result: result[1:])
+register_backward_op_autograd("memsave::inplace_abn_backward")

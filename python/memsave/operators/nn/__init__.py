@@ -1,0 +1,31 @@
+"""Memory-efficient drop-in modules (``memsave.nn``).
+
+* Mask-saving replacements of torch.nn modules (same constructor arguments and state_dict, subclasses of the torch
+  module they replace): :class:`ReLU`, :class:`LeakyReLU`, :class:`Dropout`, :class:`MaxPool2d`.
+* Fused recompute-in-backward modules: :class:`BatchNormAct2d`, :class:`InPlaceABN2d`, :class:`BatchNormActConv2d`
+  (``norm_act.py``), :class:`LayerNormLinear`, :class:`ActLinear` (``linear.py``).
+
+:func:`memsave.convert` swaps them into an existing model.
+"""
+from .activation import LeakyReLU, ReLU, activation_spec
+from .dropout import Dropout
+from .linear import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_layer_norm_linear
+from .norm_act import BatchNormAct2d, BatchNormActConv2d, DeferredBatchNormAct2d, InPlaceABN2d, fuse_batch_norm_act_conv2d
+from .pooling import MaxPool2d
+
+__all__ = [
+    "ActLinear",
+    "BatchNormAct2d",
+    "BatchNormActConv2d",
+    "DeferredBatchNormAct2d",
+    "DeferredLayerNorm",
+    "Dropout",
+    "InPlaceABN2d",
+    "LayerNormLinear",
+    "LeakyReLU",
+    "MaxPool2d",
+    "ReLU",
+    "activation_spec",
+    "fuse_batch_norm_act_conv2d",
+    "fuse_layer_norm_linear",
+]

@@ -1,0 +1,254 @@
+"""Norm/activation -> Linear modules (the ``linear`` operator family): LayerNormLinear, ActLinear.
+
+============================  =====================================  ==========================================
+module                        torch keeps                            memsave keeps
+============================  =====================================  ==========================================
+LayerNormLinear               LN input + normalized tensor           LN input + per-row mean/rstd
+ActLinear (gelu, silu, ...)   act input + act output                 act input
+============================  =====================================  ==========================================
+
+State dicts: ActLinear has nn.Linear's; LayerNormLinear has ``weight``/``bias`` (the Linear's) and ``norm.weight`` /
+``norm.bias`` (the LayerNorm's). :func:`fuse_layer_norm_linear` fuses a LayerNorm and a Linear that live in different
+places of a model while keeping every state_dict key where it was. In a custom architecture, replace the modules in
+``__init__`` or fuse existing ones in place (the forward code does not change, and neither do the state_dict keys)::
+
+    class Block(nn.Module):                       # a pre-norm transformer block
+        def __init__(self, d):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(d), Attention(d)          # attn starts with self.qkv = Linear
+            self.ln_2 = nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    for block in model.blocks:
+        block.ln_1, block.attn.qkv = memsave.nn.fuse_layer_norm_linear(block.ln_1, block.attn.qkv)
+        block.ln_2, block.mlp[0] = memsave.nn.fuse_layer_norm_linear(block.ln_2, block.mlp[0])
+        block.mlp[1], block.mlp[2] = nn.Identity(), memsave.nn.ActLinear.from_linear(block.mlp[2], act="gelu")
+
+New code can use the modules directly: ``LayerNormLinear(d, 3 * d)`` for ``nn.LayerNorm(d), nn.Linear(d, 3 * d)``,
+``ActLinear(4 * d, d)`` for ``nn.GELU(), nn.Linear(4 * d, d)``.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from .. import functional as F
+
+Tensor = torch.Tensor
+
+__all__ = ["ActLinear", "DeferredLayerNorm", "LayerNormLinear", "fuse_layer_norm_linear"]
+
+
+class DeferredLayerNorm(nn.Module):
+    """Holds a LayerNorm's parameters where the LayerNorm was; the norm itself is applied by the next module.
+
+    Made by :func:`fuse_layer_norm_linear` and ``memsave.convert``: the LayerNorm's place in the model keeps its
+    parameters (so state_dict keys do not move) while the following :class:`LayerNormLinear` applies the norm
+    inside its fused operator. Its forward returns its input unchanged, which is right only in that position.
+    """
+
+    def __init__(self, norm: nn.LayerNorm) -> None:
+        super().__init__()
+        if not isinstance(norm, nn.LayerNorm):
+            raise TypeError(f"DeferredLayerNorm expects an nn.LayerNorm, got {type(norm).__name__}")
+        self.normalized_shape: Tuple[int, ...] = tuple(norm.normalized_shape)
+        self.eps = norm.eps
+        self.elementwise_affine = norm.elementwise_affine
+        self.weight = norm.weight
+        self.bias = norm.bias
+
+    def forward(self, input: Tensor) -> Tensor:
+        return input
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, applied by the next LayerNormLinear"
+
+
+class LayerNormLinear(nn.Module):
+    """``Linear(LayerNorm(x))`` keeping ``x`` and per-row mean/rstd instead of the normalized tensor.
+
+    torch keeps the LayerNorm input *and* the normalized tensor (the Linear's input); this keeps the first and
+    recomputes the second in backward with one elementwise pass. Typical places: the QKV projection and the first
+    MLP Linear of a pre-norm transformer block.
+
+    Parameters: ``weight``/``bias`` (the Linear's, initialized as nn.Linear) and ``norm.weight``/``norm.bias``
+    (an nn.LayerNorm, initialized as usual; it holds parameters only, its forward is not called).
+
+    Args:
+        normalized_shape: the LayerNorm's shape; its last entry is the Linear's in_features.
+        out_features: the Linear's output size.
+        bias: the Linear has a bias.
+        eps, elementwise_affine: as for nn.LayerNorm; norm_bias: the LayerNorm has a bias (nn.LayerNorm's ``bias``).
+        device, dtype: factory arguments.
+
+    Example:
+        >>> qkv = memsave.nn.LayerNormLinear(768, 3 * 768)
+        >>> q, k, v = qkv(x).split(768, dim=-1)
+    """
+
+    def __init__(
+        self,
+        normalized_shape: Union[int, Sequence[int]],
+        out_features: int,
+        bias: bool = True,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        norm_bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.norm = nn.LayerNorm(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias,
+                                 **factory)
+        linear = nn.Linear(self.norm.normalized_shape[-1], out_features, bias=bias, **factory)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    @classmethod
+    def from_modules(cls, norm: nn.LayerNorm, linear: nn.Linear, register_norm: bool = True) -> "LayerNormLinear":
+        """A LayerNormLinear sharing ``norm``'s and ``linear``'s parameters (the same tensors).
+
+        Args:
+            norm: an nn.LayerNorm over the Linear's input features (last entry of normalized_shape).
+            linear: the nn.Linear that consumes the norm's output.
+            register_norm: hold ``norm`` as the submodule ``norm`` (its keys become ``norm.*``). With False the norm
+                is only referenced: its parameters stay registered wherever they are (see :func:`fuse_layer_norm_linear`).
+
+        Returns:
+            The fused module.
+
+        Raises:
+            TypeError: wrong module types. ValueError: the shapes do not chain.
+
+        Example:
+            >>> fused = memsave.nn.LayerNormLinear.from_modules(block.ln_2, block.mlp.fc1)
+        """
+        if not isinstance(norm, (nn.LayerNorm, DeferredLayerNorm)):
+            raise TypeError(f"expected an nn.LayerNorm, got {type(norm).__name__}")
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"expected an nn.Linear, got {type(linear).__name__}")
+        if tuple(norm.normalized_shape)[-1] != linear.in_features:
+            raise ValueError(
+                f"LayerNorm{tuple(norm.normalized_shape)} does not feed Linear(in_features={linear.in_features}): "
+                f"the last normalized dimension must equal in_features"
+            )
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        if register_norm:
+            fused.norm = norm
+        else:
+            fused.__dict__["_external_norm"] = norm  # referenced, not registered: its keys stay where they are
+        fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused.weight = linear.weight
+        fused.bias = linear.bias
+        return fused
+
+    def _norm(self) -> nn.Module:
+        norm = self._modules.get("norm")
+        return norm if norm is not None else self.__dict__["_external_norm"]
+
+    def forward(self, input: Tensor) -> Tensor:
+        norm = self._norm()
+        return F.layer_norm_linear(
+            input, norm.normalized_shape, norm.weight, norm.bias, self.weight, self.bias, norm.eps
+        )
+
+    def extra_repr(self) -> str:
+        norm = self._norm()
+        where = "" if "norm" in self._modules else ", norm held by the preceding DeferredLayerNorm"
+        return (
+            f"normalized_shape={tuple(norm.normalized_shape)}, eps={norm.eps}, in_features={self.in_features}, "
+            f"out_features={self.out_features}, bias={self.bias is not None}{where}"
+        )
+
+
+def fuse_layer_norm_linear(norm: nn.LayerNorm, linear: nn.Linear) -> Tuple[DeferredLayerNorm, LayerNormLinear]:
+    """Fuse a LayerNorm and the Linear that consumes its output, keeping every state_dict key where it was.
+
+    Put the first returned module where ``norm`` was and the second where ``linear`` was. Only valid when the norm's
+    output feeds nothing but this Linear (true for a pre-norm transformer's ln_1 -> qkv and ln_2 -> fc1).
+
+    Args:
+        norm: the nn.LayerNorm.
+        linear: the nn.Linear applied to ``norm``'s output.
+
+    Returns:
+        ``(DeferredLayerNorm, LayerNormLinear)`` sharing the original parameters.
+
+    Example:
+        >>> block.ln_2, block.mlp.fc1 = memsave.nn.fuse_layer_norm_linear(block.ln_2, block.mlp.fc1)
+    """
+    deferred = DeferredLayerNorm(norm)
+    return deferred, LayerNormLinear.from_modules(deferred, linear, register_norm=False)
+
+
+class ActLinear(nn.Module):
+    """``Linear(act(x))`` keeping only ``x`` for backward.
+
+    torch keeps the activation's input and its output (gelu, silu, leaky_relu, elu: two full tensors); this keeps
+    the input and recomputes the activation in backward. Typical place: GELU -> fc2 in a transformer MLP (with
+    :class:`LayerNormLinear` for LayerNorm -> fc1, the MLP keeps its input and the fc1 output only). relu is
+    accepted but saves nothing: torch's relu and Linear already share relu's output.
+
+    Parameters ``weight``/``bias`` as nn.Linear (same initialization, same state_dict keys).
+
+    Args:
+        in_features, out_features, bias, device, dtype: as for nn.Linear.
+        act: ``"gelu"`` (default), ``"gelu_tanh"``, ``"silu"``, ``"relu"``, ``"leaky_relu"``, ``"elu"``, ``"identity"``.
+        act_param: leaky_relu's negative_slope (0.01) or elu's alpha (1.0).
+
+    Example:
+        >>> mlp = torch.nn.Sequential(torch.nn.Linear(768, 3072), memsave.nn.ActLinear(3072, 768, act="gelu"))
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        act: str = "gelu",
+        act_param: Optional[float] = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        self.act, self.act_param = F.resolve_activation(act, act_param)
+        linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, act: str = "gelu", act_param: Optional[float] = None) -> "ActLinear":
+        """An ActLinear sharing ``linear``'s parameters, applying ``act`` before it.
+
+        Args:
+            linear: the nn.Linear after the activation.
+            act, act_param: the activation (see the class).
+
+        Returns:
+            The fused module.
+
+        Example:
+            >>> block.mlp.act, block.mlp.fc2 = torch.nn.Identity(), memsave.nn.ActLinear.from_linear(block.mlp.fc2)
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"ActLinear.from_linear expects an nn.Linear, got {type(linear).__name__}")
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.act, fused.act_param = F.resolve_activation(act, act_param)
+        fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused.weight = linear.weight
+        fused.bias = linear.bias
+        return fused
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.act_linear(input, self.weight, self.bias, self.act, self.act_param)
+
+    def extra_repr(self) -> str:
+        act = self.act if self.act_param == 0.0 else f"{self.act}({self.act_param})"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, act={act}"

@@ -1,0 +1,29 @@
+"""Recompute in backward: checkpointed regions, wrapping a model's modules, and plans for a memory budget.
+
+=================  ==============================================================================================
+``region.py``      the region runtime: :func:`checkpoint`, :func:`checkpointed`, :func:`checkpoint_sequential`
+``state.py``       what a region replays in its recompute: module buffers and ``training`` flags, autocast
+``wrapping.py``    :func:`wrap` / :func:`unwrap`: chosen submodules become regions, in place, state_dict unchanged
+``planning/``      :func:`plan`: which regions fit a memory budget with the least recompute (C++ solver in
+                   ``csrc/planner``)
+``strategies.py``  the ``checkpoint:<policy>`` and ``plan:<budget>`` strategies of :func:`memsave.compare`
+=================  ==============================================================================================
+"""
+from . import strategies  # noqa: F401  (registers the checkpoint:* and plan:* strategies)
+from .planning import Plan, plan
+from .region import checkpoint, checkpoint_sequential, checkpointed
+from .strategies import resolve_checkpoint_policy
+from .wrapping import RegionPlan, is_wrapped, unwrap, wrap
+
+__all__ = [
+    "Plan",
+    "RegionPlan",
+    "checkpoint",
+    "checkpoint_sequential",
+    "checkpointed",
+    "is_wrapped",
+    "plan",
+    "resolve_checkpoint_policy",
+    "unwrap",
+    "wrap",
+]

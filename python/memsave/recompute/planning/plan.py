@@ -1,0 +1,312 @@
+"""Step 3 of a plan: the :class:`Plan` the solver chose, how it prints, saves and loads, and how it is applied.
+
+A plan is applied in place: a region of one module is :func:`memsave.wrap`'s instance-level forward on that module;
+a region of consecutive children of a plain ``nn.Sequential`` is :class:`_GroupedForward` on the Sequential (one
+region per run of children). :func:`memsave.unwrap` removes both.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ...errors import PlanMismatchError
+from ...measurement.units import format_bytes
+from ..region import ModuleChain, run_region
+from ..wrapping import CheckpointedForward, RegionPlan, WrappedRepr, is_wrapped, wrap_module
+from .chain import Chain, Piece
+
+__all__ = ["Plan", "apply_plan", "apply_regions", "fingerprint"]
+
+_PLAN_FORMAT = 1
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A short hash of the module names, classes and parameter shapes and dtypes: what a plan is tied to."""
+    h = hashlib.sha256()
+    for name, m in model.named_modules():
+        h.update(f"m {name} {type(m).__name__}\n".encode())
+    for name, p in model.named_parameters():
+        h.update(f"p {name} {tuple(p.shape)} {p.dtype}\n".encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Plan(RegionPlan):
+    """Which parts of a model to recompute in backward, and what that is predicted to cost and save.
+
+    Made by :func:`plan`, applied with ``memsave.wrap(model, plan)``. A plan is tied to the model it was made for
+    (module names, classes and parameter shapes); applying it to another raises :class:`PlanMismatchError`.
+
+    Attributes:
+        strategy: the strategy asked for (``optimal``, ``sqrt``, ``uniform:K``, ``none``, ``all``, ``min_memory``).
+        budget_bytes: the budget in bytes (None when none was given).
+        predicted_peak_bytes: the cost model's peak for one step with this plan.
+        measured_peak_bytes: the peak measured with the plan applied (None when ``verify=False``).
+        eager_peak_bytes: the measured peak of the plain model.
+        min_feasible_bytes: the cost model's smallest peak over all plans.
+        predicted_extra_seconds: predicted recompute time per step.
+        eager_step_seconds: the sum of the profiled forward and backward time of one step.
+        segments: ``(begin, end, recompute)`` over the pieces (end exclusive).
+        pieces: per piece: kind (module or glue), module names, the ``nn.Sequential`` parent when it has one.
+        chain: the cost model the solver used (:class:`memsave.recompute.planning.chain.Chain`).
+    """
+
+    strategy: str
+    budget_bytes: Optional[int]
+    predicted_peak_bytes: int
+    measured_peak_bytes: Optional[int]
+    eager_peak_bytes: int
+    min_feasible_bytes: int
+    predicted_extra_seconds: float
+    eager_step_seconds: float
+    segments: List[Tuple[int, int, bool]]
+    pieces: List[Piece]
+    chain: Chain
+    model_class: str
+    fingerprint: str
+    device: str = "cpu"
+
+    @property
+    def predicted_overhead(self) -> float:
+        """Predicted extra compute of a step as a fraction of the eager step's compute (0.2 = 20% more)."""
+        return self.predicted_extra_seconds / self.eager_step_seconds if self.eager_step_seconds > 0 else 0.0
+
+    def regions(self) -> List[List[str]]:
+        """The checkpointed regions: each a list of the module names it runs, in order.
+
+        Example:
+            >>> plan.regions()
+            [['blocks.0'], ['features.0', 'features.1', 'features.2']]
+        """
+        out = []
+        for b, e, rec in self.segments:
+            if rec:
+                out.append([m for i in range(b, e) for m in self.pieces[i].modules])
+        return out
+
+    def summary(self) -> str:
+        """A table of the pieces (module names, kept / recomputed / glue, bytes, time) and the totals.
+
+        Example:
+            >>> print(plan.summary())
+        """
+        recomputed = set()
+        for b, e, rec in self.segments:
+            if rec:
+                recomputed.update(range(b, e))
+        region_of: Dict[int, int] = {}
+        r = 0
+        for b, e, rec in self.segments:
+            if rec:
+                for i in range(b, e):
+                    region_of[i] = r
+                r += 1
+        rows = []
+        for i, (pc, st) in enumerate(zip(self.pieces, self.chain.stages)):
+            if pc.kind == "glue":
+                what = "glue"
+            elif i in recomputed:
+                what = f"recompute #{region_of[i]}"
+            else:
+                what = "kept"
+            name = ", ".join(pc.modules) if pc.modules else "(code between modules)"
+            held = st.saved_bytes + st.output_bytes
+            rows.append((str(i), name if len(name) <= 48 else name[:45] + "...", what, format_bytes(held),
+                         f"{st.fwd_time * 1e3:.2f}"))
+        head = ("#", "modules", "plan", "held", "fwd ms")
+        widths = [max(len(h), *(len(row[k]) for row in rows)) for k, h in enumerate(head)]
+        fmt = "  ".join("{:<%d}" % w for w in widths)
+        lines = [
+            f"memsave plan for {self.model_class} ({self.strategy}) on {self.device}: "
+            f"{len(self.regions())} checkpointed region(s) over {len(self.pieces)} pieces",
+            f"  budget {format_bytes(self.budget_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}, "
+            f"measured peak {format_bytes(self.measured_peak_bytes)}, eager peak "
+            f"{format_bytes(self.eager_peak_bytes)}, smallest feasible {format_bytes(self.min_feasible_bytes)}",
+            f"  predicted overhead {100 * self.predicted_overhead:.1f}% "
+            f"({self.predicted_extra_seconds * 1e3:.2f} ms recompute per {self.eager_step_seconds * 1e3:.2f} ms step)",
+            fmt.format(*head),
+        ]
+        lines += [fmt.format(*row) for row in rows]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def apply_to(self, model: nn.Module, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
+        """Checkpoint the plan's regions of ``model`` in place (what ``memsave.wrap(model, plan)`` calls)."""
+        return apply_plan(model, self, preserve_rng_state=preserve_rng_state, strict=strict)
+
+    def to_json(self) -> str:
+        """Serialise the plan (a JSON string) so that :meth:`from_json` gives an equal plan.
+
+        Example:
+            >>> s = plan.to_json(); memsave.Plan.from_json(s) == plan
+            True
+        """
+        d = {
+            "format": _PLAN_FORMAT,
+            "strategy": self.strategy,
+            "budget_bytes": self.budget_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "eager_peak_bytes": self.eager_peak_bytes,
+            "min_feasible_bytes": self.min_feasible_bytes,
+            "predicted_extra_seconds": self.predicted_extra_seconds,
+            "eager_step_seconds": self.eager_step_seconds,
+            "segments": [list(s) for s in self.segments],
+            "pieces": [asdict(pc) for pc in self.pieces],
+            "chain": self.chain.to_dict(),
+            "model_class": self.model_class,
+            "fingerprint": self.fingerprint,
+            "device": self.device,
+        }
+        return json.dumps(d, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> "Plan":
+        """Read a plan written by :meth:`to_json`.
+
+        Args:
+            s: the JSON text.
+
+        Returns:
+            the :class:`Plan`.
+
+        Raises:
+            ValueError: the text is not a memsave plan of a known format.
+
+        Example:
+            >>> plan = memsave.Plan.from_json(open("plan.json").read())
+        """
+        try:
+            d = json.loads(s)
+        except (TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"memsave.Plan.from_json: not valid JSON ({e})") from e
+        if not isinstance(d, dict) or d.get("format") != _PLAN_FORMAT:
+            raise ValueError(
+                f"memsave.Plan.from_json: not a memsave plan of format {_PLAN_FORMAT} (got "
+                f"{d.get('format') if isinstance(d, dict) else type(d).__name__}); make it with memsave.plan(...)"
+                f".to_json()")
+        try:
+            return cls(
+                strategy=d["strategy"], budget_bytes=d["budget_bytes"],
+                predicted_peak_bytes=d["predicted_peak_bytes"], measured_peak_bytes=d["measured_peak_bytes"],
+                eager_peak_bytes=d["eager_peak_bytes"], min_feasible_bytes=d["min_feasible_bytes"],
+                predicted_extra_seconds=d["predicted_extra_seconds"], eager_step_seconds=d["eager_step_seconds"],
+                segments=[(int(b), int(e), bool(r)) for b, e, r in d["segments"]],
+                pieces=[Piece(**pc) for pc in d["pieces"]], chain=Chain.from_dict(d["chain"]), model_class=d["model_class"], fingerprint=d["fingerprint"], device=d["device"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
+
+
+# --------------------------------------------------------------------------------------------- applying a plan
+class _GroupedForward(CheckpointedForward):
+    """Instance-level ``forward`` of a plain ``nn.Sequential`` some of whose runs of children are checkpointed
+    regions (one region per run). A subclass of wrap's forward so that :func:`memsave.unwrap` removes it."""
+
+    def __init__(self, module: nn.Sequential, name: str, groups: List[Tuple[int, int]],
+                 preserve_rng_state: bool = True, strict: bool = False) -> None:
+        super().__init__(module, name, None, preserve_rng_state, strict)
+        self.groups = sorted(groups)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        if not torch.is_grad_enabled() or kwargs or len(args) != 1:
+            return nn.Sequential.forward(module, *args, **kwargs)
+        children = list(module)
+        x = args[0]
+        i = 0
+        for start, end in self.groups:
+            for child in children[i:start]:
+                x = child(x)
+            x = run_region(ModuleChain(children[start:end]), (x,), {}, name=f"{self.name}[{start}:{end}]",
+                           preserve_rng_state=self.preserve_rng_state, strict=self.strict)
+            i = end
+        for child in children[i:]:
+            x = child(x)
+        return x
+
+
+class _GroupedRepr(WrappedRepr):
+    def __init__(self, module: nn.Module, groups: List[Tuple[int, int]]) -> None:
+        super().__init__(module, None)
+        self.groups = sorted(groups)
+
+    def __call__(self) -> str:
+        base = type(self.module).extra_repr(self.module)
+        tag = "[memsave.checkpoint " + ", ".join(f"{s}:{e}" for s, e in self.groups) + "]"
+        return f"{base}, {tag}" if base else tag
+
+
+def _check_plan_matches(model: nn.Module, p: Plan) -> None:
+    fp = fingerprint(model)
+    if fp == p.fingerprint:
+        return
+    names = set(dict(model.named_modules()))
+    wanted = {m for pc in p.pieces for m in pc.modules}
+    missing = sorted(wanted - names)
+    detail = f"; modules it names that this model lacks: {', '.join(missing[:5])}" if missing else \
+        "; module names match but classes or parameter shapes differ"
+    raise PlanMismatchError(
+        f"memsave: this plan was made for a {p.model_class} (fingerprint {p.fingerprint}) but the model is a "
+        f"{type(model).__name__} (fingerprint {fp}){detail}. Make a plan for this model with memsave.plan(model, "
+        f"*example_inputs, budget=...).")
+
+
+def apply_plan(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
+    """Checkpoint, in place, the regions of plan ``p`` (what ``memsave.wrap(model, plan)`` does).
+
+    Args:
+        model: the model the plan was made for.
+        p: the plan.
+        preserve_rng_state, strict: as for :func:`memsave.checkpoint`.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        PlanMismatchError: the plan was made for another model.
+
+    Example:
+        >>> memsave.wrap(model, memsave.plan(model, x, budget="2GiB"))
+    """
+    _check_plan_matches(model, p)
+    apply_regions(model, p, preserve_rng_state=preserve_rng_state, strict=strict)
+    return model
+
+
+def apply_regions(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True,
+                   strict: bool = False) -> List[nn.Module]:
+    """Install the plan's regions; returns the modules given an instance-level forward (to undo them)."""
+    modules = dict(model.named_modules())
+    groups: Dict[str, List[Tuple[int, int]]] = {}
+    changed: List[nn.Module] = []
+    for b, e, rec in p.segments:
+        if not rec:
+            continue
+        pcs = p.pieces[b:e]
+        names = [m for pc in pcs for m in pc.modules]
+        if len(names) == 1:
+            if wrap_module(modules[names[0]], names[0], preserve_rng_state=preserve_rng_state, strict=strict):
+                changed.append(modules[names[0]])
+            continue
+        parent = pcs[0].parent
+        idx = [k for pc in pcs for k in pc.child_index]
+        if parent is None or any(pc.parent != parent for pc in pcs) or idx != list(range(idx[0], idx[-1] + 1)):
+            raise PlanMismatchError(
+                f"memsave: region {names} of the plan is not a run of consecutive children of one nn.Sequential; "
+                f"the plan is corrupt or was edited")
+        groups.setdefault(parent, []).append((idx[0], idx[-1] + 1))
+    for parent, gs in groups.items():
+        mod = modules[parent]
+        if is_wrapped(mod):
+            continue
+        mod.__dict__["forward"] = _GroupedForward(mod, parent or type(mod).__name__, gs, preserve_rng_state, strict)
+        mod.__dict__["extra_repr"] = _GroupedRepr(mod, gs)
+        changed.append(mod)
+    return changed

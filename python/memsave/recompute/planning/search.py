@@ -1,0 +1,291 @@
+"""Step 4, the driver: :func:`plan` profiles (:mod:`.trace`), builds the chain (:mod:`.chain`), solves it with the C++
+planner, verifies the answer by measuring it, and returns a :class:`~.plan.Plan`.
+
+How a plan is made:
+
+1. **Profile** (a few forward+backward steps on the example inputs, state restored afterwards). One step runs
+   under an allocation log (a ``TorchDispatchMode`` recording every new storage and, through a finalizer, its
+   death) with forward hooks on every module and gradient hooks on module inputs and outputs. This gives the module
+   call tree and, in order, every allocation and free of the step. Further steps time each module call.
+2. **Chain**: the candidate *pieces* are the module calls one level below the model (plain ``nn.Sequential``
+   containers, and custom modules holding most of the memory, are opened up), in execution order, with the code
+   between them (residual adds, concatenations, the loss) as *glue* pieces that are never recomputed. A module
+   working in place (``ReLU(inplace=True)``) joins the piece before it. From the allocation log, each tensor of the
+   forward is classified by which piece made it and which pieces used it: kept for backward inside its piece
+   (``saved_bytes``), handed to the next piece (a boundary; *passing* when it is freed once read), or read further
+   on (a skip connection: counted for as long as it lives). Parameter gradients are the backward's allocations that
+   outlive the step. Working memory is fitted so that the model's predicted timeline of the eager step is never
+   below the allocator-level one measured in the same step, and a remaining difference between the eager peak
+   (measured again without the log) and the prediction, if positive, is added to all moments. What a checkpointed
+   region itself holds (the saved RNG state, snapshots of module buffers) is part of the model.
+3. **Solve** with the C++ planner (``memsave._C.planner_solve``): the least recompute time whose predicted peak fits
+   the budget (or a baseline strategy). Several consecutive pieces can share one checkpointed region only when they
+   are consecutive children of one plain ``nn.Sequential``.
+4. **Verify** (default): apply the plan to the model, measure one step's peak with the allocator-level measure, and
+   if it exceeds the budget tighten the solver's budget by the error and solve again. The returned plan's measured
+   peak is in :attr:`Plan.measured_peak_bytes`.
+
+Budget = the peak memory of one training step (gradients set to None, forward, loss, backward) above what was
+allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation events on CPU (DESIGN.md).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ...common.progress import progress_bar
+from ...errors import InfeasibleBudgetError
+from ...measurement.allocator import step_peak_bytes
+from ...measurement.measuring import LossFn, SavedStepState, default_loss, resolve_device, tensors_in
+from ...measurement.units import Budget, format_bytes, parse_budget
+from ..wrapping import is_wrapped, unwrap_module
+from .chain import build_chain
+from .plan import Plan, apply_regions, fingerprint
+from .trace import time_steps, trace_step
+
+__all__ = ["plan", "search_optimal"]
+
+_STRATEGIES = ("optimal", "sqrt", "none", "all", "min_memory")
+
+
+class _Stepper:
+    """Runs steps of the model with gradients cleared first, and measures a step's allocator-level peak."""
+
+    def __init__(self, model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device: torch.device,
+                 state: SavedStepState) -> None:
+        self.model, self.inputs, self.loss_fn, self.device, self.state = model, inputs, loss_fn, device, state
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def step(self) -> None:
+        self.state.clear_grads()
+        out = self.model(*self.inputs)
+        loss = self.loss_fn(out)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(
+                f"memsave.plan: loss_fn must return a scalar tensor, got "
+                f"{type(loss).__name__ if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}")
+        loss.backward()
+
+    def peak(self) -> int:
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"memsave.plan: device type {self.device.type!r} is not supported; use 'cpu' or 'cuda'")
+        self.state.clear_grads()
+        return step_peak_bytes(self.step, self.device)
+
+
+def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
+                    solve_min_memory: Callable[[], Dict[str, Any]], make: Callable[[Dict[str, Any]], "Plan"],
+                    measure: Optional[Callable[["Plan"], int]], budget_bytes: int, rounds: int = 4
+                    ) -> Optional["Plan"]:
+    """The optimal plan whose *measured* peak fits ``budget_bytes``, or None.
+
+    The cost model's peak is off by a few allocations either way (allocator rounding, a temporary it does not see).
+    Each round solves for a solver budget, measures that plan, and moves the solver budget by the error just
+    observed (``budget - (measured - predicted)``): down when the model was optimistic, up when it was pessimistic,
+    so a plan predicted a little above the budget but measured within it is found too (at a tight budget the
+    model's own minimum can sit just above the measured peak of the plan that fits). Of the plans that fit, the
+    one with the least predicted recompute wins. Without ``measure`` the solver's answer is taken as it is.
+    """
+    if measure is None:
+        res = solve(budget_bytes)
+        return make(res) if res["feasible"] else None
+    best: Optional[Plan] = None
+    seen: set = set()
+    solver_budget = budget_bytes
+    for _ in range(rounds):
+        res = solve(solver_budget)
+        if not res["feasible"]:
+            if seen:
+                break
+            res = solve_min_memory()  # learn the model's error where it is tightest
+        p = make(res)
+        key = tuple(p.segments)
+        if key in seen:
+            break
+        seen.add(key)
+        p.measured_peak_bytes = measure(p)
+        error = p.measured_peak_bytes - p.predicted_peak_bytes
+        if p.measured_peak_bytes <= budget_bytes:
+            if best is None or p.predicted_extra_seconds < best.predicted_extra_seconds:
+                best = p
+            if error >= 0:
+                break  # the model was not pessimistic here: a larger solver budget would not fit
+            solver_budget = max(solver_budget + 1, budget_bytes - error)
+        else:
+            solver_budget = min(solver_budget - 1, budget_bytes - error)
+            if solver_budget < 0:
+                break
+    return best
+
+
+def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None,
+         loss_fn: Optional[LossFn] = None, strategy: str = "optimal", verbose: bool = False,
+         verify: bool = True, slots: int = 2000, timing_steps: int = 3) -> Plan:
+    """Choose what to recompute in backward so that a training step fits ``budget``, with the least recompute.
+
+    Profiles a few steps of ``model`` on ``example_inputs`` (and puts back parameters' gradients, buffers such as
+    BatchNorm statistics and the RNG state afterwards), builds the chain of candidate pieces from the module tree,
+    and solves it with memsave's C++ planner. Apply the result with ``memsave.wrap(model, plan)``.
+
+    Args:
+        model: the model (not wrapped: call :func:`memsave.unwrap` first).
+        *example_inputs: positional arguments of ``model`` for one step, on the device to plan for.
+        budget: peak bytes of one training step above what was allocated before it (DESIGN.md): an int, a
+            string such as ``"512MiB"`` / ``"4GB"``, or a float fraction of the eager step's peak. Required for
+            ``strategy="optimal"``; optional otherwise (then checked when given).
+        loss_fn: maps the model's output to a scalar loss; default: ``out.float().sum()`` of the first
+            floating-point output (:func:`memsave.measurement.measuring.default_loss`).
+        strategy: ``"optimal"`` (least recompute within the budget), ``"sqrt"`` (Chen et al.), ``"uniform:K"``,
+            ``"none"``, ``"all"`` (every piece its own region) or ``"min_memory"``.
+        verbose: print the plan's summary.
+        verify: measure one step with the plan applied and solve again with the solver's budget moved by the
+            model's error (up to 4 plans measured): lower when the plan measured above the budget, higher when
+            the model was pessimistic, so the plan returned has a measured peak within the budget and is the
+            cheapest such plan found.
+        slots: memory slots of the solver's dynamic program (finer = closer to optimal, slower).
+        timing_steps: steps timed to estimate each piece's forward and backward time.
+
+    Returns:
+        a :class:`Plan`.
+
+    Raises:
+        InfeasibleBudgetError: no plan fits the budget; ``.min_bytes`` is the smallest budget that does.
+        ValueError: bad budget, unknown strategy, a wrapped model, no parameter or input needing gradients, or the
+            model failing on the example inputs.
+        TypeError: ``model`` is not an ``nn.Module`` or the budget has a wrong type.
+
+    Example:
+        >>> p = memsave.plan(model, x, budget="2GiB")
+        >>> print(p.summary())
+        >>> memsave.wrap(model, p)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"memsave.plan: model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(strategy, str) or not (
+            strategy in _STRATEGIES or re.fullmatch(r"uniform:[1-9][0-9]*", strategy)):
+        raise ValueError(
+            f"memsave.plan: unknown strategy {strategy!r}; use one of optimal, sqrt, uniform:K (K >= 1), none, all, "
+            f"min_memory")
+    if budget is None and strategy == "optimal":
+        raise ValueError("memsave.plan: strategy='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
+    if budget is not None:
+        parse_budget(budget, eager_peak_bytes=1)  # fail early on a bad budget, before profiling
+    if loss_fn is None:
+        loss_fn = default_loss
+    elif not callable(loss_fn):
+        raise TypeError(f"memsave.plan: loss_fn must be callable (output -> scalar), got {type(loss_fn).__name__}")
+    wrapped = [n for n, m in model.named_modules() if is_wrapped(m)]
+    if wrapped:
+        raise ValueError(
+            f"memsave.plan: the model already has checkpointed modules ({', '.join(wrapped[:3]) or '(root)'}); plan "
+            f"profiles the plain model: call memsave.unwrap(model) first")
+    if not any(p.requires_grad for p in model.parameters()) and not any(
+            t.requires_grad for t in tensors_in(example_inputs)):
+        raise ValueError(
+            f"memsave.plan: {type(model).__name__} has no parameter that requires grad and no example input "
+            f"requires grad, so a training step has no backward to plan for")
+    device = resolve_device(model, example_inputs, None)
+
+    state = SavedStepState(model, example_inputs)
+    stepper = _Stepper(model, example_inputs, loss_fn, device, state)
+    bar = progress_bar(5 + timing_steps, f"memsave.plan({type(model).__name__})")
+
+    def tick(n: int = 1) -> None:
+        if bar is not None:
+            bar.update(n)
+
+    try:
+        try:
+            stepper.step()  # warm-up: lazy initialisation, allocator caches
+        except Exception as e:
+            raise ValueError(
+                f"memsave.plan: one training step of {type(model).__name__} on the example inputs failed "
+                f"({type(e).__name__}: {e}); pass example inputs that model(*inputs) accepts and a loss_fn that maps "
+                f"its output to a scalar") from e
+        tick()
+        state.clear_grads()
+        trace = trace_step(model, example_inputs, loss_fn, device)
+        tick()
+        timing = time_steps(model, example_inputs, loss_fn, len(trace.calls), timing_steps, stepper.sync)
+        tick(timing_steps)
+        eager_peak = stepper.peak()
+        tick()
+        chain, pieces = build_chain(trace, model, timing)
+        n = len(pieces)
+        none_peak = chain.simulate([(0, n, False)])["peak_bytes"]
+        chain.base_bytes = max(0, eager_peak - none_peak)  # allocator-level memory the log cannot see
+        eager_seconds = chain.eager_seconds()
+        budget_bytes = parse_budget(budget, eager_peak) if budget is not None else None
+
+        def make(res: Dict[str, Any]) -> Plan:  # the solver's answer, not measured yet
+            return Plan(strategy=strategy, budget_bytes=budget_bytes,
+                        predicted_peak_bytes=int(res["predicted_peak_bytes"]), measured_peak_bytes=None,
+                        eager_peak_bytes=int(eager_peak), min_feasible_bytes=int(res["min_feasible_bytes"]),
+                        predicted_extra_seconds=float(res["predicted_extra_time"]), eager_step_seconds=eager_seconds,
+                        segments=[tuple(s) for s in res["segments"]], pieces=pieces, chain=chain,
+                        model_class=type(model).__name__, fingerprint=fingerprint(model), device=str(device))
+
+        measured_cache: Dict[Tuple, int] = {}
+
+        def measure_plan(p: Plan) -> int:
+            key = tuple(p.segments)
+            if key not in measured_cache:
+                if not any(r for _, _, r in p.segments):
+                    measured_cache[key] = eager_peak
+                else:
+                    changed = apply_regions(model, p)
+                    try:
+                        measured_cache[key] = stepper.peak()
+                    finally:
+                        for m in changed:
+                            unwrap_module(m)
+                tick()
+            return measured_cache[key]
+
+        solver_strategy = strategy
+        if strategy == "optimal" and budget_bytes is not None and budget_bytes >= eager_peak:
+            solver_strategy = "none"  # eager itself fits: nothing to recompute
+        result: Optional[Plan] = None
+        if solver_strategy != "optimal":
+            res = chain.solve(budget_bytes, solver_strategy, slots)
+            p = make(res)
+            if verify or budget_bytes is not None:
+                p.measured_peak_bytes = measure_plan(p)
+            if budget_bytes is None or p.measured_peak_bytes is None or p.measured_peak_bytes <= budget_bytes:
+                result = p
+        else:
+            assert budget_bytes is not None
+            result = search_optimal(
+                solve=lambda b: chain.solve(b, "optimal", slots),
+                solve_min_memory=lambda: chain.solve(None, "min_memory", slots),
+                make=make, measure=measure_plan if verify else None,
+                budget_bytes=budget_bytes)
+        if result is None:
+            # Nothing fits: the smallest budget that does is the measured peak of the minimum-memory plan.
+            res = chain.solve(None, "min_memory", slots)
+            smallest = make(res)
+            min_bytes = measure_plan(smallest)
+            if budget_bytes is not None and min_bytes <= budget_bytes and strategy == "optimal":
+                smallest.measured_peak_bytes = min_bytes
+                result = smallest
+            else:
+                what = f"strategy '{strategy}'" if strategy != "optimal" else "any plan"
+                raise InfeasibleBudgetError(
+                    f"memsave.plan: no checkpoint plan of {type(model).__name__} fits a budget of "
+                    f"{format_bytes(budget_bytes)} ({budget_bytes} bytes) with {what}; the smallest budget that fits "
+                    f"is {format_bytes(min_bytes)} ({min_bytes} bytes, measured with the minimum-memory plan; eager "
+                    f"peaks at {format_bytes(eager_peak)}). Raise the budget, lower the batch size, or use "
+                    f"memory-efficient modules (memsave.convert).", min_bytes=min_bytes)
+    finally:
+        if bar is not None:
+            bar.close()
+        state.restore()
+    if verbose:
+        print(result.summary())
+    return result

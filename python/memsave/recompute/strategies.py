@@ -1,0 +1,139 @@
+"""The recompute part's strategies for :func:`memsave.compare`, :func:`memsave.estimate` and the command line.
+
+* ``checkpoint:<policy>``: :func:`memsave.wrap` on the modules :func:`resolve_checkpoint_policy` selects.
+* ``plan:<budget>``: :func:`memsave.plan` at a budget (``4GiB``, ``50%``, ``0.5``; see
+  :mod:`memsave.measurement.units`) or with a baseline (``sqrt``, ``uniform:K``, ``all``, ``none``,
+  ``min_memory``), applied with :func:`memsave.wrap`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional
+
+from torch import nn
+
+from ..common.rng import RngState
+from ..measurement.strategies import StrategyContext, register_strategy
+from .planning import plan
+from .wrapping import wrap
+
+__all__ = ["resolve_checkpoint_policy"]
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList)
+
+
+def _plain_container(m: nn.Module) -> bool:
+    return isinstance(m, nn.ModuleList) or (isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward)
+
+
+def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
+    """The qualified names of the modules ``checkpoint:<policy>`` wraps in ``model``.
+
+    * ``blocks``: the names ``model.checkpoint_blocks()`` returns when the model defines that method (the
+      benchmark models do); otherwise the children of ``model`` if it is an ``nn.Sequential``/``nn.ModuleList``;
+      otherwise the children of its direct children that are such containers (a transformer's layer list, the
+      stages of a ResNet); otherwise its direct children.
+    * ``all``: every top-level stage: each direct child of ``model``, with plain ``nn.Sequential``/``nn.ModuleList``
+      children replaced by their own children.
+    * otherwise a comma-separated list whose items are qualified module names (``h.0``) or class names
+      (``TransformerBlock``, or with the module path, ``mypkg.models.TransformerBlock``); a class name selects
+      every module of that class not nested in another selected one.
+
+    Args:
+        model: the model.
+        policy: as above.
+
+    Returns:
+        qualified names, outermost first; none nested in another.
+
+    Raises:
+        ValueError: the policy selects nothing (the message lists the model's module classes).
+
+    Example:
+        >>> resolve_checkpoint_policy(gpt, "blocks")[:2]
+        ['h.0', 'h.1']
+    """
+    modules = dict(model.named_modules())
+    names: List[str]
+    if policy == "blocks":
+        if callable(getattr(model, "checkpoint_blocks", None)):
+            names = list(model.checkpoint_blocks())  # type: ignore[operator]
+        elif isinstance(model, _CONTAINERS):
+            names = [n for n, _ in model.named_children()]
+        else:
+            containers = [(n, c) for n, c in model.named_children() if _plain_container(c)]
+            if containers:
+                names = [f"{n}.{cn}" for n, c in containers for cn, _ in c.named_children()]
+            else:
+                names = [n for n, _ in model.named_children()]
+    elif policy == "all":
+        names = []
+        for n, c in model.named_children():
+            if _plain_container(c):
+                names += [f"{n}.{cn}" for cn, _ in c.named_children()]
+            else:
+                names.append(n)
+    else:
+        names, unmatched = [], []
+        for item in (part.strip() for part in policy.split(",")):
+            if not item:
+                continue
+            if item in modules and item != "":
+                names.append(item)
+                continue
+            matched = [n for n, m in modules.items()
+                       if item in (type(m).__name__, f"{type(m).__module__}.{type(m).__qualname__}")]
+            if not matched:
+                unmatched.append(item)
+            names += matched
+        if unmatched:
+            classes = sorted({type(m).__name__ for m in modules.values()})
+            raise ValueError(
+                f"checkpoint:{policy}: {', '.join(map(repr, unmatched))} is neither a submodule name nor a module "
+                f"class of {type(model).__name__}; use 'blocks', 'all', a module class name (this model has "
+                f"{', '.join(classes[:25])}{', ...' if len(classes) > 25 else ''}) or comma-separated qualified "
+                "module names"
+            )
+    # Keep the outermost of nested selections (a nested region keeps the inner arguments alive).
+    names = list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in modules]
+    if unknown:
+        raise ValueError(f"checkpoint:{policy}: {type(model).__name__} has no submodule named {', '.join(unknown)} "
+                         "(from its checkpoint_blocks())")
+    outer = [n for n in names if not any(n != o and (o == "" or n.startswith(o + ".")) for o in names)]
+    if not outer:
+        raise ValueError(f"checkpoint:{policy} selects no module of {type(model).__name__} (it has no children)")
+    return outer
+
+
+def _apply_checkpoint(model: nn.Module, policy: Optional[str], ctx: StrategyContext) -> nn.Module:
+    names = set(resolve_checkpoint_policy(model, policy or "blocks"))
+    return wrap(model, lambda name, module: name in names)
+
+
+_PLAN_BASELINES = ("sqrt", "all", "none", "min_memory")
+
+
+def _apply_plan(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
+    if ctx.fake:
+        raise ValueError(
+            f"plan:{arg} cannot be estimated with fake tensors: memsave.plan profiles real steps. Plan on a real "
+            "model, apply it with memsave.wrap(model, plan), and estimate the wrapped model with strategy='eager'"
+        )
+    text = (arg or "").strip()
+    if text in _PLAN_BASELINES or re.fullmatch(r"uniform:[1-9][0-9]*", text):
+        kwargs: Dict[str, Any] = {"strategy": text}
+    else:
+        kwargs = {"budget": text}  # bytes with a unit, "50%" or "0.5" (memsave.measurement.units)
+    rng = RngState()
+    try:
+        p = plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, **kwargs)
+    finally:
+        rng.restore()
+    return wrap(model, p)
+
+
+register_strategy("checkpoint", "memsave.wrap: recompute the selected modules in backward", arg="<policy>",
+                  apply=_apply_checkpoint)
+register_strategy("plan", "memsave.plan at a budget ('4GiB', '50%', 0.5) or with a baseline strategy (sqrt, "
+                  "uniform:K, all), applied with memsave.wrap", arg="<budget>", apply=_apply_plan)

@@ -1,0 +1,229 @@
+"""Checkpoint chosen submodules of a model in place: :func:`wrap` and :func:`unwrap`.
+
+A wrapped module gets an *instance-level* ``forward`` — a small picklable, deep-copyable callable object that
+runs the module's original forward as a :func:`memsave.checkpoint` region — and an instance-level
+``extra_repr`` that adds ``[memsave.checkpoint]`` to ``repr(model)``. Nothing else changes: no wrapper module
+is inserted, so ``state_dict`` keys, ``named_modules`` and parameter identity are exactly those of the plain
+model, and :func:`unwrap` restores the plain eager model exactly.
+"""
+from __future__ import annotations
+
+import abc
+import types
+import warnings
+from typing import Any, Callable, Optional, Tuple, Type, Union
+
+import torch
+from torch import nn
+
+from ..errors import MemsaveWarning
+from .region import ModuleChain, count_leading_inplace, run_region
+
+__all__ = ["CheckpointedForward", "RegionPlan", "WrappedRepr", "is_wrapped", "unwrap", "unwrap_module", "wrap",
+           "wrap_module"]
+
+Policy = Union[Type[nn.Module], Tuple[Type[nn.Module], ...], Callable[[str, nn.Module], bool]]
+
+_TAG = "[memsave.checkpoint]"
+
+
+class RegionPlan(abc.ABC):
+    """A choice of regions that knows how to install itself: what :func:`wrap` accepts besides a policy.
+
+    :class:`memsave.Plan` is one. Keeping the interface here lets ``wrap(model, plan)`` work without this module
+    knowing the planner (which builds on this module).
+    """
+
+    @abc.abstractmethod
+    def apply_to(self, model: nn.Module, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
+        """Checkpoint the chosen regions of ``model`` in place and return ``model``."""
+
+
+class CheckpointedForward:
+    """The instance-level ``forward`` of a wrapped module: its original forward, run as a checkpointed region.
+
+    Holds the module (a reference cycle the garbage collector handles; it keeps the object picklable and
+    deep-copyable, which a weak reference would not) and the module's previous instance-level ``forward``, if
+    it had one.
+    """
+
+    def __init__(self, module: nn.Module, name: str, previous: Optional[Callable[..., Any]],
+                 preserve_rng_state: bool = True, strict: bool = False) -> None:
+        self.module = module
+        self.name = name
+        self.previous = previous
+        self.preserve_rng_state = preserve_rng_state
+        self.strict = strict
+
+    def original(self) -> Callable[..., Any]:
+        if self.previous is not None:
+            return self.previous
+        return types.MethodType(type(self.module).forward, self.module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        forward = self.original()
+        # A module working in place on its input (nn.ReLU(inplace=True)) cannot be a region, and has nothing
+        # to gain from one: it runs as usual.
+        if not torch.is_grad_enabled() or getattr(module, "inplace", False) is True:
+            return forward(*args, **kwargs)
+        if (isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+                and self.previous is None and len(args) == 1 and not kwargs):
+            # Leading in-place children (a VGG block starting with ReLU(inplace=True)) run before the region.
+            children = list(module)
+            skip = count_leading_inplace(children)
+            if skip:
+                x = args[0]
+                for child in children[:skip]:
+                    x = child(x)
+                if skip == len(children):
+                    return x
+                return run_region(ModuleChain(children[skip:]), (x,), {}, name=self.name,
+                                   preserve_rng_state=self.preserve_rng_state, strict=self.strict, watch=(module,))
+        return run_region(forward, args, kwargs, name=self.name, preserve_rng_state=self.preserve_rng_state,
+                           strict=self.strict, watch=(module,))
+
+
+class WrappedRepr:
+    """The instance-level ``extra_repr`` of a wrapped module: the original one plus ``[memsave.checkpoint]``."""
+
+    def __init__(self, module: nn.Module, previous: Optional[Callable[[], str]]) -> None:
+        self.module = module
+        self.previous = previous
+
+    def __call__(self) -> str:
+        base = self.previous() if self.previous is not None else type(self.module).extra_repr(self.module)
+        return f"{base}, {_TAG}" if base else _TAG
+
+
+def is_wrapped(module: nn.Module) -> bool:
+    """Whether ``module`` itself is checkpointed by :func:`wrap` (its submodules are not looked at).
+
+    Example:
+        >>> [name for name, m in model.named_modules() if memsave.recompute.is_wrapped(m)]
+        ['layers.0', 'layers.1']
+    """
+    return isinstance(module.__dict__.get("forward"), CheckpointedForward)
+
+
+def wrap_module(module: nn.Module, name: str, *, preserve_rng_state: bool = True, strict: bool = False) -> bool:
+    """Make ``module`` a checkpointed region named ``name``, in place. Returns False if it already was one.
+
+    The building block of :func:`wrap`; a planner that picked its modules by name calls it directly.
+    """
+    if is_wrapped(module):
+        return False
+    previous_forward = module.__dict__.get("forward")
+    previous_repr = module.__dict__.get("extra_repr")
+    module.__dict__["forward"] = CheckpointedForward(module, name, previous_forward, preserve_rng_state, strict)
+    module.__dict__["extra_repr"] = WrappedRepr(module, previous_repr)
+    return True
+
+
+def unwrap_module(module: nn.Module) -> bool:
+    """Undo :func:`wrap_module` on ``module``. Returns False if it was not wrapped."""
+    forward = module.__dict__.get("forward")
+    if not isinstance(forward, CheckpointedForward):
+        return False
+    if forward.previous is None:
+        del module.__dict__["forward"]
+    else:
+        module.__dict__["forward"] = forward.previous
+    extra = module.__dict__.get("extra_repr")
+    if isinstance(extra, WrappedRepr):
+        if extra.previous is None:
+            del module.__dict__["extra_repr"]
+        else:
+            module.__dict__["extra_repr"] = extra.previous
+    return True
+
+
+def _resolve_policy(policy: Any) -> Callable[[str, nn.Module], bool]:
+    if isinstance(policy, nn.Module):
+        raise TypeError(
+            f"memsave.wrap: policy is a module instance ({type(policy).__name__}); pass its class "
+            f"({type(policy).__name__}), a tuple of classes, or a predicate (qualified_name, module) -> bool "
+            f"such as lambda name, m: m is model.block.")
+    if isinstance(policy, type):
+        classes: Tuple[type, ...] = (policy,)
+    elif isinstance(policy, (tuple, list)) and policy and all(isinstance(c, type) for c in policy):
+        classes = tuple(policy)
+    elif callable(policy) and not isinstance(policy, (tuple, list)):
+        return policy
+    else:
+        raise TypeError(
+            f"memsave.wrap: policy must be an nn.Module subclass, a non-empty tuple of them, or a predicate "
+            f"(qualified_name, module) -> bool; got {policy!r}.")
+    for c in classes:
+        if not issubclass(c, nn.Module):
+            raise TypeError(f"memsave.wrap: policy class {c.__name__} is not an nn.Module subclass.")
+    return lambda name, module: isinstance(module, classes)
+
+
+def wrap(model: nn.Module, policy: Policy, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
+    """Checkpoint, in place, every submodule of ``model`` (the model itself included) that ``policy`` selects.
+
+    Each selected module's forward becomes a :func:`memsave.checkpoint` region named by its qualified name.
+    ``state_dict`` keys never change, ``repr(model)`` shows ``[memsave.checkpoint]`` on the selected modules,
+    wrapping an already wrapped module is a no-op, and :func:`unwrap` restores plain eager. Selected modules
+    nested in other selected modules become nested regions (correct, but the inner arguments stay alive: select
+    one level, e.g. the blocks of a transformer). A selected module with ``inplace=True`` runs unchecked, and
+    leading ``inplace=True`` children of a selected plain ``nn.Sequential`` run before its region.
+
+    Args:
+        model: the model, modified in place.
+        policy: an ``nn.Module`` subclass, a tuple of subclasses, a predicate
+            ``(qualified_name, module) -> bool`` (the root's qualified name is ``""``), or a
+            :class:`memsave.Plan` made for this model by :func:`memsave.plan`.
+        preserve_rng_state, strict: as for :func:`memsave.checkpoint`, for every region created here.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``policy`` is not one of the accepted forms (e.g. a module instance instead of its class).
+
+    Warns:
+        MemsaveWarning: the policy selected no module, so nothing is checkpointed.
+
+    Example:
+        >>> memsave.wrap(model, nn.TransformerEncoderLayer)   # recompute each layer in backward
+        >>> memsave.wrap(model, lambda name, m: name.startswith("encoder.blocks."))
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"memsave.wrap: model must be an nn.Module, got {type(model).__name__}.")
+    if isinstance(policy, RegionPlan):
+        return policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict)
+    select = _resolve_policy(policy)
+    matched = 0
+    for qualified_name, module in model.named_modules():
+        if select(qualified_name, module):
+            matched += 1
+            wrap_module(module, qualified_name or type(module).__name__,
+                         preserve_rng_state=preserve_rng_state, strict=strict)
+    if matched == 0:
+        warnings.warn(
+            f"memsave.wrap: policy {policy!r} selected no module of {type(model).__name__}, so nothing is "
+            f"checkpointed. Pass the class of the blocks to recompute (not an instance), or a predicate taking "
+            f"(qualified_name, module); list candidates with [n for n, _ in model.named_modules()].",
+            MemsaveWarning, stacklevel=2)
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """Undo :func:`wrap` on ``model`` and all its submodules, in place: back to plain eager.
+
+    Args:
+        model: a model (partly) wrapped by :func:`wrap`; modules that are not wrapped are left alone.
+
+    Returns:
+        ``model`` itself.
+
+    Example:
+        >>> memsave.unwrap(model)
+        >>> assert "[memsave.checkpoint]" not in repr(model)
+    """
+    for module in model.modules():
+        unwrap_module(module)
+    return model
+
