@@ -42,7 +42,7 @@ from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
 
 from memsave.measurement import models as bench_models  # noqa: E402
 from benchmarks.run import _grad_step, _max_diff, _step_time, environment  # noqa: E402
-from benchmarks.strategies import SequentialRunner  # noqa: E402
+from memsave.recompute.strategies import SequentialSegments  # noqa: E402
 from memsave.measurement.allocator import cpu_peak_bytes  # noqa: E402
 from memsave.measurement.units import format_bytes  # noqa: E402
 from memsave.measurement.measuring import measure  # noqa: E402
@@ -62,7 +62,7 @@ def _torch_matched(case: bench_models.BenchCase, target: int, log: Callable[[str
     seq = model.as_sequential()  # type: ignore[operator]
     peaks: Dict[int, int] = {}
     for seg in range(1, len(seq) + 1):
-        runner = SequentialRunner(seq, seg, checkpoint_sequential, use_reentrant=False)
+        runner = SequentialSegments(seq, seg, checkpoint_sequential, use_reentrant=False)
         for p in model.parameters():
             p.grad = None
         # One profiled step per candidate (what measure() does for its peak, without its extra steps): the scan
@@ -74,7 +74,7 @@ def _torch_matched(case: bench_models.BenchCase, target: int, log: Callable[[str
     below = {s: p for s, p in peaks.items() if p <= target}
     pool = below or peaks
     seg = min(pool, key=lambda s: (abs(pool[s] - target), s))
-    runner = SequentialRunner(seq, seg, checkpoint_sequential, use_reentrant=False)
+    runner = SequentialSegments(seq, seg, checkpoint_sequential, use_reentrant=False)
     return runner, model, seg, _peak(runner, case), peaks
 
 

@@ -18,7 +18,8 @@ Per row (DESIGN.md, "Benchmarks protocol"):
 * ``max_grad_diff`` -- max |grad - eager grad| over all parameters after one step from the same RNG seed.
 
 Results go to ``<out-dir>/bench_<device>_<size>.json`` and ``.md`` with the device name, torch and CUDA versions.
-Strategies come from the registry in ``strategies.py``; ``--plugins mod`` imports modules that register more.
+Strategies are named as everywhere in memsave (:mod:`memsave.measurement.strategies`; ``strategies.py`` lists the
+default rows); ``--plugins mod`` imports modules that register more kinds.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import torch  # noqa: E402
 
 from memsave.measurement import models as bench_models  # noqa: E402
 from benchmarks import strategies as bench_strategies  # noqa: E402
+from memsave.errors import StrategyUnavailableError  # noqa: E402
+from memsave.measurement.strategies import StrategyContext  # noqa: E402
 from memsave.measurement.allocator import cpu_memory_stats  # noqa: E402
 from memsave.measurement.units import format_bytes  # noqa: E402
 from memsave.measurement.measuring import measure  # noqa: E402
@@ -177,10 +180,13 @@ def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch
     eager: Optional[Dict[str, Any]] = None
     eager_grads: Dict[str, torch.Tensor] = {}
     for strat in bench_strategies.get(strategy_names):
-        row: Dict[str, Any] = {"model": name, "size": size, "strategy": strat.name, "description": strat.description,
+        row: Dict[str, Any] = {"model": name, "size": size, "strategy": strat.name,
+                               "description": "; ".join(spec.description for spec, _ in strat.parts),
                                "lossless": strat.lossless}
-        reason = strat.unavailable_reason()
-        if reason is not None:
+        try:
+            strat.check_available()
+        except StrategyUnavailableError as e:
+            reason = str(e)
             row["skipped"] = reason
             rows.append(row)
             log(f"  {strat.name:<34} skipped: {reason}")
@@ -188,7 +194,7 @@ def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch
         t0 = time.perf_counter()
         try:
             model = copy.deepcopy(pristine)
-            runner = strat.prepare(model, case.inputs)
+            runner = strat.prepare(model, StrategyContext(case.inputs, case.loss_fn, device))
             # Memory from measure (its own timing is not used: one step); time from the interleaved steps below.
             m = measure(runner, *case.inputs, loss_fn=case.loss_fn, steps=1, warmup=warmup)
             forward_bytes, grads = _grad_step(runner, model, case, seed, device)
@@ -310,7 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     p.add_argument("--size", choices=("full", "cpu", "tiny"), default=None,
                    help="model sizes (models.py); default: full on CUDA, cpu otherwise")
     p.add_argument("--strategies", nargs="+", default=list(bench_strategies.DEFAULT_STRATEGIES),
-                   help="registered strategy names, or 'all'")
+                   help="strategy names (memsave.measurement.strategies; combine with '+')")
     p.add_argument("--plugins", nargs="*", default=[], help="modules to import first (they register strategies)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--steps", type=int, default=5, help="timed steps; the median is reported")
@@ -325,7 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
     for mod in args.plugins:
         importlib.import_module(mod)
-    names = list(bench_strategies.STRATEGIES) if args.strategies == ["all"] else args.strategies
+    names = args.strategies
     bench_strategies.get(names)  # unknown names fail before anything runs
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     size = args.size or ("full" if device.type == "cuda" else "cpu")

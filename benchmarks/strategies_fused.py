@@ -1,40 +1,37 @@
-"""Fused-operator rows for the benchmark harness (issue 5): BatchNorm+activation recomputed inside the next conv,
+"""Fused-operator rows for the benchmark harness (registers ``fused:<choice>``): BatchNorm+activation recomputed inside the next conv,
 In-Place ABN, and LayerNorm/MLP fusion in the GPT-2-like model.
 
 Import it as a plugin of ``benchmarks/run.py``::
 
     python3 benchmarks/run.py --models resnet50 --size cpu --plugins benchmarks.strategies_fused \\
-        --strategies eager fused:bn_act_conv fused:inplace_abn --name fused_resnet50_cpu
+        --strategies eager fused:batch_norm_act_conv2d fused:inplace_abn --name fused_resnet50_cpu
     python3 benchmarks/run.py --models gpt2 --size cpu --plugins benchmarks.strategies_fused \\
-        --strategies eager fused:norm_mlp --name fused_gpt2_cpu
+        --strategies eager fused:layer_norm_mlp --name fused_gpt2_cpu
 
 Rows (each rewrites a fresh copy of the model in place; parameter names and the state_dict do not change):
 
-* ``fused:bn_act_conv`` -- ResNet-50: in every bottleneck, bn1 -> relu -> conv2 and bn2 -> relu -> conv3 become
+* ``fused:batch_norm_act_conv2d`` -- ResNet-50: in every bottleneck, bn1 -> relu -> conv2 and bn2 -> relu -> conv3 become
   ``fuse_batch_norm_act_conv2d`` pairs (the conv's input is recomputed in backward), the stem's bn1 -> relu a
-  BatchNormAct2d. UNet (and any nn.Sequential): the ``bn_act_conv`` / ``bn_act`` convert patterns.
+  BatchNormAct2d. UNet (and any nn.Sequential): the ``batch_norm_act_conv2d`` / ``batch_norm_act`` convert patterns.
 * ``fused:inplace_abn`` -- ResNet-50: bn1/bn2 (+ relu) of every bottleneck and the stem become InPlaceABN2d with
   leaky_relu(0.01). That changes the model (relu is not invertible), so its gradients are not eager's.
-* ``fused:norm_mlp`` -- GPT-2-like: ln_1 -> qkv, ln_2 -> fc1 and ln_f -> lm_head become LayerNormLinear pairs
+* ``fused:layer_norm_mlp`` -- GPT-2-like: ln_1 -> qkv, ln_2 -> fc1 and ln_f -> lm_head become LayerNormLinear pairs
   (``fuse_layer_norm_linear``; the tied lm_head weight stays tied), GELU -> fc2 an ActLinear.
 
 None is bitwise lossless (the fused backward kernels round differently from torch's), hence ``lossless=False``;
-``bn_act_conv`` and ``norm_mlp`` gradients equal eager's within float32 rounding.
+``batch_norm_act_conv2d`` and ``layer_norm_mlp`` gradients equal eager's within float32 rounding.
 """
 from __future__ import annotations
 
 import types
-from typing import Any, Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 from torch import nn
 
-from benchmarks.strategies import register
+from memsave.measurement.strategies import StrategyContext, register_strategy
 
-__all__ = ["fuse_gpt2", "fuse_resnet50"]
-
-_REQUIRES = ("memsave.nn.fused:fuse_batch_norm_act_conv2d",)
-
+__all__ = ["FUSED_STRATEGIES", "fuse_gpt2", "fuse_resnet50"]
 
 # --------------------------------------------------------------------------------------------------------- ResNet-50
 def _bottlenecks(model: nn.Module) -> Iterator[nn.Module]:
@@ -95,8 +92,8 @@ def _fuse_sequentials(model: nn.Module, names: Tuple[str, ...]) -> int:
     from memsave.nn import activation_spec
 
     builders = {
-        "bn_act_conv": ((nn.BatchNorm2d, None, nn.Conv2d), cf._build_bn_act_conv),
-        "bn_act": ((nn.BatchNorm2d, None), cf._build_bn_act),
+        "batch_norm_act_conv2d": ((nn.BatchNorm2d, None, nn.Conv2d), cf._build_batch_norm_act_conv2d),
+        "batch_norm_act": ((nn.BatchNorm2d, None), cf._build_batch_norm_act),
     }
     count = 0
     for module in list(model.modules()):
@@ -123,24 +120,6 @@ def _fuse_sequentials(model: nn.Module, names: Tuple[str, ...]) -> int:
     return count
 
 
-@register("fused:bn_act_conv", "BN+ReLU recomputed inside the next conv (BatchNormActConv2d), BatchNormAct2d "
-          "elsewhere; grads = eager's within float32 rounding", lossless=False, requires=_REQUIRES)
-def _bn_act_conv(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
-    if _is_resnet50(model):
-        return fuse_resnet50(model)
-    if _fuse_sequentials(model, ("bn_act_conv", "bn_act")) == 0:
-        raise ValueError(f"fused:bn_act_conv found no BatchNorm2d -> activation in {type(model).__name__}")
-    return model
-
-
-@register("fused:inplace_abn", "InPlaceABN2d(leaky_relu 0.01) for every BN+ReLU: a different activation, so not "
-          "eager's gradients", lossless=False, requires=_REQUIRES)
-def _inplace_abn(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
-    if not _is_resnet50(model):
-        raise ValueError(f"fused:inplace_abn is defined for resnet50, not {type(model).__name__}")
-    return fuse_resnet50(model, inplace_abn=True)
-
-
 # ------------------------------------------------------------------------------------------------------------- GPT-2
 def fuse_gpt2(model: nn.Module) -> nn.Module:
     """Rewrite benchmarks.models.GPT in place: LayerNormLinear for ln_1 -> qkv, ln_2 -> fc1, ln_f -> lm_head and
@@ -163,9 +142,29 @@ def fuse_gpt2(model: nn.Module) -> nn.Module:
     return model
 
 
-@register("fused:norm_mlp", "LayerNormLinear (ln_1->qkv, ln_2->fc1, ln_f->head) + ActLinear (GELU->fc2); grads = "
-          "eager's within float32 rounding", lossless=False, requires=_REQUIRES)
-def _norm_mlp(model: nn.Module, inputs: Tuple[Any, ...]) -> nn.Module:
+#: The fused rows, in table order (``fused:<choice>``).
+FUSED_STRATEGIES: Tuple[str, ...] = ("fused:batch_norm_act_conv2d", "fused:inplace_abn", "fused:layer_norm_mlp")
+
+
+def _fuse(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
+    if arg == "batch_norm_act_conv2d":
+        if _is_resnet50(model):
+            return fuse_resnet50(model)
+        if _fuse_sequentials(model, ("batch_norm_act_conv2d", "batch_norm_act")) == 0:
+            raise ValueError(f"fused:{arg} found no BatchNorm2d -> activation in {type(model).__name__}")
+        return model
+    if arg == "inplace_abn":
+        if not _is_resnet50(model):
+            raise ValueError(f"fused:{arg} is defined for resnet50, not {type(model).__name__}")
+        return fuse_resnet50(model, inplace_abn=True)
     if type(model).__name__ != "GPT":
-        raise ValueError(f"fused:norm_mlp is defined for gpt2, not {type(model).__name__}")
+        raise ValueError(f"fused:{arg} is defined for gpt2, not {type(model).__name__}")
     return fuse_gpt2(model)
+
+
+register_strategy(
+    "fused", "the fused operators by hand: batch_norm_act_conv2d (BN+ReLU recomputed inside the next conv, "
+    "BatchNormAct2d elsewhere), inplace_abn (InPlaceABN2d with leaky_relu 0.01 for every BN+ReLU: a different "
+    "activation, not eager's gradients), layer_norm_mlp (LayerNormLinear for ln_1->qkv, ln_2->fc1, ln_f->head, "
+    "ActLinear for GELU->fc2); grads = eager's within float32 rounding",
+    choices=("batch_norm_act_conv2d", "inplace_abn", "layer_norm_mlp"), apply=_fuse, lossless=False, replace=True)

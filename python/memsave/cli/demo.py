@@ -4,9 +4,12 @@ The model is a small residual CNN (stem, residual blocks of Conv-BatchNorm-ReLU-
 larger one on CUDA. Each strategy runs on a fresh copy of the same seeded model:
 
 * ``eager``: plain PyTorch;
-* ``torch.utils.checkpoint/block``: every block under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``;
-* ``memsave.checkpoint/block``: ``memsave.wrap(model, Block)``;
-* ``memsave.checkpoint_sequential/2``: ``memsave.checkpoint_sequential(model, 2, x)``.
+* ``torch_checkpoint:Block``: every block under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``;
+* ``checkpoint:Block``: ``memsave.wrap(model, Block)``;
+* ``checkpoint_sequential:2``: ``memsave.checkpoint_sequential(model, 2, x)``.
+
+The rows are named and built by the strategy registry (:mod:`memsave.measurement.strategies`), as in
+:func:`memsave.compare`, ``python -m memsave bench`` and ``benchmarks/run.py``.
 
 Columns: peak memory of a training step (CUDA: ``max_memory_allocated``; CPU: allocator-level, from the profiler's
 allocation events), activation memory (bytes alive at the end of forward, live-tensor tracker), step time as a ratio
@@ -19,16 +22,14 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.utils import checkpoint as torch_checkpoint
 
 from ..measurement.measuring import measure
+from ..measurement.strategies import StrategyContext, parse_strategy
 from ..measurement.units import format_bytes
-from ..recompute.region import checkpoint_sequential
-from ..recompute.wrapping import wrap
 
 __all__ = ["main", "DemoNet", "SIZES"]
 
@@ -65,42 +66,13 @@ class DemoNet(nn.Sequential):
         )
 
 
-class _TorchCheckpointed:
-    def __init__(self, forward: Callable[..., Any]) -> None:
-        self.forward = forward
-
-    def __call__(self, *args: Any) -> Any:
-        return torch_checkpoint.checkpoint(self.forward, *args, use_reentrant=False)
-
-
-class _Sequential2(nn.Module):
-    def __init__(self, model: nn.Sequential) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-
-        return checkpoint_sequential(self.model, 2, x)
-
-
-def _torch_per_block(model: nn.Module) -> nn.Module:
-    for m in model.modules():
-        if isinstance(m, Block):
-            m.forward = _TorchCheckpointed(m.forward)
-    return model
-
-
-def _memsave_per_block(model: nn.Module) -> nn.Module:
-
-    return wrap(model, Block)
-
-
-STRATEGIES: List[Tuple[str, Callable[[nn.Module], nn.Module]]] = [
-    ("eager", lambda m: m),
-    ("torch.utils.checkpoint/block", _torch_per_block),
-    ("memsave.checkpoint/block", _memsave_per_block),
-    ("memsave.checkpoint_sequential/2", lambda m: _Sequential2(m)),  # type: ignore[arg-type]
-]
+#: The rows of the demo, as strategy names of :mod:`memsave.measurement.strategies` (the registry every driver uses).
+STRATEGIES: Tuple[str, ...] = (
+    "eager",
+    "torch_checkpoint:Block",
+    "checkpoint:Block",
+    "checkpoint_sequential:2",
+)
 
 
 def _after_step(runner: nn.Module, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Dict[str, torch.Tensor]:
@@ -152,9 +124,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = []
     ref: Dict[str, torch.Tensor] = {}
     eager_seconds = 1.0
-    for name, make in STRATEGIES:
+    ctx = StrategyContext((x,), loss_fn, device)
+    for name in STRATEGIES:
+        strategy = parse_strategy(name)
         model = copy.deepcopy(base)
-        runner = make(model)
+        runner = strategy.prepare(model, ctx)
         state = _after_step(runner, model, x, y)
         if name == "eager":
             ref = state
@@ -181,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"\npeak: {peak_how}, one training step; activations: live tensors at the end of forward; step time: "
           f"median of {args.steps} steps, ratio to eager ({eager_seconds * 1e3:.1f} ms); gradients and BatchNorm "
           f"statistics after one step from the same seed. {time.perf_counter() - t_start:.1f} s in all.")
-    bad = [n for n, _, _, d, be in rows if n.startswith("memsave") and (d != 0.0 or not be)]
+    bad = [n for n, _, _, d, be in rows if not n.startswith("torch") and (d != 0.0 or not be)]
     if bad and device.type == "cpu":
         print(f"ERROR: {', '.join(bad)} differ from eager on CPU; memsave's lossless strategies must not")
         return 1

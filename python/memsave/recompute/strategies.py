@@ -4,20 +4,26 @@
 * ``plan:<budget>``: :func:`memsave.plan` at a budget (``4GiB``, ``50%``, ``0.5``; see
   :mod:`memsave.measurement.units`) or with a baseline (``sqrt``, ``uniform:K``, ``all``, ``none``,
   ``min_memory``), applied with :func:`memsave.wrap`.
+* ``checkpoint_sequential:<segments>``: :func:`memsave.checkpoint_sequential` over the model's sequential view (an
+  ``nn.Sequential`` model, or what its ``as_sequential()`` returns).
+* Baselines to compare with: ``torch_checkpoint:<policy>`` (``torch.utils.checkpoint``, non-reentrant, around the
+  same modules as ``checkpoint:<policy>``) and ``torch_checkpoint_sequential:<segments>``.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from torch import nn
+from torch.utils import checkpoint as torch_checkpoint
 
 from ..common.rng import RngState
 from ..measurement.strategies import StrategyContext, register_strategy
 from .planning import plan
+from .region import checkpoint_sequential
 from .wrapping import wrap
 
-__all__ = ["resolve_checkpoint_policy"]
+__all__ = ["SequentialSegments", "resolve_checkpoint_policy", "sequential_view"]
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList)
 
@@ -133,7 +139,81 @@ def _apply_plan(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> n
     return wrap(model, p)
 
 
+class _TorchCheckpointedForward:
+    """Instance-level ``forward`` running the module's own forward under ``torch.utils.checkpoint`` (non-reentrant);
+    a class, not a closure, so the model stays deep-copyable and picklable."""
+
+    def __init__(self, forward: Callable[..., Any]) -> None:
+        self.forward = forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return torch_checkpoint.checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+
+
+def _apply_torch_checkpoint(model: nn.Module, policy: Optional[str], ctx: StrategyContext) -> nn.Module:
+    for name in resolve_checkpoint_policy(model, policy or "blocks"):
+        sub = model.get_submodule(name)
+        sub.forward = _TorchCheckpointedForward(sub.forward)
+    return model
+
+
+def sequential_view(model: nn.Module) -> nn.Sequential:
+    """The model as one ``nn.Sequential`` (itself, or what its ``as_sequential()`` returns) for the sequential
+    strategies.
+
+    Raises:
+        ValueError: the model is neither an ``nn.Sequential`` nor has an ``as_sequential()`` method.
+
+    Example:
+        >>> sequential_view(nn.Sequential(nn.Linear(2, 2))) is not None
+        True
+    """
+    if isinstance(model, nn.Sequential):
+        return model
+    view = getattr(model, "as_sequential", None)
+    if callable(view):
+        seq = view()
+        if isinstance(seq, nn.Sequential):
+            return seq
+    raise ValueError(f"{type(model).__name__} is not an nn.Sequential and has no as_sequential() method, so it has no "
+                     "sequential view to split into segments; use checkpoint:<policy> instead")
+
+
+class SequentialSegments(nn.Module):
+    """Runs ``fn(seq, segments, x, **kwargs)`` (a ``checkpoint_sequential``) on a sequential view of a model; the
+    view shares the model's modules, so gradients land on the model's parameters."""
+
+    def __init__(self, seq: nn.Sequential, segments: int, fn: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__()
+        self.seq, self.segments, self._fn, self._kwargs = seq, segments, fn, kwargs
+
+    def forward(self, x: Any) -> Any:
+        return self._fn(self.seq, self.segments, x, **self._kwargs)
+
+
+def _segments(arg: Optional[str], kind: str) -> int:
+    if arg is None or not re.fullmatch(r"[1-9][0-9]*", arg.strip()):
+        raise ValueError(f"{kind}:{arg}: the argument is the number of segments, an int >= 1 (e.g. '{kind}:2')")
+    return int(arg)
+
+
+def _apply_checkpoint_sequential(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
+    return SequentialSegments(sequential_view(model), _segments(arg, "checkpoint_sequential"), checkpoint_sequential)
+
+
+def _apply_torch_checkpoint_sequential(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
+    return SequentialSegments(sequential_view(model), _segments(arg, "torch_checkpoint_sequential"),
+                              torch_checkpoint.checkpoint_sequential, use_reentrant=False)
+
+
 register_strategy("checkpoint", "memsave.wrap: recompute the selected modules in backward", arg="<policy>",
                   apply=_apply_checkpoint)
 register_strategy("plan", "memsave.plan at a budget ('4GiB', '50%', 0.5) or with a baseline strategy (sqrt, "
                   "uniform:K, all), applied with memsave.wrap", arg="<budget>", apply=_apply_plan)
+register_strategy("checkpoint_sequential", "memsave.checkpoint_sequential over the model's sequential view",
+                  arg="<segments>", apply=_apply_checkpoint_sequential)
+register_strategy("torch_checkpoint", "baseline: torch.utils.checkpoint (non-reentrant) around the modules "
+                  "checkpoint:<policy> selects", arg="<policy>", apply=_apply_torch_checkpoint)
+register_strategy("torch_checkpoint_sequential", "baseline: torch.utils.checkpoint.checkpoint_sequential "
+                  "(non-reentrant) over the model's sequential view", arg="<segments>",
+                  apply=_apply_torch_checkpoint_sequential)
