@@ -22,7 +22,7 @@ from torch import nn
 
 from ..common.progress import progress_bar
 from ..common.rng import RngState
-from .measuring import LossFn, Measurement, default_loss, measure, resolve_device
+from .measuring import LossFn, Measurement, measure, resolve_device, resolve_loss_fn
 from .strategies import Strategy, StrategyContext, parse_strategy, strip_runner_prefix
 from .units import format_bytes
 
@@ -304,7 +304,7 @@ def compare(
         model: the model; its parameters, buffers and tensor inputs must be on one device.
         *inputs: positional arguments of ``model``.
         strategies: names (see the module docstring) or parsed :class:`Strategy` objects.
-        loss_fn: output -> scalar loss; default :func:`memsave.measure.default_loss`.
+        loss_fn: output -> scalar loss; default :func:`memsave.measurement.default_loss`.
         steps: timed steps per strategy (median).
         warmup: untimed steps per strategy before timing.
         progress: show a tqdm progress bar over the strategies.
@@ -326,10 +326,7 @@ def compare(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"compare: model must be an nn.Module, got {type(model).__name__}")
-    if loss_fn is None:
-        loss_fn = default_loss
-    elif not callable(loss_fn):
-        raise TypeError(f"compare: loss_fn must be callable (output -> scalar loss), got {type(loss_fn).__name__}")
+    loss_fn = resolve_loss_fn(loss_fn, "compare")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"compare: steps must be an int >= 1, got {steps!r}")
     if isinstance(strategies, (str, Strategy)):

@@ -59,7 +59,7 @@ from torch.utils._pytree import tree_map_only
 
 from ..common.rng import RngState
 from ..errors import NoFakeKernelError
-from .measuring import LossFn, default_loss
+from .measuring import LossFn, resolve_loss_fn
 from .strategies import Strategy, StrategyContext, parse_strategy, strip_runner_prefix
 from .tracker import LiveTensorTracker, storage_of
 from .units import format_bytes, parse_bytes
@@ -398,7 +398,7 @@ def estimate(
         dtype: cast floating-point parameters, buffers and inputs to this dtype first (pure half-precision training).
         loss_fn: output -> scalar loss, called on fake tensors; tensors it creates should take their shape and
             device from the output (``torch.zeros(out.shape[0], dtype=torch.long, device=out.device)``); real
-            tensors it closes over are moved to ``device`` as fakes. Default :func:`memsave.measurement.measuring.default_loss`.
+            tensors it closes over are moved to ``device`` as fakes. Default :func:`memsave.measurement.default_loss`.
         optimizer: add optimizer state to ``total_bytes``: one of ``OPTIMIZER_STATES`` (``"adam"``: two
             parameter-sized tensors per trainable parameter).
 
@@ -425,10 +425,7 @@ def estimate(
         raise ValueError(f"estimate: dtype must be a floating-point torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
     if optimizer is not None and optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"estimate: unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZER_STATES)}")
-    if loss_fn is None:
-        loss_fn = default_loss
-    elif not callable(loss_fn):
-        raise TypeError(f"estimate: loss_fn must be callable (output -> scalar loss), got {type(loss_fn).__name__}")
+    loss_fn = resolve_loss_fn(loss_fn, "estimate")
     states = OPTIMIZER_STATES.get(optimizer or "sgd", 0)
 
     emulated = dev.type == "cuda" and not torch.cuda.is_available()

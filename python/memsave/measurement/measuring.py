@@ -34,7 +34,8 @@ from .allocator import step_peak_bytes
 from .tracker import LiveTensorTracker
 from .units import format_bytes
 
-__all__ = ["LossFn", "Measurement", "SavedStepState", "default_loss", "measure", "resolve_device", "tensors_in"]
+__all__ = ["LossFn", "Measurement", "SavedStepState", "default_loss", "measure", "resolve_device", "resolve_loss_fn",
+           "tensors_in"]
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -63,6 +64,27 @@ def default_loss(output: Any) -> torch.Tensor:
         "measure: the model's output holds no floating-point tensor that requires grad, so there is nothing to "
         "backpropagate; pass loss_fn=... that maps the output to a scalar loss"
     )
+
+
+def resolve_loss_fn(loss_fn: Optional[LossFn], where: str) -> LossFn:
+    """``loss_fn``, or :func:`default_loss` when it is None: the one place every step driver checks its loss.
+
+    Args:
+        loss_fn: output -> scalar loss, or None.
+        where: the calling function's name, for the message (``"measure"``, ``"memsave.plan"``, ...).
+
+    Raises:
+        TypeError: ``loss_fn`` is not callable.
+
+    Example:
+        >>> resolve_loss_fn(None, "measure") is default_loss
+        True
+    """
+    if loss_fn is None:
+        return default_loss
+    if not callable(loss_fn):
+        raise TypeError(f"{where}: loss_fn must be callable (output -> scalar loss tensor), got {type(loss_fn).__name__}")
+    return loss_fn
 
 
 def tensors_in(obj: Any) -> List[torch.Tensor]:
@@ -255,10 +277,7 @@ def measure(
     """
     if not callable(model):
         raise TypeError(f"measure: model must be a callable nn.Module, got {type(model).__name__}")
-    if loss_fn is None:
-        loss_fn = default_loss
-    elif not callable(loss_fn):
-        raise TypeError(f"measure: loss_fn must be callable (output -> scalar tensor), got {type(loss_fn).__name__}")
+    loss_fn = resolve_loss_fn(loss_fn, "measure")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"measure: steps must be an int >= 1 (timed steps for the median), got {steps!r}")
     if not isinstance(warmup, int) or warmup < 0:

@@ -249,7 +249,7 @@ def cuda_memory_snapshot(path: Union[str, os.PathLike], max_entries: int = 100_0
         RuntimeError: no CUDA device, or a torch without the history API.
 
     Example:
-        >>> with memsave.monitor.cuda_memory_snapshot("step.pickle"):
+        >>> with memsave.measurement.monitor.cuda_memory_snapshot("step.pickle"):
         ...     loss_fn(model(x)).backward()
     """
     _check_snapshot_support()

@@ -39,7 +39,7 @@ from torch import nn
 from ...common.progress import progress_bar
 from ...errors import InfeasibleBudgetError
 from ...measurement.allocator import step_peak_bytes
-from ...measurement.measuring import LossFn, SavedStepState, default_loss, resolve_device, tensors_in
+from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
 from ...measurement.units import Budget, format_bytes, parse_budget
 from ..wrapping import is_wrapped, unwrap_module
 from .chain import build_chain
@@ -140,7 +140,7 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             string such as ``"512MiB"`` / ``"4GB"``, or a float fraction of the eager step's peak. Required for
             ``strategy="optimal"``; optional otherwise (then checked when given).
         loss_fn: maps the model's output to a scalar loss; default: ``out.float().sum()`` of the first
-            floating-point output (:func:`memsave.measurement.measuring.default_loss`).
+            floating-point output (:func:`memsave.measurement.default_loss`).
         strategy: ``"optimal"`` (least recompute within the budget), ``"sqrt"`` (Chen et al.), ``"uniform:K"``,
             ``"none"``, ``"all"`` (every piece its own region) or ``"min_memory"``.
         verbose: print the plan's summary.
@@ -176,10 +176,7 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         raise ValueError("memsave.plan: strategy='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
     if budget is not None:
         parse_budget(budget, eager_peak_bytes=1)  # fail early on a bad budget, before profiling
-    if loss_fn is None:
-        loss_fn = default_loss
-    elif not callable(loss_fn):
-        raise TypeError(f"memsave.plan: loss_fn must be callable (output -> scalar), got {type(loss_fn).__name__}")
+    loss_fn = resolve_loss_fn(loss_fn, "memsave.plan")
     wrapped = [n for n, m in model.named_modules() if is_wrapped(m)]
     if wrapped:
         raise ValueError(
