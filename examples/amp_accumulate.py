@@ -16,7 +16,7 @@ Run::
     python3 examples/amp_accumulate.py --dtype float16 --device cuda
 
 Note: the UNet has BatchNorm, whose statistics see a micro-batch, not the whole batch, so accumulation is not
-exactly the large batch here (it is for BatchNorm-free models; tests/test_accumulate.py checks that).
+exactly the large batch here (it is for BatchNorm-free models; tests/amp/test_accumulate.py checks that).
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ Why a finalizer on the storage object is sound (checked on torch 2.1 .. 2.11): s
 tensors use. Dropping every Python reference to the storage object, or to the tensor, does not kill it while the
 C++ side still holds the storage (a tensor saved for backward inside an autograd node, a view, a parameter's
 ``.grad``); the Python object is deallocated, and its finalizer runs, only when the C++ storage is released. The
-test suite checks this behaviour (``tests/test_measure.py``), so a torch release that changed it would be caught.
+test suite checks this behaviour (``tests/measurement/test_measure.py``), so a torch release that changed it would
+be caught.
 
 Operators run below autograd, so the tracker sees forward outputs, tensors saved for backward, recomputation in
 backward (checkpointing) and gradients alike; it does not see allocations an operator makes internally and frees

@@ -1,4 +1,4 @@
-"""Small deterministic test models: an MLP, a CNN with BatchNorm and Dropout, a UNet-like net with skip
+"""Small deterministic test models: two MLPs, a CNN with BatchNorm and Dropout, a UNet-like net with skip
 connections and a transformer with dropout (token ids in).
 
 Each builder seeds torch itself, so two calls with the same seed give bitwise-identical models. The UNet and
@@ -21,6 +21,12 @@ def mlp(seed: int = 0, d_in: int = 16, hidden: int = 32, d_out: int = 8) -> nn.S
     return nn.Sequential(
         nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Dropout(0.2),
         nn.Linear(hidden, hidden), nn.Linear(hidden, d_out))
+
+
+def gelu_mlp(seed: int = 0, d_in: int = 6, hidden: int = 16, d_out: int = 3) -> nn.Sequential:
+    """Linear/GELU/Linear: BatchNorm- and Dropout-free, so micro-batches add up exactly to one large batch."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, d_out))
 
 
 class ConvBlock(nn.Sequential):

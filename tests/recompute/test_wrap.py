@@ -11,13 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-import models
 from memsave.errors import MemsaveWarning
 from memsave.recompute.wrapping import is_wrapped, unwrap, wrap, wrap_module
 
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
+from helpers import in_backward, models
 
 
 def _step(model: nn.Module, x: torch.Tensor) -> List[torch.Tensor]:
@@ -60,7 +57,7 @@ def test_wrapped_model_recomputes_and_matches_eager() -> None:
     runs = {"fwd": 0, "bwd": 0}
 
     def hook(module: nn.Module, args: Any) -> None:
-        runs["bwd" if _in_backward() else "fwd"] += 1
+        runs["bwd" if in_backward() else "fwd"] += 1
 
     for block in (ours.enc1, ours.dec1):
         block[0].register_forward_pre_hook(hook)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "compare_memory.ipynb"
+from helpers import ROOT
+
+NOTEBOOK = ROOT / "examples" / "compare_memory.ipynb"
 
 
 def test_notebook_is_committed_without_outputs():

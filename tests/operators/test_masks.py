@@ -10,8 +10,8 @@ import torch
 import memsave  # noqa: F401  (loads the operators)
 import memsave.functional as MF
 
-from test_op_relu import (DEVICES, DTYPES, assert_matches_torch, bits_equal, cuda_only, saved_bytes, special_values,
-                          strided_views)
+from helpers import DTYPES
+from helpers.masks import assert_matches_torch, bits_equal, saved_bytes, special_values, strided_views
 
 OPMATH = {torch.float32: torch.float32, torch.float64: torch.float64, torch.float16: torch.float32,
           torch.bfloat16: torch.float32}
@@ -26,7 +26,6 @@ def unpack_mask(mask: torch.Tensor, n: int) -> torch.Tensor:
 # ---- leaky_relu ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_leaky_relu_opcheck(device, dtype):
     x = torch.randn(3, 5, 7, dtype=dtype, device=device)
@@ -39,7 +38,6 @@ def test_leaky_relu_opcheck(device, dtype):
                           (torch.randn_like(x).requires_grad_(), mask, 0.1))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_leaky_relu_gradcheck_float64(device):
     x = torch.randn(4, 9, dtype=torch.float64, device=device)
     x = torch.where(x.abs() < 1e-3, torch.full_like(x, 0.5), x).requires_grad_()
@@ -101,7 +99,6 @@ def expected_dropout(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Ten
     return torch.where(keep.view(x.shape), (x.to(om) * scale).to(x.dtype), torch.zeros((), dtype=x.dtype))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dropout_opcheck(device, dtype):
     x = torch.randn(3, 5, 7, dtype=dtype, device=device)
@@ -113,7 +110,6 @@ def test_dropout_opcheck(device, dtype):
     torch.library.opcheck(torch.ops.memsave.dropout_backward.default, (torch.randn_like(x).requires_grad_(), mask, 0.3))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_dropout_gradcheck_float64(device):
     x = torch.randn(4, 9, dtype=torch.float64, device=device, requires_grad=True)
 
@@ -310,7 +306,7 @@ def test_torch_compile_fullgraph_cpu():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)  # inductor may fuse the matmul epilogue differently
 
 
-@cuda_only
+@pytest.mark.cuda
 def test_cuda_leaky_relu_and_dropout():
     for dtype in DTYPES:
         x = special_values(10_001, dtype, "cuda", seed=6)

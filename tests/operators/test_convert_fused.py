@@ -20,7 +20,7 @@ from memsave.nn import (
     LayerNormLinear,
 )
 
-from fused_helpers import FLOAT32_RTOL, module_state, rel_err, saved_bytes
+from helpers.fused import FLOAT32_RTOL, module_state, rel_err, saved_bytes
 
 
 def _cnn() -> nn.Sequential:
@@ -158,10 +158,6 @@ def test_opt_in_inplace_abn_pattern():
 def test_benchmark_rewrites_keep_keys_and_gradients():
     """The fused benchmark rows (benchmarks/strategies_fused.py) rewrite ResNet-50 and the GPT-2-like model in
     place: same parameter names, gradients equal to eager's within float32 rounding."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from memsave.measurement import models as bench_models
     from benchmarks import strategies_fused
 

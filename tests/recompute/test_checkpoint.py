@@ -17,9 +17,7 @@ from memsave.recompute import state as _state
 from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
 from memsave.errors import CheckpointError, InplaceModificationError, RecomputeMismatchError
 
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
+from helpers import in_backward
 
 
 class Counter:
@@ -32,7 +30,7 @@ class Counter:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
-        self.in_backward += _in_backward()
+        self.in_backward += in_backward()
         return self.fn(*args, **kwargs)
 
 
@@ -54,7 +52,7 @@ def test_recompute_runs_in_backward_and_drops_activations() -> None:
 
     def body(t: torch.Tensor) -> torch.Tensor:
         h = t.sin()  # saved by cos in eager
-        if not _in_backward():
+        if not in_backward():
             inner.append(weakref.ref(h))
         return h.cos()
 
@@ -639,11 +637,8 @@ def test_frames_are_freed_with_the_graph() -> None:
 
 # ---- CUDA (skipped without a GPU) ----------------------------------------------------------------------------
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 @pytest.mark.cuda
-@cuda
 def test_cuda_rng_replayed_on_every_device() -> None:
     devices = [torch.device("cuda", i) for i in range(min(torch.cuda.device_count(), 2))]
 
@@ -665,7 +660,6 @@ def test_cuda_rng_replayed_on_every_device() -> None:
 
 
 @pytest.mark.cuda
-@cuda
 def test_cuda_batchnorm_dropout_block_matches_eager() -> None:
     torch.manual_seed(0)
     block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),

@@ -17,7 +17,9 @@ import memsave
 from memsave.amp import accumulate
 from memsave.amp import GradScaler
 
-B, K, D_IN, D_OUT = 4, 3, 6, 3
+from helpers.models import gelu_mlp
+
+B, K, D_IN, D_OUT = 4, 3, 6, 3  # D_IN, D_OUT: the widths of gelu_mlp()
 
 
 class Recording(torch.optim.SGD):
@@ -32,11 +34,6 @@ class Recording(torch.optim.SGD):
         return super().step(closure)
 
 
-def _net() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(D_IN, 16), nn.GELU(), nn.Linear(16, D_OUT))
-
-
 def _data(n: int, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(n, D_IN, generator=gen), torch.randn(n, D_OUT, generator=gen)
@@ -47,7 +44,7 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _big_batch_grads(x: torch.Tensor, y: torch.Tensor) -> List[torch.Tensor]:
-    model = _net()
+    model = gelu_mlp()
     _loss(model, x, y).backward()
     return [p.grad.detach().clone() for p in model.parameters()]
 
@@ -60,7 +57,7 @@ def _assert_close(got: List[torch.Tensor], want: List[torch.Tensor]) -> None:
 @pytest.mark.parametrize("use_scaler", [False, True])
 def test_k_micro_batches_give_the_large_batch_gradients(use_scaler: bool) -> None:
     x, y = _data(B * K)
-    model = _net()
+    model = gelu_mlp()
     opt = Recording(model.parameters())
     scaler = GradScaler("cpu", init_scale=2.0**12) if use_scaler else None
     acc = accumulate(model, opt, steps=K, scaler=scaler)
@@ -76,7 +73,7 @@ def test_k_micro_batches_give_the_large_batch_gradients(use_scaler: bool) -> Non
 
 def test_two_windows_match_two_large_batch_steps() -> None:
     x, y = _data(2 * B * K, seed=4)
-    model, ref = _net(), _net()
+    model, ref = gelu_mlp(), gelu_mlp()
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
     acc = accumulate(model, opt, steps=K)
     for w in range(2):
@@ -96,7 +93,7 @@ def test_clipping_acts_on_unscaled_gradients() -> None:
     want = _big_batch_grads(x, y)
     total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in want]))
     max_norm = float(total) / 4
-    model = _net()
+    model = gelu_mlp()
     opt = Recording(model.parameters())
     acc = accumulate(model, opt, steps=K, scaler=GradScaler("cpu", init_scale=2.0**14), clip_grad_norm=max_norm)
     for i in range(K):
@@ -109,7 +106,7 @@ def test_clipping_acts_on_unscaled_gradients() -> None:
 def test_flush_steps_a_partial_window_with_the_right_normalization(use_scaler: bool) -> None:
     k = 2
     x, y = _data(B * k, seed=3)
-    model = _net()
+    model = gelu_mlp()
     opt = Recording(model.parameters())
     acc = accumulate(model, opt, steps=5, scaler=GradScaler("cpu") if use_scaler else None)
     assert acc.flush() is False  # nothing to step
@@ -122,7 +119,7 @@ def test_flush_steps_a_partial_window_with_the_right_normalization(use_scaler: b
 
 def test_overflow_in_a_window_skips_the_step() -> None:
     x, y = _data(B * 2, seed=5)
-    model = _net()
+    model = gelu_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = GradScaler("cpu")
     acc = accumulate(model, opt, steps=2, scaler=scaler)
@@ -138,7 +135,7 @@ def test_overflow_in_a_window_skips_the_step() -> None:
 
 def test_torch_grad_scaler_and_steps_one_work() -> None:
     x, y = _data(B * 2, seed=6)
-    model = _net()
+    model = gelu_mlp()
     opt = Recording(model.parameters())
     acc = accumulate(model, opt, steps=1, scaler=torch.amp.GradScaler("cpu"))
     assert acc.backward(_loss(model, x[:B], y[:B])) is True
@@ -147,7 +144,7 @@ def test_torch_grad_scaler_and_steps_one_work() -> None:
 
 
 def test_bad_arguments_raise() -> None:
-    model = _net()
+    model = gelu_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="steps must be an int >= 1"):
         accumulate(model, opt, steps=0)

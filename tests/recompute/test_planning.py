@@ -20,7 +20,7 @@ from memsave.measurement.measuring import default_loss
 from memsave.measurement.units import parse_budget
 from memsave.recompute.planning.plan import _GroupedForward
 
-import models
+from helpers import models
 
 
 # ------------------------------------------------------------------------------------------------------- models

@@ -20,8 +20,7 @@ import memsave
 import memsave.amp
 from memsave.amp import GradScaler, needs_grad_scaling
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+from helpers import DTYPES
 
 
 # ---------------------------------------------------------------------------------------------------- operators
@@ -50,7 +49,6 @@ def _mixed_grads(device: str, seed: int = 0) -> List[torch.Tensor]:
     return grads
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("inv_value", [1.0 / 1024, 1.0, 3.0 / 7.0, 4096.0])
 def test_unscale_matches_torch_bitwise(device: str, inv_value: float) -> None:
     grads, ref = _mixed_grads(device), _mixed_grads(device)  # built twice: clone() would densify the strided one
@@ -64,7 +62,6 @@ def test_unscale_matches_torch_bitwise(device: str, inv_value: float) -> None:
     assert found.item() == 0.0 and found_ref.item() == 0.0
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
 def test_unscale_detects_nonfinite_in_every_dtype_and_position(device: str, bad: float) -> None:
     for dtype in DTYPES:
@@ -163,7 +160,6 @@ def test_operator_errors_are_clear() -> None:
                                             torch.zeros((), dtype=torch.int32), found, 2.0, 0.5, 10, 0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device: str) -> None:
     grads = [torch.randn(5, device=device), torch.randn(3, 4, device=device).half()]
     args = (grads, torch.zeros((), device=device), torch.full((), 0.5, device=device))
@@ -463,7 +459,7 @@ def test_float16_parameters_and_bad_arguments_raise() -> None:
         s.step(opt, closure=lambda: None)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_scaler_sequence_equals_torch() -> None:
     def run(scaler):
         model = _net().cuda()
@@ -487,7 +483,7 @@ def test_cuda_scaler_sequence_equals_torch() -> None:
     assert h1 == h2 and all(torch.equal(a, b) for a, b in zip(p1, p2))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_unscale_and_update_do_not_synchronize() -> None:
     model = _net().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -265,7 +265,7 @@ def test_format_bytes():
     assert format_bytes(None) == "-"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_measure_cuda_peak_matches_allocator():
     model, x = hand_model().cuda(), torch.randn(B, D0, device="cuda")
     m = measure(model, x, steps=2)

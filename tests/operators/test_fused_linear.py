@@ -13,7 +13,7 @@ import memsave  # noqa: F401  (loads the operators)
 from memsave import functional as MF
 from memsave.nn import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_layer_norm_linear
 
-from fused_helpers import (
+from helpers.fused import (
     FLOAT32_RTOL,
     TORCH_ACTS,
     assert_low_precision_ok,
@@ -325,10 +325,8 @@ def test_transformer_block_keeps_at_most_70_percent():
 
 
 # ------------------------------------------------------------------------------------------------------------ CUDA
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@cuda
 @pytest.mark.cuda
 def test_cuda_fused_linear_matches_float64_and_autocast():
     x, lw, lb, w, b = _ln_inputs((4, 16, 64), out_features=48, seed=8)

@@ -7,25 +7,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from memsave.measurement import models as bench_models  # noqa: E402
-
-from memsave.measurement.tracker import LiveTensorTracker  # noqa: E402
-from memsave.measurement.strategies import StrategyContext, parse_strategy  # noqa: E402
-from memsave.measurement.estimation import OPTIMIZER_STATES, cuda_block_bytes, estimate, max_batch_size  # noqa: E402
-from memsave.measurement.allocator import cpu_memory_stats  # noqa: E402
-from memsave.measurement.measuring import measure  # noqa: E402
+from memsave.measurement import models as bench_models
+from memsave.measurement.tracker import LiveTensorTracker
+from memsave.measurement.strategies import StrategyContext, parse_strategy
+from memsave.measurement.estimation import OPTIMIZER_STATES, cuda_block_bytes, estimate, max_batch_size
+from memsave.measurement.allocator import cpu_memory_stats
+from memsave.measurement.measuring import measure
 
 
 def shape_ce(out: torch.Tensor) -> torch.Tensor:
@@ -237,7 +230,6 @@ def test_estimate_command_line(tmp_path, capsys):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["resnet50", "gpt2"])
 def test_cuda_estimate_matches_max_memory_allocated(name):
     dev = torch.device("cuda", torch.cuda.current_device())

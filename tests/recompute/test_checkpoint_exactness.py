@@ -16,9 +16,10 @@ import torch
 import torch.utils.checkpoint as torch_ckpt
 from torch import nn
 
-import models
 from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
 from memsave.recompute.wrapping import wrap
+
+from helpers import models
 
 Forward = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 

@@ -1,4 +1,4 @@
-"""Shared helpers of the fused-operator tests (test_op_batch_norm_act, test_op_inplace_abn, test_op_fused_linear,
+"""Shared helpers of the fused-operator tests (operators/test_batch_norm_act, test_inplace_abn, test_fused_linear,
 test_convert_fused): unfused torch references, error measures and the saved-tensor byte counter."""
 from __future__ import annotations
 

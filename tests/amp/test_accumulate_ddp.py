@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -20,13 +19,11 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers import needs_gloo
+from helpers.models import gelu_mlp
+
 WORLD, B, K = 2, 4, 3
 WINDOWS = [K, K, 2]  # micro-batches per window; the last one is partial
-
-
-def _net() -> nn.Module:
-    torch.manual_seed(0)  # same initial weights on every rank
-    return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
 
 
 def _run(rank: int) -> Dict[str, Any]:
@@ -36,7 +33,7 @@ def _run(rank: int) -> Dict[str, Any]:
     gen = torch.Generator().manual_seed(10 + rank)  # every rank has its own data
     data = [(torch.randn(n * B, 6, generator=gen), torch.randn(n * B, 3, generator=gen)) for n in WINDOWS]
 
-    model = DDP(_net())
+    model = DDP(gelu_mlp())  # seeded: the same initial weights on every rank
     calls = {"n": 0}
 
     # No annotations: DDP checks them, and `from __future__ import annotations` would turn them into strings.
@@ -58,7 +55,7 @@ def _run(rank: int) -> Dict[str, Any]:
     next_window_unsynced = not model.require_backward_grad_sync  # no_sync again, ready for the next window
     acc.close()
 
-    ref = DDP(_net())
+    ref = DDP(gelu_mlp())
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     for x, y in data:
         ref_opt.zero_grad()
@@ -84,7 +81,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
+@needs_gloo
 def test_accumulate_under_ddp(tmp_path: Path) -> None:
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]

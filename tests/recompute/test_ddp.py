@@ -12,14 +12,13 @@ import os
 from pathlib import Path
 from typing import Dict
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import models
+from helpers import models, needs_gloo
 
 WORLD = 2
 STEPS = 3
@@ -66,7 +65,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
+@needs_gloo
 def test_ddp_weights_equal_plain_ddp(tmp_path: Path) -> None:
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]

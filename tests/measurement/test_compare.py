@@ -10,7 +10,6 @@ import json
 import pytest
 import torch
 
-import models
 from memsave.errors import StrategyUnavailableError
 from memsave.measurement.comparison import Comparison, compare
 from memsave.measurement.strategies import (
@@ -23,6 +22,8 @@ from memsave.measurement.strategies import (
 from memsave.measurement.units import parse_bytes
 from memsave.recompute import resolve_checkpoint_policy
 from memsave.measurement.measuring import measure
+
+from helpers import models
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import memsave  # noqa: F401  (loads the operators)
 from memsave import functional as MF
 from memsave.nn import BatchNormAct2d
 
-from fused_helpers import (
+from helpers.fused import (
     BN_FORMATS,
     FLOAT32_RTOL,
     TORCH_ACTS,
@@ -273,10 +273,8 @@ def test_conv_bnact_conv_saves_a_full_tensor(act):
 
 
 # ------------------------------------------------------------------------------------------------------------ CUDA
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("act", ["relu", "gelu", "silu", "leaky_relu"])
@@ -299,7 +297,6 @@ def test_cuda_matches_float64_reference(act, fmt):
     assert ours[0].is_contiguous(memory_format=FORMATS[fmt])
 
 
-@cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_low_precision_and_opcheck(dtype):

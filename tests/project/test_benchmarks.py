@@ -1,22 +1,16 @@
 """The benchmark harness (benchmarks/): models, strategy registry, result files, and issue 2's memory claims."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from memsave.measurement import models as bench_models
+from benchmarks import run as bench_run
+from benchmarks import strategies as bench_strategies
 
-from memsave.measurement import models as bench_models  # noqa: E402
-from benchmarks import run as bench_run  # noqa: E402
-from benchmarks import strategies as bench_strategies  # noqa: E402
-
-from memsave.measurement.tracker import LiveTensorTracker  # noqa: E402
-from memsave.measurement.allocator import cpu_memory_stats  # noqa: E402
+from memsave.measurement.tracker import LiveTensorTracker
+from memsave.measurement.allocator import cpu_memory_stats
 
 PER_BLOCK = ("torch.checkpoint/block", "memsave.checkpoint/block")
 

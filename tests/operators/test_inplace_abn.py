@@ -12,7 +12,7 @@ import memsave  # noqa: F401  (loads the operators)
 from memsave import functional as MF
 from memsave.nn import InPlaceABN2d
 
-from fused_helpers import (
+from helpers.fused import (
     BN_FORMATS,
     FLOAT32_RTOL,
     TORCH_ACTS,
@@ -258,10 +258,8 @@ def test_conv_abn_conv_saved_bytes():
 
 
 # ------------------------------------------------------------------------------------------------------------ CUDA
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@cuda
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("act", ACTS)
@@ -283,7 +281,6 @@ def test_cuda_matches_float64_reference(act, fmt):
         assert rel_err(o.cpu(), r) <= FLOAT32_RTOL
 
 
-@cuda
 @pytest.mark.cuda
 def test_cuda_opcheck_half():
     x, w, b, _, _ = _inputs(shape=(4, 8, 6, 6), seed=9)

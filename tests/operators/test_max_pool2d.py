@@ -13,7 +13,8 @@ import memsave  # noqa: F401  (loads the operators)
 import memsave.functional as MF
 import memsave.nn as mnn
 
-from test_op_relu import DEVICES, DTYPES, assert_matches_torch, cuda_only, saved_bytes
+from helpers import DTYPES
+from helpers.masks import assert_matches_torch, saved_bytes
 
 
 def op_args(k, s, p, d, ceil):
@@ -21,7 +22,6 @@ def op_args(k, s, p, d, ceil):
     return pair(k), pair(s), pair(p), pair(d), ceil
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_opcheck(device, dtype):
     x = torch.randn(2, 3, 9, 8, dtype=dtype, device=device)
@@ -35,7 +35,6 @@ def test_opcheck(device, dtype):
                           (torch.randn_like(out).requires_grad_(), argmax, list(x.shape), k, s, p, d))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_gradcheck_float64(device):
     x = torch.randn(2, 2, 7, 6, dtype=torch.float64, device=device, requires_grad=True)
     for k, s, p, d, ceil in [(2, 2, 0, 1, False), (3, 1, 1, 1, False), (3, 2, 1, 2, True)]:
@@ -181,7 +180,7 @@ def test_bad_inputs():
         torch.ops.memsave.max_pool2d_backward(out, argmax.to("meta"), [1, 2, 8, 8], k, s, p, d)
 
 
-@cuda_only
+@pytest.mark.cuda
 def test_cuda_matches_torch():
     rng = random.Random(0)
     for _ in range(6):

@@ -19,7 +19,7 @@ from memsave.operators.convert import (
     unregister_sequential_pattern,
 )
 
-from models import BasicBlock
+from helpers.models import BasicBlock
 
 # The four module swaps of this file; with include= these, fused Sequential patterns registered elsewhere (which
 # need a BatchNorm or Linear included too) stay out of the bitwise comparisons.

@@ -1,0 +1,35 @@
+"""What every test folder shares: import paths, the ``device`` fixture and the ``cuda`` marker.
+
+- ``tests/`` is put on ``sys.path``, so a test in any folder imports the shared helpers as ``from helpers import ...``,
+  ``from helpers.models import ...``; the repository root too, for the tests of ``benchmarks/``.
+- ``device``: a fixture over ``"cpu"`` and ``"cuda"``; a test that takes it runs once per device. The ``"cuda"``
+  variant carries the ``cuda`` marker.
+- ``@pytest.mark.cuda`` (declared in pyproject.toml): the test needs a CUDA GPU and is skipped without one.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+for _path in (str(TESTS.parent), str(TESTS)):  # tests/ ends up first
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request: pytest.FixtureRequest) -> str:
+    """Each device a test runs on: ``"cpu"``, and ``"cuda"`` (skipped without a GPU)."""
+    return request.param
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
