@@ -43,6 +43,14 @@ if (( ${#need[@]} )); then
   echo "[setup] installing ${need[*]}"
   pip_install "${need[@]}"
 fi
+# torchvision for the CLI test (`estimate --model torchvision.models:resnet18` from a wheel): the release made for
+# the installed torch (torch 2.N.x pairs with torchvision 0.(N+15).x), --no-deps so that pip never replaces torch.
+if [[ $WITH_TEST == 1 ]] && ! have_module torchvision; then
+  have_module PIL || pip_install pillow
+  tv="$("$PY" -c 'import torch; v = torch.__version__.split("+")[0].split("."); print(f"0.{int(v[1]) + 15}.{v[2]}")')"
+  echo "[setup] installing torchvision==$tv (--no-deps: keeps the installed torch)"
+  pip_install --no-deps "torchvision==$tv"
+fi
 command -v cmake >/dev/null || { echo "[setup] installing cmake"; pip_install "cmake>=3.24"; }
 
 # ccache makes a rebuild in a fresh clone on the same machine take seconds; paths are hashed relative to the clone.

@@ -19,7 +19,6 @@ running statistics equal eager's after that step (``torch.utils.checkpoint`` upd
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
 from typing import Dict, Optional, Sequence, Tuple
@@ -30,6 +29,7 @@ from torch import nn
 from ..measurement.measuring import measure
 from ..measurement.strategies import StrategyContext, parse_strategy
 from ..measurement.units import format_bytes
+from .usage import ArgumentParser, UsageError, add_traceback_flag, parse_device
 
 __all__ = ["main", "DemoNet", "SIZES"]
 
@@ -97,17 +97,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Returns:
         0, or 1 when on CPU a memsave strategy's gradients or buffers differ from eager's (they must not).
 
+    Raises:
+        UsageError: a wrong command line (``python -m memsave demo`` prints it as one line, exit code 2).
+
     Example:
         >>> from memsave.cli import demo
         >>> demo.main(["--size", "tiny", "--steps", "1"])
         0
     """
-    p = argparse.ArgumentParser(prog="python -m memsave demo", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m memsave demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--size", choices=tuple(SIZES), default=None, help="model size (default: cuda on CUDA, else cpu)")
     p.add_argument("--steps", type=int, default=5, help="timed steps; the median is used")
+    add_traceback_flag(p)
     args = p.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = parse_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda but CUDA is not available here; use --device cpu")
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
     cfg = SIZES[args.size or ("cuda" if device.type == "cuda" else "cpu")]
 
     t_start = time.perf_counter()

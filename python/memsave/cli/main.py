@@ -1,12 +1,24 @@
-"""Command line: ``python -m memsave {info,demo,bench,estimate}``."""
+"""Command line: python -m memsave {info,demo,bench,estimate} (also the memsave console script).
+
+Every failure is one line on stderr, "memsave: error: ...", with exit code 2 for a wrong command line and 1 for a
+run that failed; --traceback (or MEMSAVE_TRACEBACK=1) shows the full traceback instead.
+"""
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
+
+from .usage import ArgumentParser, add_traceback_flag, run_command
+
+__all__ = ["main"]
 
 
-def _info(_args: argparse.Namespace) -> int:
+def _info(argv: List[str]) -> int:
+    p = ArgumentParser(prog="python -m memsave info",
+                       description="Build facts and the dispatch keys of every memsave operator.")
+    add_traceback_flag(p)
+    p.parse_args(argv)
+
     import torch
 
     from ..extension import build_info, dispatch_table
@@ -25,42 +37,69 @@ def _info(_args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo(argv: List[str]) -> int:
     from . import demo
 
-    return demo.main(args.rest)
+    return demo.main(argv)
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench(argv: List[str]) -> int:
     from . import bench
 
-    return bench.main(args.rest)
+    return bench.main(argv)
 
 
-def _estimate(args: argparse.Namespace) -> int:
+def _estimate(argv: List[str]) -> int:
     from . import bench
 
-    return bench.estimate_main(args.rest)
+    return bench.estimate_main(argv)
+
+
+_COMMANDS: Dict[str, tuple] = {
+    "info": (_info, "build facts and the dispatch keys of every memsave operator"),
+    "demo": (_demo, "eager vs checkpointing on a built-in model: the memory comparison table"),
+    "bench": (_bench, "measure a model's training step across strategies: a built-in one, or yours as "
+                      "--model MODULE:CALLABLE --input SHAPE (see bench --help)"),
+    "estimate": (_estimate, "predict a model's training-step memory on fake tensors, and the largest batch that fits "
+                            "(same --model/--input forms; see estimate --help)"),
+}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``python -m memsave`` and the ``memsave`` console script."""
-    parser = argparse.ArgumentParser(prog="python -m memsave", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="build facts and the dispatch keys of every memsave operator").set_defaults(run=_info)
-    demo = sub.add_parser("demo", help="eager vs checkpointing on a built-in model: the memory comparison table",
-                          add_help=False)
-    demo.add_argument("rest", nargs=argparse.REMAINDER)
-    demo.set_defaults(run=_demo)
-    bench = sub.add_parser("bench", help="benchmark a model across strategies (see --help)", add_help=False)
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(run=_bench)
-    est = sub.add_parser("estimate", help="predict a model's training-step memory on fake tensors (see --help)", add_help=False)
-    est.add_argument("rest", nargs=argparse.REMAINDER)
-    est.set_defaults(run=_estimate)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("demo", "bench", "estimate"):  # argparse.REMAINDER drops leading options: pass them through
-        return int(sub.choices[argv[0]].get_default("run")(argparse.Namespace(rest=argv[1:])) or 0)
-    args = parser.parse_args(argv)
-    return int(args.run(args) or 0)
+    """Entry point of ``python -m memsave`` and the ``memsave`` console script.
 
+    Args:
+        argv: the arguments after ``python -m memsave`` (a subcommand first); None reads ``sys.argv``.
+
+    Returns:
+        the subcommand's exit status (0 on success; the demo returns 1 when a lossless strategy's gradients differ).
+
+    Raises:
+        SystemExit: on any failure, after one line ``memsave: error: ...`` on stderr: code 2 for a wrong command line,
+            1 for a run that failed (see :mod:`memsave.cli.usage`); code 0 after ``--help``.
+
+    Example:
+        >>> main(["estimate", "--model", "torchvision.models:resnet18", "--input", "8,3,64,64", "--device", "cpu"])
+        0
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The subcommand parses its own arguments (argparse.REMAINDER would drop leading options), so dispatch on the
+    # first argument that is not --traceback.
+    words = [a for a in argv if a != "--traceback"]
+    if words and words[0] in _COMMANDS:
+        rest = list(argv)
+        rest.remove(words[0])
+        return run_command(_COMMANDS[words[0]][0], rest)
+
+    def top_level(args: List[str]) -> int:
+        parser = ArgumentParser(prog="python -m memsave", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n")[1].replace("\n", " "))
+        sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(_COMMANDS) + "}")
+        for name, (_, help_text) in _COMMANDS.items():
+            sub.add_parser(name, help=help_text, add_help=False)
+        add_traceback_flag(parser)
+        parser.parse_args(args)  # --help exits 0; an unknown subcommand is a UsageError
+        parser.error("a subcommand is required")
+        return 2  # not reached: error() raises
+
+    return run_command(top_level, argv)

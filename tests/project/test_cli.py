@@ -1,0 +1,393 @@
+"""The command line, ``python -m memsave``: the user's own model (``--model MODULE:CALLABLE`` with ``--input`` shapes,
+token inputs, the loss taken from non-tensor outputs), one-line errors with their exit codes, and, slow, the whole
+CLI from a wheel installed into a fresh virtualenv and run outside the checkout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memsave
+from memsave.cli import main
+from memsave.cli.usage import CommandError, UsageError
+from memsave.cli.user_model import InputSpec, OutputLoss, first_float_tensor, parse_input
+
+REPO = Path(__file__).resolve().parents[2]
+MOD = "memsave_cli_test_models"
+
+# The user's models, as a module of their own (written to a temporary folder put on sys.path).
+USER_MODELS = '''
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+
+def make_cnn(channels=3, classes=5):
+    return nn.Sequential(
+        nn.Sequential(nn.Conv2d(channels, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()),
+        nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()),
+        nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1), nn.Linear(8, classes)),
+    )
+
+
+class LMOutput(OrderedDict):
+    """Like a Hugging Face ModelOutput: a dict whose items are also attributes; logits is not the first item."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=64, d=16, layers=2):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.h = nn.ModuleList(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU()) for _ in range(layers))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        for block in self.h:
+            x = x + block(x)
+        return LMOutput(hidden_states=x, logits=self.head(x))
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 3), nn.Linear(5, 3)
+
+    def forward(self, x, y):
+        return torch.zeros(x.shape[0], dtype=torch.long), self.a(x) + self.b(y)
+
+
+def broken():
+    raise RuntimeError("cannot build this model\\nsecond line of the message")
+
+
+def not_a_module():
+    return 42
+
+
+NOT_CALLABLE = 3
+'''
+
+
+@pytest.fixture(scope="module")
+def user_models(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("user_models")
+    (folder / f"{MOD}.py").write_text(USER_MODELS)
+    (folder / "fails_on_import.py").write_text("raise ImportError('a dependency of this module is missing')\n")
+    sys.path.insert(0, str(folder))
+    try:
+        yield folder
+    finally:
+        sys.path.remove(str(folder))
+        for name in (MOD, "fails_on_import"):
+            sys.modules.pop(name, None)
+
+
+def _stdout(capsys: pytest.CaptureFixture, argv: List[str]) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ --model / --input
+def test_bench_user_model_with_a_float_input(user_models, tmp_path, capsys):
+    out = tmp_path / "cnn.json"
+    text = _stdout(capsys, ["bench", "--model", f"{MOD}:make_cnn", "--input", "2,3,16,16", "--device", "cpu",
+                            "--steps", "1", "--no-progress", "--json", str(out)])
+    assert f"{MOD}:make_cnn (input 2x3x16x16 float32)" in text and "checkpoint:blocks" in text
+    data = json.loads(out.read_text())
+    assert data["model"] == f"{MOD}:make_cnn" and data["size"] is None and data["batch"] == 2
+    assert data["config"] == {"inputs": ["2,3,16,16"], "model_kwargs": {}}
+    assert [r["strategy"] for r in data["rows"]] == ["eager", "checkpoint:blocks"]
+    assert data["rows"][1]["max_grad_diff"] == 0.0 and data["rows"][0]["peak_bytes"] > 0
+
+
+def test_estimate_user_language_model_with_token_input_and_dict_output(user_models, tmp_path, capsys):
+    out = tmp_path / "lm.json"
+    text = _stdout(capsys, ["estimate", "--model", f"{MOD}:TinyLM", "--model-kwargs", '{"vocab": 40, "layers": 3}',
+                            "--input", "tokens:2,16:40", "--device", "cpu", "--memory", "4MiB", "--json", str(out)])
+    assert f"{MOD}:TinyLM (input 2x16 token ids < 40) on cpu" in text and "max batch (4MiB)" in text
+    data = json.loads(out.read_text())
+    assert data["config"] == {"inputs": ["tokens:2,16:40"], "model_kwargs": {"vocab": 40, "layers": 3}}
+    eager, ckpt = data["rows"]
+    assert ckpt["activation_bytes"] < eager["activation_bytes"]
+    assert ckpt["max_batch"] >= eager["max_batch"] >= 1
+
+
+def test_bench_token_ids_stay_below_the_vocabulary(user_models, capsys):
+    # An id >= vocab would make the embedding raise: the real (not fake) inputs of bench are drawn below it.
+    text = _stdout(capsys, ["bench", "--model", f"{MOD}:TinyLM", "--model-kwargs", '{"vocab": 7}', "--input",
+                            "tokens:4,32:7", "--device", "cpu", "--steps", "1", "--no-progress"])
+    assert "(input 4x32 token ids < 7)" in text
+
+
+def test_several_inputs_a_batch_override_and_a_file_path(user_models, capsys):
+    path = user_models / f"{MOD}.py"
+    text = _stdout(capsys, ["bench", "--model", f"{path}:TwoInputs", "--input", "2,4", "--input", "2,5",
+                            "--batch", "3", "--device", "cpu", "--steps", "1", "--no-progress",
+                            "--strategies", "eager,checkpoint:all"])
+    assert f"{path}:TwoInputs (inputs 3x4 float32, 3x5 float32)" in text and "checkpoint:all" in text
+
+
+def test_builtin_models_keep_size_and_batch(capsys):
+    text = _stdout(capsys, ["estimate", "--model", "unet", "--size", "tiny", "--batch", "3", "--device", "cpu"])
+    assert "unet (tiny, batch 3) on cpu" in text
+
+
+@pytest.mark.parametrize("text, shape, vocab", [
+    ("8,3,64,64", (8, 3, 64, 64), None),
+    (" 4, 16 ", (4, 16), None),
+    ("tokens:2,128:50257", (2, 128), 50257),
+])
+def test_parse_input(text, shape, vocab):
+    spec = parse_input(text)
+    assert spec == InputSpec(shape, vocab)
+    assert parse_input(spec.spelling()) == spec
+    t = spec.make(torch.device("cpu"), torch.Generator().manual_seed(0), batch=2)
+    assert t.shape == (2,) + shape[1:] and t.dtype == (torch.float32 if vocab is None else torch.int64)
+    if vocab is not None:
+        assert 0 <= int(t.min()) and int(t.max()) < vocab
+
+
+@pytest.mark.parametrize("text", ["", "8x3x64", "2,-1", "2,0", "2,3.5", "tokens:2,8", "tokens:2,8:0", "tokens::5",
+                                  "float:2,3"])
+def test_parse_input_rejects(text):
+    with pytest.raises(UsageError, match="--input"):
+        parse_input(text)
+
+
+# ------------------------------------------------------------------------------------------------ the loss
+@dataclass
+class _DataclassOutput:
+    past: Optional[torch.Tensor]
+    scores: torch.Tensor
+
+
+def test_output_loss_is_cross_entropy_against_zeros_or_a_sum():
+    loss = OutputLoss()
+    x2 = torch.randn(3, 5, requires_grad=True)
+    assert torch.equal(loss(x2), F.cross_entropy(x2, torch.zeros(3, dtype=torch.long)))
+    x4 = torch.randn(2, 4, 3, 3, requires_grad=True)
+    assert torch.equal(loss(x4), F.cross_entropy(x4, torch.zeros(2, 3, 3, dtype=torch.long)))
+    x3 = torch.randn(2, 6, 11, requires_grad=True)  # (B, T, V): a language model
+    assert torch.equal(loss(x3), F.cross_entropy(x3.flatten(0, 1), torch.zeros(12, dtype=torch.long)))
+    x1 = torch.randn(4, requires_grad=True)  # no class dimension: summed
+    assert torch.equal(loss(x1), x1.sum())
+    loss(x2).backward()
+    assert x2.grad is not None
+
+
+def test_output_loss_takes_logits_then_the_first_float_tensor_requiring_grad():
+    logits = torch.randn(2, 3, requires_grad=True)
+    hidden = torch.randn(2, 3, 8, requires_grad=True)
+
+    class ModelOutput(OrderedDict):  # Hugging Face style: items are attributes too
+        def __getattr__(self, name):
+            return self[name]
+
+    assert first_float_tensor(ModelOutput(hidden_states=hidden, logits=logits)) is logits
+    assert first_float_tensor((torch.zeros(2, dtype=torch.long), torch.ones(2), [hidden, logits])) is hidden
+    assert first_float_tensor({"ids": torch.zeros(1), "out": logits}) is logits
+    assert first_float_tensor(_DataclassOutput(past=None, scores=logits)) is logits
+    assert first_float_tensor(torch.zeros(2, dtype=torch.long)) is None
+    with pytest.raises(TypeError, match="no floating-point tensor that requires grad"):
+        OutputLoss()((torch.zeros(2), torch.ones(2, dtype=torch.long)))
+
+
+# ------------------------------------------------------------------------------------------------ one-line errors
+_CNN = ["--model", f"{MOD}:make_cnn", "--input", "2,3,8,8", "--device", "cpu"]
+
+ERRORS = [
+    # wrong command lines: exit code 2
+    ([], 2, "a subcommand is required"),
+    (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+    (["bench", "--frobnicate"], 2, "unrecognized arguments: --frobnicate"),
+    (["bench"], 2, "--model is required"),
+    (["bench", "--model", "alexnet"], 2, "unknown model 'alexnet'"),
+    (["estimate", "--model", "resnet50", "--size", "huge"], 2, "--size must be one of full, cpu, tiny"),
+    (["bench", "--model", "resnet50", "--input", "2,3"], 2, "--input and --model-kwargs are for MODULE:CALLABLE"),
+    (["bench", "--model", "no_such_module_xyz:make"], 2, "--input"),
+    (["bench", "--model", "no_such_module_xyz:make", "--input", "2,3"], 2, "no module named 'no_such_module_xyz'"),
+    (["bench", "--model", f"{MOD}:make_cnm", "--input", "2,3"], 2, "has no attribute 'make_cnm'; did you mean make_cnn"),
+    (["bench", "--model", f"{MOD}:NOT_CALLABLE", "--input", "2,3"], 2, "is not callable"),
+    (["bench", "--model", f"{MOD}:not_a_module", "--input", "2,3"], 2, "not a torch.nn.Module"),
+    (["bench", "--model", "no/such/file.py:make", "--input", "2,3"], 2, "no such file"),
+    (["bench", "--model", ":make", "--input", "2,3"], 2, "write MODULE:CALLABLE"),
+    (["bench", "--model", f"{MOD}:make_cnn", "--input", "2,x"], 2, "--input '2,x': not a shape"),
+    (["estimate", "--model", f"{MOD}:TinyLM", "--input", "tokens:2,8"], 2, "token inputs need a vocabulary size"),
+    (["bench", *_CNN, "--size", "tiny"], 2, "--size is for the built-in models"),
+    (["bench", *_CNN, "--model-kwargs", "{oops"], 2, "--model-kwargs is not valid JSON"),
+    (["bench", *_CNN, "--batch", "0"], 2, "--batch must be >= 1"),
+    (["bench", *_CNN, "--strategies", "eager,nonsense"], 2, "unknown strategy 'nonsense'"),
+    (["bench", *_CNN, "--device", "tpu"], 2, "--device must be cpu or cuda"),
+    (["estimate", *_CNN, "--memory", "lots"], 2, "cannot parse 'lots' as a memory size"),
+    (["estimate", *_CNN, "--headroom", "1.5"], 2, "--headroom must be a fraction"),
+    (["demo", "--size", "huge"], 2, "invalid choice: 'huge'"),
+    (["info", "--verbose"], 2, "unrecognized arguments: --verbose"),
+    # understood, but the run failed: exit code 1
+    (["bench", "--model", f"{MOD}:broken", "--input", "2,3"], 1, "calling it failed: RuntimeError: cannot build"),
+    (["bench", "--model", "fails_on_import:make", "--input", "2,3"], 1, "importing fails_on_import failed"),
+    (["bench", *_CNN, "--model-kwargs", '{"depth": 3}'], 1, "unexpected keyword argument 'depth'"),
+    (["bench", "--model", f"{MOD}:make_cnn", "--input", "2,4,8,8", "--device", "cpu", "--no-progress"], 1,
+     "bench: memsave_cli_test_models:make_cnn (input 2x4x8x8 float32) failed: RuntimeError: Given groups=1"),
+    (["estimate", "--model", f"{MOD}:make_cnn", "--input", "2,4,8,8", "--device", "cpu"], 1,
+     "estimate: memsave_cli_test_models:make_cnn (input 2x4x8x8 float32) failed:"),
+    (["bench", *_CNN, "--input", "2,3", "--no-progress"], 1, "failed: TypeError"),  # forward takes one input
+]
+
+
+@pytest.mark.parametrize("argv, code, message", ERRORS, ids=[" ".join(a[0])[:60] or "no-args" for a in ERRORS])
+def test_every_failure_is_one_line_with_its_exit_code(user_models, capsys, monkeypatch, argv, code, message):
+    monkeypatch.delenv("MEMSAVE_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == code
+    err = capsys.readouterr().err
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and "memsave.estimate:" not in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("memsave: error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+def test_traceback_escape_hatch(user_models, monkeypatch):
+    argv = ["bench", "--model", f"{MOD}:broken", "--input", "2,3"]
+    with pytest.raises(CommandError, match="calling it failed") as info:
+        main(argv + ["--traceback"])
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(UsageError, match="unknown model"):
+        main(["--traceback", "bench", "--model", "alexnet"])
+    monkeypatch.setenv("MEMSAVE_TRACEBACK", "1")
+    with pytest.raises(CommandError):
+        main(argv)
+
+
+def test_help_documents_the_model_and_input_forms(capsys):
+    for command in ("bench", "estimate"):
+        with pytest.raises(SystemExit) as info:
+            main([command, "--help"])
+        assert info.value.code == 0
+        text = capsys.readouterr().out
+        for needle in ("MODULE:CALLABLE", "tokens:SHAPE:VOCAB", "tokens:2,128:50257", "--model-kwargs",
+                       "torchvision.models:resnet18", "cross-entropy", "--traceback"):
+            assert needle in text, (command, needle)
+
+
+def test_module_entry_point_fails_in_one_line(tmp_path):
+    # The process as a user runs it (same memsave as this test imports), from outside the checkout.
+    env = dict(os.environ, MEMSAVE_TRACEBACK="")
+    where = subprocess.run([sys.executable, "-c", "import memsave; print(memsave.__file__)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(where).resolve() == Path(memsave.__file__).resolve()
+    r = subprocess.run([sys.executable, "-m", "memsave", "bench", "--model", "no_such_module_xyz:f", "--input", "2,3"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == ["memsave: error: --model 'no_such_module_xyz:f': no module named "
+                                             "'no_such_module_xyz' (is it installed, or in the current directory or "
+                                             "on PYTHONPATH?)"]
+
+
+# ------------------------------------------------------------------------------------------------ from a wheel
+def _check(cmd: List[str], cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{' '.join(cmd)} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.mark.slow
+def test_cli_from_a_wheel_in_a_fresh_virtualenv(tmp_path):
+    """Build a CPU-only wheel, install it into a new virtualenv, run every subcommand from outside the checkout.
+
+    The wheel is built in ``build/wheel-test`` (gitignored; a rerun is an incremental ninja build, ccache helps a
+    fresh clone), never in the editable install's ``build/{wheel_tag}``. The virtualenv does not use
+    ``--system-site-packages``: the system's site-packages may hold an editable install of memsave whose ``.pth``
+    import hook would win over the wheel. Instead a ``.pth`` file in the virtualenv lists the folders holding torch
+    and memsave's other dependencies; folders named in a ``.pth`` file are added to ``sys.path`` without running
+    their own ``.pth`` files, so the wheel's memsave is the one imported (asserted below).
+    """
+    import importlib.util
+
+    missing = [m for m in ("torchvision", "scikit_build_core", "pybind11", "ninja") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: `bash tools/setup.sh --test` installs them")
+    t0 = time.perf_counter()
+    dist, outside = tmp_path / "dist", tmp_path / "outside"
+    dist.mkdir()
+    outside.mkdir()
+    assert REPO not in outside.resolve().parents
+
+    # 1. The wheel, CPU kernels only (one build at a time on this machine: the lock tools/setup.sh takes).
+    build_dir = REPO / "build" / "wheel-test"
+    env = dict(os.environ, MEMSAVE_CUDA="OFF", CCACHE_BASEDIR=str(REPO), CCACHE_NOHASHDIR="true",
+               CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2"))
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-build-isolation",
+           "--no-deps", "-w", str(dist), f"-Cbuild-dir={build_dir}", "-Ccmake.define.MEMSAVE_CUDA=OFF", str(REPO)]
+    if shutil.which("flock"):
+        cmd = ["flock", "/tmp/memsave-build.lock"] + cmd
+    _check(cmd, REPO, env, timeout=3600)
+    wheels = list(dist.glob("memsave-*.whl"))
+    assert len(wheels) == 1, wheels
+    t_build = time.perf_counter() - t0
+
+    # 2. A fresh virtualenv with the wheel (no dependencies from an index), then torch & co made visible (after the
+    #    install, so that pip does not see the system's memsave).
+    venv = tmp_path / "venv"
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "MEMSAVE_TRACEBACK", "VIRTUAL_ENV")}
+    clean.update(PYTHONNOUSERSITE="1", PATH=f"{venv / 'bin'}{os.pathsep}{clean.get('PATH', '')}")
+    _check([sys.executable, "-m", "venv", str(venv)], outside, clean)
+    py = str(venv / "bin" / "python")
+    _check([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", str(wheels[0])], outside,
+           clean)
+    purelib = _check([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], outside, clean).stdout
+    import numpy
+    import torchvision
+    import tqdm
+
+    folders = dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (torch, numpy, tqdm, torchvision))
+    Path(purelib.strip(), "memsave_test_dependencies.pth").write_text("\n".join(folders) + "\n")
+
+    # 3. The wheel's memsave and its compiled extension are the ones imported, not a checkout's.
+    where = _check([py, "-c", "import memsave, memsave._C; print(memsave.__file__); print(memsave._C.__file__)"],
+                   outside, clean).stdout.split()
+    for path in where:
+        assert Path(path).resolve().is_relative_to(venv.resolve()), where
+
+    # 4. Every subcommand, from outside the checkout.
+    r = _check([py, "-m", "memsave", "info"], outside, clean)
+    assert f"memsave {memsave.__version__}" in r.stdout and "CUDA kernels: no" in r.stdout
+    assert "memsave::relu" in r.stdout and "CPU" in r.stdout
+    r = _check([py, "-m", "memsave", "demo", "--size", "tiny", "--steps", "1", "--device", "cpu"], outside, clean)
+    assert "checkpoint:Block" in r.stdout and "eager" in r.stdout
+    r = _check([py, "-m", "memsave", "bench", "--model", "resnet50", "--size", "tiny", "--device", "cpu",
+                "--steps", "1", "--no-progress"], outside, clean)
+    assert "resnet50 (tiny, batch 2)" in r.stdout and "checkpoint:blocks" in r.stdout
+    r = _check([py, "-m", "memsave", "estimate", "--model", "torchvision.models:resnet18", "--input", "8,3,64,64",
+                "--device", "cpu"], outside, clean)
+    assert "torchvision.models:resnet18 (input 8x3x64x64 float32) on cpu" in r.stdout
+    rows = {line.split()[0] for line in r.stdout.splitlines()[3:]}
+    assert rows == {"eager", "checkpoint:blocks"}, r.stdout
+
+    # 5. The console script, and a failure from the installed package: one line, exit code 2.
+    r = subprocess.run([str(venv / "bin" / "memsave"), "bench", "--model", "alexnet"], cwd=outside, env=clean,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("memsave: error: unknown model 'alexnet'")
+    print(f"wheel built in {t_build:.0f} s; installed and run in {time.perf_counter() - t0 - t_build:.0f} s")
