@@ -51,7 +51,8 @@ def test_parse_strategy_names_and_combinations():
 
 
 @pytest.mark.parametrize("bad,match", [
-    ("fsdp", r"unknown strategy 'fsdp'.*valid strategies: eager, checkpoint:<policy>, plan:<budget>, convert, convert_all, amp:fp16"),
+    ("fsdp", r"unknown strategy 'fsdp'.*valid strategies: eager, checkpoint:<policy>, plan:<budget>, "
+             r"checkpoint_sequential:<segments>, torch_checkpoint:<policy>"),
     ("eager+zero", r"unknown strategy 'zero' in 'eager\+zero'"),
     ("", r"unknown strategy"),
     ("convert+", r"unknown strategy"),

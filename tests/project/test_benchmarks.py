@@ -8,6 +8,7 @@ import torch
 from memsave.measurement import models as bench_models
 from benchmarks import run as bench_run
 from benchmarks import strategies as bench_strategies
+from memsave.measurement.strategies import StrategyContext, parse_strategy, register_strategy, unregister_strategy
 
 from memsave.measurement.tracker import LiveTensorTracker
 from memsave.measurement.allocator import cpu_memory_stats
@@ -45,38 +46,36 @@ def test_gpt_head_is_tied_and_survives_deepcopy():
     assert twin.head.lm_head.weight is twin.embed.wte.weight
 
 
-def test_registry_is_extensible_and_checks_names():
+def test_rows_are_names_of_memsave_registry_and_a_registered_kind_becomes_a_row():
     calls = []
 
-    @bench_strategies.register("test:identity", "eager, registered by a test")
-    def _identity(model, inputs):
-        calls.append(type(model).__name__)
+    def _identity(model, arg, ctx):
+        calls.append((type(model).__name__, arg, ctx.device.type))
         return model
 
+    register_strategy("test-identity", "eager, registered by a test", arg="<tag>", apply=_identity)
     try:
-        with pytest.raises(ValueError, match="already registered"):
-            bench_strategies.register("test:identity", "twice")(_identity)
-        with pytest.raises(ValueError, match="registered: eager"):
+        with pytest.raises(ValueError, match="valid strategies: eager"):
             bench_strategies.get(["no-such-strategy"])
-        assert [s.name for s in bench_strategies.get(["test:identity"])] == ["eager", "test:identity"]
-        rows = bench_run.run_model("vgg16", "tiny", ["test:identity"], torch.device("cpu"), steps=1, warmup=0,
+        assert [s.name for s in bench_strategies.get(["test-identity:x"])] == ["eager", "test-identity:x"]
+        rows = bench_run.run_model("vgg16", "tiny", ["test-identity:x"], torch.device("cpu"), steps=1, warmup=0,
                                    log=lambda *a: None)
-        assert calls == ["VGG16"]
-        assert [r["strategy"] for r in rows] == ["eager", "test:identity"]
+        assert calls == [("VGG16", "x", "cpu")]
+        assert [r["strategy"] for r in rows] == ["eager", "test-identity:x"]
         assert rows[1]["max_grad_diff"] == 0.0 and rows[1]["activation_bytes"] == rows[0]["activation_bytes"]
     finally:
-        del bench_strategies.STRATEGIES["test:identity"]
+        unregister_strategy("test-identity")
 
 
 def test_missing_requirement_skips_the_row():
-    bench_strategies.register("test:needs-missing", "needs a module that is not there",
-                              requires=("memsave_no_such_module:thing",))(lambda m, i: m)
+    register_strategy("test-needs-missing", "needs a module that is not there", apply=lambda m, a, c: m,
+                      requires=("memsave_no_such_module:thing",))
     try:
-        rows = bench_run.run_model("vgg16", "tiny", ["test:needs-missing"], torch.device("cpu"), steps=1, warmup=0,
+        rows = bench_run.run_model("vgg16", "tiny", ["test-needs-missing"], torch.device("cpu"), steps=1, warmup=0,
                                    log=lambda *a: None)
-        assert "cannot import memsave_no_such_module" in rows[1]["skipped"]
+        assert "needs memsave_no_such_module" in rows[1]["skipped"]
     finally:
-        del bench_strategies.STRATEGIES["test:needs-missing"]
+        unregister_strategy("test-needs-missing")
 
 
 def test_harness_end_to_end(tmp_path):
@@ -92,7 +91,7 @@ def test_harness_end_to_end(tmp_path):
     saved = json.loads((tmp_path / "bench_cpu_tiny.json").read_text())
     assert saved["environment"]["torch"] == torch.__version__ and "device_name" in saved["environment"]
     md = (tmp_path / "bench_cpu_tiny.md").read_text()
-    assert "| memsave.checkpoint/block |" in md and f"torch {torch.__version__}" in md
+    assert "| checkpoint:blocks |" in md and f"torch {torch.__version__}" in md
 
 
 def test_plan_rows_run_within_the_feasible_range_and_stay_exact():
@@ -129,7 +128,7 @@ def test_per_block_checkpoint_halves_activations_at_cpu_size(name):
         import copy
 
         model = copy.deepcopy(case.model)
-        runner = bench_strategies.STRATEGIES[strategy].prepare(model, x)
+        runner = parse_strategy(strategy).prepare(model, StrategyContext(x, case.loss_fn, torch.device("cpu")))
         with LiveTensorTracker() as tracker:
             out = runner(*x)
             tracked = tracker.live_bytes
@@ -138,8 +137,8 @@ def test_per_block_checkpoint_halves_activations_at_cpu_size(name):
         return tracked, allocated, model
 
     eager_t, eager_a, _ = forward_bytes("eager")
-    torch_t, torch_a, _ = forward_bytes("torch.checkpoint/block")
-    ms_t, ms_a, ms_model = forward_bytes("memsave.checkpoint/block")
+    torch_t, torch_a, _ = forward_bytes("torch_checkpoint:blocks")
+    ms_t, ms_a, ms_model = forward_bytes("checkpoint:blocks")
     print(f"{name}: eager {eager_t} / {eager_a} B, torch per block {torch_t} / {torch_a} B, "
           f"memsave per block {ms_t} / {ms_a} B (tracker / allocator)")
     for eager, tc, ms in ((eager_t, torch_t, ms_t), (eager_a, torch_a, ms_a)):

@@ -40,16 +40,16 @@ def test_demo(capsys):
     assert demo.main(["--size", "tiny", "--steps", "1", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha() and "  " in line}
-    assert {"eager", "torch.utils.checkpoint/block", "memsave.checkpoint/block",
-            "memsave.checkpoint_sequential/2"} <= set(rows), out
+    assert {"eager", "torch_checkpoint:Block", "checkpoint:Block",
+            "checkpoint_sequential:2"} <= set(rows), out
     # columns: strategy, peak (2 tokens), activations (2), ratio, grad diff, BN stats
-    for name in ("memsave.checkpoint/block", "memsave.checkpoint_sequential/2"):
+    for name in ("checkpoint:Block", "checkpoint_sequential:2"):
         assert rows[name][-2] == "0" and rows[name][-1] == "yes", rows[name]
     # torch.utils.checkpoint updates BatchNorm statistics twice: the demo shows it.
-    assert rows["torch.utils.checkpoint/block"][-1] == "NO"
+    assert rows["torch_checkpoint:Block"][-1] == "NO"
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="timing-free smoke test of the module entry point")
 def test_demo_via_module_entry_point():
     out = _run("-m", "memsave", "demo", "--size", "tiny", "--steps", "1", "--device", "cpu")
-    assert "memsave.checkpoint/block" in out
+    assert "checkpoint:Block" in out
