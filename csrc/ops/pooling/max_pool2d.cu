@@ -1,5 +1,5 @@
 // CUDA kernels of memsave::max_pool2d / max_pool2d_backward (schemas, CPU kernels and semantics:
-// csrc/ops/max_pool2d.cpp). The backward gathers: one thread per input element sums the gradients of the outputs
+// max_pool2d.cpp). The backward gathers: one thread per input element sums the gradients of the outputs
 // whose argmax points at it, in output order, so it needs no atomics and is deterministic.
 #include <limits>
 
@@ -9,8 +9,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include "../max_pool2d_common.h"
-#include "launch.cuh"
+#include "pooling/max_pool2d_common.h"
+#include "common/launch.cuh"
 
 namespace memsave {
 namespace {

@@ -19,7 +19,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
-#include "fused_act.h"
+#include "common/fused_act.h"
 
 namespace memsave {
 

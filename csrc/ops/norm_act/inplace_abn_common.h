@@ -1,4 +1,4 @@
-// Host-side steps of memsave::inplace_abn shared by its CPU (inplace_abn.cpp) and CUDA (cuda/inplace_abn.cu) kernels:
+// Host-side steps of memsave::inplace_abn shared by its CPU (inplace_abn.cpp) and CUDA (inplace_abn.cu) kernels:
 // argument checks and the per-channel statistics (batch statistics with the running-statistics update in training,
 // running statistics in eval).
 #pragma once
@@ -11,7 +11,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Optional.h>
 
-#include "bn_act_common.h"
+#include "norm_act/bn_act_common.h"
 
 namespace memsave {
 

@@ -13,7 +13,7 @@
 
 #include <ATen/OpMathType.h>
 
-#include "philox.h"
+#include "masks/philox.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MEMSAVE_X86_SIMD 1

@@ -26,8 +26,8 @@
 #include <ATen/ops/silu.h>
 #include <torch/library.h>
 
-#include "bn_act_common.h"
-#include "bn_act_cpu.h"
+#include "norm_act/bn_act_common.h"
+#include "norm_act/bn_act_cpu.h"
 
 namespace memsave {
 namespace {
@@ -127,7 +127,7 @@ TORCH_LIBRARY_IMPL(memsave, CPU, m) {
 
 #ifdef MEMSAVE_WITH_CUDA
 // The forward is torch's batch norm plus an in-place activation, so the same code serves CUDA tensors; the
-// backward's CUDA kernel is in cuda/batch_norm_act.cu.
+// backward's CUDA kernel is in batch_norm_act.cu.
 TORCH_LIBRARY_IMPL(memsave, CUDA, m) { m.impl("batch_norm_act", &batch_norm_act_forward); }
 #endif
 

@@ -17,9 +17,9 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "bn_act_common.h"
-#include "bn_act_cpu.h"
-#include "inplace_abn_common.h"
+#include "norm_act/bn_act_common.h"
+#include "norm_act/bn_act_cpu.h"
+#include "norm_act/inplace_abn_common.h"
 
 namespace memsave {
 namespace {

@@ -27,7 +27,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-#include "layer_norm_linear.h"
+#include "linear/layer_norm_linear.h"
 
 namespace memsave {
 namespace {
@@ -203,7 +203,7 @@ TORCH_LIBRARY_IMPL(memsave, CPU, m) {
 }
 
 #ifdef MEMSAVE_WITH_CUDA
-// Forward and backward are torch ops plus layer_norm_apply (whose CUDA kernel is in cuda/layer_norm_linear.cu),
+// Forward and backward are torch ops plus layer_norm_apply (whose CUDA kernel is in layer_norm_linear.cu),
 // so the same code serves CUDA tensors.
 TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
   m.impl("layer_norm_linear", &layer_norm_linear_forward);

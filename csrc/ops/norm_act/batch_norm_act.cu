@@ -1,11 +1,12 @@
-// CUDA kernels of memsave::batch_norm_act_backward and batch_norm_act_apply (schemas, forward and CPU kernel: csrc/ops/batch_norm_act.cpp).
+// CUDA kernels of memsave::batch_norm_act_backward and batch_norm_act_apply (schemas, forward and CPU kernels:
+// batch_norm_act.cpp).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "../bn_act_common.h"
-#include "bn_act_kernels.cuh"
+#include "norm_act/bn_act_common.h"
+#include "norm_act/bn_act_kernels.cuh"
 
 namespace memsave {
 namespace {

@@ -23,7 +23,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-#include "bn_act_common.h"
+#include "norm_act/bn_act_common.h"
 
 namespace memsave {
 namespace {

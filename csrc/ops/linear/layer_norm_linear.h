@@ -1,4 +1,4 @@
-// Shared by layer_norm_linear.cpp and cuda/layer_norm_linear.cu: the argument checks of layer_norm_apply.
+// Shared by layer_norm_linear.cpp and layer_norm_linear.cu: the argument checks of layer_norm_apply.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// CUDA kernels of memsave::relu / relu_ / relu_backward (schemas and CPU kernels: csrc/ops/relu.cpp).
+// CUDA kernels of memsave::relu / relu_ / relu_backward (schemas and CPU kernels: relu.cpp).
 #include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
@@ -7,9 +7,9 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "../bitmask.h"
-#include "launch.cuh"
-#include "mask_kernels.cuh"
+#include "masks/bitmask.h"
+#include "common/launch.cuh"
+#include "masks/mask_kernels.cuh"
 
 namespace memsave {
 namespace {

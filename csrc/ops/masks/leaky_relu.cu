@@ -1,5 +1,5 @@
 // CUDA kernels of memsave::leaky_relu / leaky_relu_ / leaky_relu_backward (schemas, CPU kernels and semantics:
-// csrc/ops/leaky_relu.cpp).
+// leaky_relu.cpp).
 #include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
@@ -8,9 +8,9 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "../bitmask.h"
-#include "launch.cuh"
-#include "mask_kernels.cuh"
+#include "masks/bitmask.h"
+#include "common/launch.cuh"
+#include "masks/mask_kernels.cuh"
 
 namespace memsave {
 namespace {

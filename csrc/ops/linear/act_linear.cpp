@@ -29,7 +29,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-#include "fused_act.h"
+#include "common/fused_act.h"
 
 namespace memsave {
 namespace {

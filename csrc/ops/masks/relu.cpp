@@ -11,9 +11,9 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "bitmask.h"
-#include "inplace_autograd.h"
-#include "mask_cpu.h"
+#include "masks/bitmask.h"
+#include "masks/inplace_autograd.h"
+#include "masks/mask_cpu.h"
 
 namespace memsave {
 namespace {

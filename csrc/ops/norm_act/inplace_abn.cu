@@ -1,13 +1,13 @@
 // CUDA kernels of memsave::inplace_abn / inplace_abn_backward (schemas, CPU kernels and the description:
-// csrc/ops/inplace_abn.cpp).
+// inplace_abn.cpp).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "../bn_act_common.h"
-#include "../inplace_abn_common.h"
-#include "bn_act_kernels.cuh"
+#include "norm_act/bn_act_common.h"
+#include "norm_act/inplace_abn_common.h"
+#include "norm_act/bn_act_kernels.cuh"
 
 namespace memsave {
 namespace {

@@ -1,13 +1,13 @@
 // CUDA kernel of memsave::layer_norm_apply, the recompute step of layer_norm_linear's backward (schemas, CPU kernels
-// and the composite forward/backward: csrc/ops/layer_norm_linear.cpp).
+// and the composite forward/backward: layer_norm_linear.cpp).
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include "../layer_norm_linear.h"
-#include "launch.cuh"
+#include "linear/layer_norm_linear.h"
+#include "common/launch.cuh"
 
 namespace memsave {
 namespace {

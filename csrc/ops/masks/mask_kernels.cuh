@@ -1,5 +1,5 @@
 // CUDA kernels shared by the mask-saving operators (relu, leaky_relu, dropout): the elementwise forward that writes a
-// bit-packed mask, and the backward that applies one. Mask layout: csrc/ops/bitmask.h.
+// bit-packed mask, and the backward that applies one. Mask layout: bitmask.h.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +8,8 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 
-#include "../bitmask.h"
-#include "launch.cuh"
+#include "masks/bitmask.h"
+#include "common/launch.cuh"
 
 namespace memsave {
 namespace cuda {

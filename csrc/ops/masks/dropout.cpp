@@ -19,11 +19,11 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "bitmask.h"
-#include "dropout_common.h"
-#include "inplace_autograd.h"
-#include "mask_cpu.h"
-#include "philox.h"
+#include "masks/bitmask.h"
+#include "masks/dropout_common.h"
+#include "masks/inplace_autograd.h"
+#include "masks/mask_cpu.h"
+#include "masks/philox.h"
 
 namespace memsave {
 namespace {

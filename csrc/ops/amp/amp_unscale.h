@@ -1,4 +1,4 @@
-// Argument checks and the scale-update rule shared by the CPU (amp_unscale.cpp) and CUDA (cuda/amp_unscale.cu)
+// Argument checks and the scale-update rule shared by the CPU (unscale_and_check.cpp) and CUDA (unscale_and_check.cu)
 // kernels of memsave::unscale_and_check_ and memsave::amp_update_scale_.
 #pragma once
 

@@ -1,5 +1,5 @@
 // CUDA kernels of memsave::unscale_and_check_ / memsave::amp_update_scale_ (schemas, semantics and CPU kernels:
-// csrc/ops/amp_unscale.cpp).
+// unscale_and_check.cpp).
 //
 // Multi-tensor design: the gradients of one dtype are cut into fixed-size chunks; one launch covers up to
 // kTableSize tensors, whose pointers, lengths and first-block numbers travel in a table passed by value as the
@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "../amp_unscale.h"
-#include "launch.cuh"
+#include "amp/amp_unscale.h"
+#include "common/launch.cuh"
 
 namespace memsave {
 namespace {

@@ -17,7 +17,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
-#include "bn_act_common.h"
+#include "norm_act/bn_act_common.h"
 
 namespace memsave {
 namespace cpu {

@@ -1,4 +1,4 @@
-// CUDA kernels shared by batch_norm_act and inplace_abn (see ../bn_act_common.h for the math and layouts):
+// CUDA kernels shared by batch_norm_act and inplace_abn (see bn_act_common.h for the math and layouts):
 //   pass 1  per-channel partial sums of g = grad_out * act'(y) and g * xhat over a fixed split of the rows,
 //   pass 1b one thread per channel adds the partials in a fixed order (deterministic) and derives coefficients,
 //   pass 2  elementwise input gradient.
@@ -14,8 +14,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
-#include "../bn_act_common.h"
-#include "launch.cuh"
+#include "norm_act/bn_act_common.h"
+#include "common/launch.cuh"
 
 namespace memsave {
 namespace cuda {

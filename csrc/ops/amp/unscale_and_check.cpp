@@ -33,7 +33,7 @@
 #include <immintrin.h>
 #endif
 
-#include "amp_unscale.h"
+#include "amp/amp_unscale.h"
 
 namespace memsave {
 namespace {

@@ -17,7 +17,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
-#include "max_pool2d_common.h"
+#include "pooling/max_pool2d_common.h"
 
 namespace memsave {
 namespace {

@@ -1,5 +1,5 @@
 // CUDA kernels of memsave::dropout / dropout_ / dropout_backward (schemas, CPU kernels and semantics:
-// csrc/ops/dropout.cpp). The bits come from Philox4x32-10 keyed by a (seed, offset) reservation from PyTorch's
+// dropout.cpp). The bits come from Philox4x32-10 keyed by a (seed, offset) reservation from PyTorch's
 // default CUDA generator of the tensor's device, taken under the generator's lock; at::cuda::philox::unpack makes it
 // safe under CUDA graph capture.
 #include <mutex>
@@ -15,11 +15,11 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "../bitmask.h"
-#include "../dropout_common.h"
-#include "../philox.h"
-#include "launch.cuh"
-#include "mask_kernels.cuh"
+#include "masks/bitmask.h"
+#include "masks/dropout_common.h"
+#include "masks/philox.h"
+#include "common/launch.cuh"
+#include "masks/mask_kernels.cuh"
 
 namespace memsave {
 namespace {
