@@ -49,7 +49,7 @@ void dropout_cpu_into(const at::Tensor& x, const at::Tensor& out, const at::Tens
     const opmath_t a = static_cast<opmath_t>(scale);
     at::parallel_for(0, mask.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
       cpu::dropout_mask(m, n, b0, b1, threshold, seed);
-      cpu::apply_mask<cpu::Apply::kPassScaled, scalar_t>(in, m, y, n, b0, b1, a, opmath_t(0));
+      cpu::apply_mask<Apply::kPassScaled, scalar_t>(in, m, y, n, b0, b1, a, opmath_t(0));
     });
   });
 }
@@ -85,7 +85,7 @@ at::Tensor dropout_backward_cpu(const at::Tensor& grad_out, const at::Tensor& ma
     scalar_t* out = grad_in.mutable_data_ptr<scalar_t>();
     const opmath_t a = static_cast<opmath_t>(scale);
     at::parallel_for(0, mk.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
-      cpu::apply_mask<cpu::Apply::kPassScaled, scalar_t>(gi, m, out, n, b0, b1, a, opmath_t(0));
+      cpu::apply_mask<Apply::kPassScaled, scalar_t>(gi, m, out, n, b0, b1, a, opmath_t(0));
     });
   });
   return grad_in;

@@ -1,7 +1,8 @@
 // CUDA kernels of memsave::dropout / dropout_ / dropout_backward (schemas, CPU kernels and semantics:
 // dropout.cpp). The bits come from Philox4x32-10 keyed by a (seed, offset) reservation from PyTorch's
 // default CUDA generator of the tensor's device, taken under the generator's lock; at::cuda::philox::unpack makes it
-// safe under CUDA graph capture.
+// safe under CUDA graph capture. The keep decision (philox::keeps) and the kept value (apply_mask_value) are the
+// functions the CPU kernel calls.
 #include <mutex>
 
 #include <ATen/Dispatch.h>
@@ -15,11 +16,12 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include "common/launch.cuh"
 #include "masks/bitmask.h"
 #include "masks/dropout_common.h"
-#include "masks/philox.h"
-#include "common/launch.cuh"
 #include "masks/mask_kernels.cuh"
+#include "masks/mask_math.h"
+#include "masks/philox.h"
 
 namespace memsave {
 namespace {
@@ -73,17 +75,17 @@ __global__ void dropout_forward_kernel(const scalar_t* in, scalar_t* out, uint8_
         const Vec4<scalar_t> x = *reinterpret_cast<const Vec4<scalar_t>*>(in + i0);
         Vec4<scalar_t> y;
         for (int j = 0; j < 4; ++j) {
-          const bool keep = static_cast<uint64_t>(words[j]) < threshold;
+          const bool keep = philox::keeps(words[j], threshold);
           nibble |= static_cast<uint32_t>(keep) << j;
-          y.v[j] = keep ? static_cast<scalar_t>(static_cast<opmath_t>(x.v[j]) * scale) : scalar_t(0);
+          y.v[j] = apply_mask_value<Apply::kPassScaled>(x.v[j], keep, scale, opmath_t(0));
         }
         *reinterpret_cast<Vec4<scalar_t>*>(out + i0) = y;
       } else {
         for (int j = 0; j < 4; ++j) {
           if (i0 + j < n) {
-            const bool keep = static_cast<uint64_t>(words[j]) < threshold;
+            const bool keep = philox::keeps(words[j], threshold);
             nibble |= static_cast<uint32_t>(keep) << j;
-            out[i0 + j] = keep ? static_cast<scalar_t>(static_cast<opmath_t>(in[i0 + j]) * scale) : scalar_t(0);
+            out[i0 + j] = apply_mask_value<Apply::kPassScaled>(in[i0 + j], keep, scale, opmath_t(0));
           }
         }
       }
@@ -153,7 +155,7 @@ at::Tensor dropout_backward_cuda(const at::Tensor& grad_out, const at::Tensor& m
   const at::Tensor g = grad_out.contiguous();
   const at::Tensor mk = mask.contiguous();
   at::Tensor grad_in = at::empty_like(g);
-  cuda::launch_apply_mask<cuda::Apply::kPassScaled>(g, mk, grad_in, dropout_scale(g.scalar_type(), p), 0.0);
+  cuda::launch_apply_mask<Apply::kPassScaled>(g, mk, grad_in, dropout_scale(g.scalar_type(), p), 0.0);
   return grad_in;
 }
 

@@ -59,7 +59,7 @@ at::Tensor leaky_relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor&
     scalar_t* out = grad_in.mutable_data_ptr<scalar_t>();
     const opmath_t s = static_cast<opmath_t>(negative_slope);
     at::parallel_for(0, mk.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
-      cpu::apply_mask<cpu::Apply::kLeaky, scalar_t>(gi, m, out, n, b0, b1, opmath_t(1), s);
+      cpu::apply_mask<Apply::kLeaky, scalar_t>(gi, m, out, n, b0, b1, opmath_t(1), s);
     });
   });
   return grad_in;

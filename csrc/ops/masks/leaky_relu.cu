@@ -1,5 +1,5 @@
 // CUDA kernels of memsave::leaky_relu / leaky_relu_ / leaky_relu_backward (schemas, CPU kernels and semantics:
-// leaky_relu.cpp).
+// leaky_relu.cpp; per-element math shared with the CPU: LeakyReluMask in mask_math.h).
 #include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
@@ -8,21 +8,13 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "masks/bitmask.h"
 #include "common/launch.cuh"
+#include "masks/bitmask.h"
 #include "masks/mask_kernels.cuh"
+#include "masks/mask_math.h"
 
 namespace memsave {
 namespace {
-
-struct LeakyReluOp {
-  template <typename scalar_t>
-  static __device__ __forceinline__ scalar_t apply(scalar_t v, at::opmath_type<scalar_t> slope, bool* bit) {
-    const auto f = static_cast<at::opmath_type<scalar_t>>(v);
-    *bit = f > 0;
-    return *bit ? v : static_cast<scalar_t>(f * slope);
-  }
-};
 
 void leaky_relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
   const int64_t n = x.numel();
@@ -32,7 +24,7 @@ void leaky_relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_leaky_relu_cuda", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
-    cuda::mask_forward_kernel<scalar_t, LeakyReluOp><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
+    cuda::mask_forward_kernel<scalar_t, LeakyReluMask><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
         x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), mask.mutable_data_ptr<uint8_t>(), n,
         static_cast<opmath_t>(slope));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -61,7 +53,7 @@ at::Tensor leaky_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor
   const at::Tensor g = grad_out.contiguous();
   const at::Tensor mk = mask.contiguous();
   at::Tensor grad_in = at::empty_like(g);
-  cuda::launch_apply_mask<cuda::Apply::kLeaky>(g, mk, grad_in, 1.0, negative_slope);
+  cuda::launch_apply_mask<Apply::kLeaky>(g, mk, grad_in, 1.0, negative_slope);
   return grad_in;
 }
 

@@ -3,7 +3,8 @@
 //
 // float32 and float64 take an AVX2 path when the CPU has it (chosen at run time: the extension is built for the
 // baseline x86-64 ISA, like the rest of torch's dispatch-by-capability kernels); every other case, and the last
-// partial byte, takes the portable path. Both paths compute the same bits and values.
+// partial byte, takes the portable path, which is the per-element math of mask_math.h that the CUDA kernels run too.
+// Both paths compute the same bits and values.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include <ATen/OpMathType.h>
 
+#include "masks/mask_math.h"
 #include "masks/philox.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -38,51 +40,20 @@ inline bool has_avx2() {
 #endif
 }
 
-// What a mask does to a value v: kPass: bit ? v : 0; kPassScaled: bit ? v * a : 0; kLeaky: bit ? v : v * b.
-enum class Apply { kPass, kPassScaled, kLeaky };
+// ---- portable path: the per-element math of mask_math.h, 8 elements (one mask byte) at a time ----------------------
 
-// ---- portable path ------------------------------------------------------------------------------------------------
-
-template <typename T>
-inline bool relu_passes(T v) {
-  return !(static_cast<at::opmath_type<T>>(v) <= 0);  // NaN passes its gradient, as in torch's threshold_backward
-}
-
-// torch.relu keeps -0.0 and NaN as they are: only negative values become +0.
-template <typename T>
-inline T relu_value(T v) {
-  return static_cast<at::opmath_type<T>>(v) < 0 ? T(0) : v;
-}
-
-template <typename T>
-void relu_forward_generic(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int64_t b1) {
+// Forward of an element-wise op with a mask (Op: ReluMask, LeakyReluMask), mask bytes [b0, b1) of n elements.
+template <typename Op, typename T>
+void mask_forward_generic(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int64_t b1,
+                          at::opmath_type<T> a) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t i0 = b * 8;
     const int64_t count = std::min<int64_t>(8, n - i0);
     uint8_t bits = 0;
     for (int64_t j = 0; j < count; ++j) {
-      const T v = in[i0 + j];
-      bits |= static_cast<uint8_t>(relu_passes(v)) << j;
-      out[i0 + j] = relu_value(v);
-    }
-    mask[b] = bits;
-  }
-}
-
-// torch.nn.functional.leaky_relu: v > 0 ? v : v * slope, the product taken in the op-math type.
-template <typename T>
-void leaky_relu_forward_generic(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int64_t b1,
-                                at::opmath_type<T> slope) {
-  using opmath_t = at::opmath_type<T>;
-  for (int64_t b = b0; b < b1; ++b) {
-    const int64_t i0 = b * 8;
-    const int64_t count = std::min<int64_t>(8, n - i0);
-    uint8_t bits = 0;
-    for (int64_t j = 0; j < count; ++j) {
-      const opmath_t v = static_cast<opmath_t>(in[i0 + j]);
-      const bool positive = v > 0;
-      bits |= static_cast<uint8_t>(positive) << j;
-      out[i0 + j] = positive ? in[i0 + j] : static_cast<T>(v * slope);
+      bool bit;
+      out[i0 + j] = Op::forward(in[i0 + j], a, &bit);
+      bits |= static_cast<uint8_t>(bit) << j;
     }
     mask[b] = bits;
   }
@@ -91,21 +62,12 @@ void leaky_relu_forward_generic(const T* in, T* out, uint8_t* mask, int64_t n, i
 template <typename T, Apply kMode>
 void apply_mask_generic(const T* in, const uint8_t* mask, T* out, int64_t n, int64_t b0, int64_t b1,
                         at::opmath_type<T> a, at::opmath_type<T> b_mul) {
-  using opmath_t = at::opmath_type<T>;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t i0 = b * 8;
     const int64_t count = std::min<int64_t>(8, n - i0);
     const uint8_t bits = mask[b];
     for (int64_t j = 0; j < count; ++j) {
-      const bool bit = (bits >> j) & 1;
-      const T v = in[i0 + j];
-      if (kMode == Apply::kPass) {
-        out[i0 + j] = bit ? v : T(0);
-      } else if (kMode == Apply::kPassScaled) {
-        out[i0 + j] = bit ? static_cast<T>(static_cast<opmath_t>(v) * a) : T(0);
-      } else {
-        out[i0 + j] = bit ? v : static_cast<T>(static_cast<opmath_t>(v) * b_mul);
-      }
+      out[i0 + j] = apply_mask_value<kMode>(in[i0 + j], (bits >> j) & 1, a, b_mul);
     }
   }
 }
@@ -313,7 +275,7 @@ void relu_forward(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int
     }
   }
 #endif
-  relu_forward_generic(in, out, mask, n, b0, b1);
+  mask_forward_generic<ReluMask>(in, out, mask, n, b0, b1, at::opmath_type<T>(0));
 }
 
 template <typename T>
@@ -330,7 +292,7 @@ void leaky_relu_forward(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b
     }
   }
 #endif
-  leaky_relu_forward_generic(in, out, mask, n, b0, b1, slope);
+  mask_forward_generic<LeakyReluMask>(in, out, mask, n, b0, b1, slope);
 }
 
 template <Apply kMode, typename T>

@@ -1,5 +1,6 @@
 // CUDA kernels shared by the mask-saving operators (relu, leaky_relu, dropout): the elementwise forward that writes a
-// bit-packed mask, and the backward that applies one. Mask layout: bitmask.h.
+// bit-packed mask, and the backward that applies one. Mask layout: bitmask.h; per-element math: mask_math.h (the same
+// functions the CPU loops call).
 #pragma once
 
 #include <cstdint>
@@ -8,15 +9,16 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 
-#include "masks/bitmask.h"
 #include "common/launch.cuh"
+#include "masks/bitmask.h"
+#include "masks/mask_math.h"
 
 namespace memsave {
 namespace cuda {
 
 // One thread per element; a warp's 32 bits are gathered with a ballot and written as 4 bytes by lanes 0..3. The
 // loop bound is warp-uniform so every lane takes part in each ballot. `out` may alias `in` (in-place forms).
-// Op: `static __device__ scalar_t apply(scalar_t v, opmath a, bool* bit)`.
+// Op: ReluMask or LeakyReluMask (mask_math.h).
 template <typename scalar_t, typename Op>
 __global__ void mask_forward_kernel(const scalar_t* in, scalar_t* out, uint8_t* __restrict__ mask, int64_t n,
                                     at::opmath_type<scalar_t> a) {
@@ -28,7 +30,7 @@ __global__ void mask_forward_kernel(const scalar_t* in, scalar_t* out, uint8_t* 
     const int64_t i = warp * kWarp + lane;
     bool bit = false;
     if (i < n) {
-      out[i] = Op::apply(in[i], a, &bit);
+      out[i] = Op::forward(in[i], a, &bit);
     }
     const unsigned bits = __ballot_sync(0xffffffffu, bit);
     const int64_t byte = warp * 4 + lane;
@@ -38,30 +40,19 @@ __global__ void mask_forward_kernel(const scalar_t* in, scalar_t* out, uint8_t* 
   }
 }
 
-// What a mask does to a value v: kPass: bit ? v : 0; kPassScaled: bit ? v * a : 0; kLeaky: bit ? v : v * b
-// (products in the op-math type, as torch's kernels compute them).
-enum class Apply { kPass, kPassScaled, kLeaky };
-
+// out[i] = apply_mask_value<kMode>(in[i], bit i of mask, a, b).
 template <typename scalar_t, Apply kMode>
 __global__ void apply_mask_kernel(const scalar_t* __restrict__ in, const uint8_t* __restrict__ mask,
                                   scalar_t* __restrict__ out, int64_t n, at::opmath_type<scalar_t> a,
                                   at::opmath_type<scalar_t> b) {
-  using opmath_t = at::opmath_type<scalar_t>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const bool bit = (mask[i >> 3] >> (i & 7)) & 1;
-    const scalar_t v = in[i];
-    if (kMode == Apply::kPass) {
-      out[i] = bit ? v : scalar_t(0);
-    } else if (kMode == Apply::kPassScaled) {
-      out[i] = bit ? static_cast<scalar_t>(static_cast<opmath_t>(v) * a) : scalar_t(0);
-    } else {
-      out[i] = bit ? v : static_cast<scalar_t>(static_cast<opmath_t>(v) * b);
-    }
+    out[i] = apply_mask_value<kMode>(in[i], bit, a, b);
   }
 }
 
-// out = mask applied to `in` (both contiguous, same dtype and numel), on the current stream. `a`, `b` as above.
+// out = mask applied to `in` (both contiguous, same dtype and numel), on the current stream; `a`, `b` as in Apply.
 template <Apply kMode>
 void launch_apply_mask(const at::Tensor& in, const at::Tensor& mask, const at::Tensor& out, double a, double b) {
   const int64_t n = in.numel();

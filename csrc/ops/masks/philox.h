@@ -76,6 +76,10 @@ inline uint64_t keep_threshold(double p) {
   return static_cast<uint64_t>(q * 4294967296.0);
 }
 
+// Whether an element whose random word is `word` is kept, for a threshold from keep_threshold (2^32 keeps all,
+// 0 keeps none). The CPU (keep_byte) and CUDA (dropout.cu) kernels both decide through it.
+C10_HOST_DEVICE inline bool keeps(uint32_t word, uint64_t threshold) { return static_cast<uint64_t>(word) < threshold; }
+
 // The byte of the keep mask covering elements 8*b .. 8*b+7 (groups 2b and 2b+1), for a threshold < 2^32.
 C10_HOST_DEVICE inline uint8_t keep_byte(int64_t b, uint32_t threshold, uint32_t k0, uint32_t k1, uint32_t c0,
                                          uint32_t c1) {
@@ -86,7 +90,7 @@ MEMSAVE_UNROLL
     const Words w = philox4x32(c0, c1, static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), k0, k1);
 MEMSAVE_UNROLL
     for (int j = 0; j < 4; ++j) {
-      bits |= static_cast<uint8_t>(w.v[j] < threshold) << (half * 4 + j);
+      bits |= static_cast<uint8_t>(keeps(w.v[j], threshold)) << (half * 4 + j);
     }
   }
   return bits;

@@ -52,7 +52,7 @@ at::Tensor relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& mask)
     const uint8_t* m = mk.const_data_ptr<uint8_t>();
     scalar_t* out = grad_in.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, mk.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
-      cpu::apply_mask<cpu::Apply::kPass, scalar_t>(gi, m, out, n, b0, b1, opmath_t(1), opmath_t(0));
+      cpu::apply_mask<Apply::kPass, scalar_t>(gi, m, out, n, b0, b1, opmath_t(1), opmath_t(0));
     });
   });
   return grad_in;

@@ -1,4 +1,5 @@
-// CUDA kernels of memsave::relu / relu_ / relu_backward (schemas and CPU kernels: relu.cpp).
+// CUDA kernels of memsave::relu / relu_ / relu_backward (schemas and CPU kernels: relu.cpp; per-element math shared
+// with the CPU: ReluMask in mask_math.h).
 #include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/OpMathType.h>
@@ -7,22 +8,13 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "masks/bitmask.h"
 #include "common/launch.cuh"
+#include "masks/bitmask.h"
 #include "masks/mask_kernels.cuh"
+#include "masks/mask_math.h"
 
 namespace memsave {
 namespace {
-
-struct ReluOp {
-  template <typename scalar_t>
-  static __device__ __forceinline__ scalar_t apply(scalar_t v, at::opmath_type<scalar_t> /*unused*/, bool* bit) {
-    // Compare in the op-math type: a tiny negative double must not round to -0.0 first.
-    const auto f = static_cast<at::opmath_type<scalar_t>>(v);
-    *bit = !(f <= 0);               // NaN passes its gradient, -0.0 does not (threshold_backward)
-    return f < 0 ? scalar_t(0) : v;  // -0.0 and NaN stay as they are (torch.relu)
-  }
-};
 
 void relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
   const int64_t n = x.numel();
@@ -31,7 +23,7 @@ void relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_relu_cuda", [&] {
-    cuda::mask_forward_kernel<scalar_t, ReluOp><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
+    cuda::mask_forward_kernel<scalar_t, ReluMask><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
         x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), mask.mutable_data_ptr<uint8_t>(), n, 0);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -55,7 +47,7 @@ at::Tensor relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& mask
   const at::Tensor g = grad_out.contiguous();
   const at::Tensor mk = mask.contiguous();
   at::Tensor grad_in = at::empty_like(g);
-  cuda::launch_apply_mask<cuda::Apply::kPass>(g, mk, grad_in, 1.0, 0.0);
+  cuda::launch_apply_mask<Apply::kPass>(g, mk, grad_in, 1.0, 0.0);
   return grad_in;
 }
 
