@@ -1,14 +1,14 @@
 // memsave::max_pool2d — 2D max pooling that saves the in-window argmax as one byte per output element for backward
 // (torch saves int64 indices, 8 bytes, and its input).
 //   max_pool2d(Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode)
-//       -> (Tensor out, Tensor argmax)                       argmax: uint8, the shape of out (code: max_pool2d_common.h)
+//       -> (Tensor out, Tensor argmax)                       argmax: uint8, the shape of out (code: pool_math.h)
 //   max_pool2d_backward(Tensor grad_out, Tensor argmax, SymInt[] input_size, int[2] kernel_size, int[2] stride,
 //       int[2] padding, int[2] dilation) -> Tensor
 // The backward needs only the input's sizes, so the input itself is not kept. Semantics match torch's CPU kernels
 // exactly: the first maximum of a window wins, scanning rows then columns, NaN wins over anything; the backward adds
-// gradients in output order (rows, then columns) in the input dtype, as torch's CPU backward does.
-#include <cmath>
-#include <limits>
+// gradients in output order (rows, then columns) in the input dtype, as torch's CPU backward does. The window scan and
+// the argmax decoding are pool_math.h's, which the CUDA kernels (max_pool2d.cu) call too.
+#include <algorithm>
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include "pooling/max_pool2d_common.h"
+#include "pooling/pool_math.h"
 
 namespace memsave {
 namespace {
@@ -49,24 +50,11 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_cpu(const at::Tensor& self, at::In
         const int64_t plane = r / OH;
         const int64_t oh = r % OH;
         const scalar_t* src = in + plane * H * W;
-        const int64_t ih0 = oh * p.sH - p.pH;
-        const int64_t hend = std::min(ih0 + (p.kH - 1) * p.dH + 1, H);
-        const int64_t kh0 = ih0 < 0 ? (-ih0 + p.dH - 1) / p.dH : 0;
+        const PoolSpan h = pool_span(oh, p.kH, p.sH, p.pH, p.dH, H);
         for (int64_t ow = 0; ow < OW; ++ow) {
-          const int64_t iw0 = ow * p.sW - p.pW;
-          const int64_t wend = std::min(iw0 + (p.kW - 1) * p.dW + 1, W);
-          const int64_t kw0 = iw0 < 0 ? (-iw0 + p.dW - 1) / p.dW : 0;
-          opmath_t best = -std::numeric_limits<opmath_t>::infinity();
-          int64_t code = kh0 * p.kW + kw0;
-          for (int64_t kh = kh0, ih = ih0 + kh0 * p.dH; ih < hend; ++kh, ih += p.dH) {
-            for (int64_t kw = kw0, iw = iw0 + kw0 * p.dW; iw < wend; ++kw, iw += p.dW) {
-              const opmath_t v = static_cast<opmath_t>(src[ih * W + iw]);
-              if (v > best || std::isnan(v)) {
-                best = v;
-                code = kh * p.kW + kw;
-              }
-            }
-          }
+          const PoolSpan w = pool_span(ow, p.kW, p.sW, p.pW, p.dW, W);
+          int64_t code;
+          const opmath_t best = max_pool2d_window(src, W, h, w, p, &code);
           y[r * OW + ow] = static_cast<scalar_t>(best);
           am[r * OW + ow] = static_cast<uint8_t>(code);
         }
@@ -104,9 +92,8 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_out, const at::Tensor&
         for (int64_t oh = 0; oh < OH; ++oh) {
           for (int64_t ow = 0; ow < OW; ++ow) {
             const int64_t o = (c * OH + oh) * OW + ow;
-            const int64_t k = code[o];
-            const int64_t ih = pool_input_pos(oh, k / p.kW, p.sH, p.pH, p.dH);
-            const int64_t iw = pool_input_pos(ow, k % p.kW, p.sW, p.pW, p.dW);
+            int64_t ih, iw;
+            max_pool2d_argmax_pos(code[o], oh, ow, p, &ih, &iw);
             if (ih >= 0 && ih < H && iw >= 0 && iw < W) {
               dst[ih * W + iw] += go[o];
             }

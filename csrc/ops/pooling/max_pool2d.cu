@@ -1,16 +1,16 @@
 // CUDA kernels of memsave::max_pool2d / max_pool2d_backward (schemas, CPU kernels and semantics:
 // max_pool2d.cpp). The backward gathers: one thread per input element sums the gradients of the outputs
-// whose argmax points at it, in output order, so it needs no atomics and is deterministic.
-#include <limits>
-
+// whose argmax points at it, in output order, so it needs no atomics and is deterministic. The window scan and the
+// argmax decoding are pool_math.h's, the functions the CPU kernels call.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include "pooling/max_pool2d_common.h"
 #include "common/launch.cuh"
+#include "pooling/max_pool2d_common.h"
+#include "pooling/pool_math.h"
 
 namespace memsave {
 namespace {
@@ -19,31 +19,15 @@ template <typename scalar_t>
 __global__ void max_pool2d_forward_kernel(const scalar_t* __restrict__ in, scalar_t* __restrict__ out,
                                           uint8_t* __restrict__ argmax, int64_t total, int64_t H, int64_t W,
                                           int64_t OH, int64_t OW, Pool2dParams p) {
-  using opmath_t = at::opmath_type<scalar_t>;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += step) {
     const int64_t ow = o % OW;
     const int64_t oh = (o / OW) % OH;
     const int64_t plane = o / (OW * OH);
-    const scalar_t* src = in + plane * H * W;
-    const int64_t ih0 = oh * p.sH - p.pH;
-    const int64_t iw0 = ow * p.sW - p.pW;
-    const int64_t hend = min(ih0 + (p.kH - 1) * p.dH + 1, H);
-    const int64_t wend = min(iw0 + (p.kW - 1) * p.dW + 1, W);
-    const int64_t kh0 = ih0 < 0 ? (-ih0 + p.dH - 1) / p.dH : 0;
-    const int64_t kw0 = iw0 < 0 ? (-iw0 + p.dW - 1) / p.dW : 0;
-    opmath_t best = -std::numeric_limits<opmath_t>::infinity();
-    int code = static_cast<int>(kh0 * p.kW + kw0);
-    for (int64_t kh = kh0, ih = ih0 + kh0 * p.dH; ih < hend; ++kh, ih += p.dH) {
-      for (int64_t kw = kw0, iw = iw0 + kw0 * p.dW; iw < wend; ++kw, iw += p.dW) {
-        const opmath_t v = static_cast<opmath_t>(src[ih * W + iw]);
-        if (v > best || isnan(v)) {
-          best = v;
-          code = static_cast<int>(kh * p.kW + kw);
-        }
-      }
-    }
-    out[o] = static_cast<scalar_t>(best);
+    const PoolSpan h = pool_span(oh, p.kH, p.sH, p.pH, p.dH, H);
+    const PoolSpan w = pool_span(ow, p.kW, p.sW, p.pW, p.dW, W);
+    int64_t code;
+    out[o] = static_cast<scalar_t>(max_pool2d_window(in + plane * H * W, W, h, w, p, &code));
     argmax[o] = static_cast<uint8_t>(code);
   }
 }
@@ -72,17 +56,17 @@ __global__ void max_pool2d_backward_kernel(const scalar_t* __restrict__ grad_out
     covering_outputs(iw, p.kW, p.sW, p.pW, p.dW, OW, &ow0, &ow1);
     opmath_t sum = 0;
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
-      const int64_t dh = ih - (oh * p.sH - p.pH);
-      if (dh % p.dH != 0) {
-        continue;
+      if ((ih - (oh * p.sH - p.pH)) % p.dH != 0) {
+        continue;  // row ih is between two dilated taps of this window: no argmax of it can point here
       }
       for (int64_t ow = ow0; ow <= ow1; ++ow) {
-        const int64_t dw = iw - (ow * p.sW - p.pW);
-        if (dw % p.dW != 0) {
+        if ((iw - (ow * p.sW - p.pW)) % p.dW != 0) {
           continue;
         }
         const int64_t o = (plane * OH + oh) * OW + ow;
-        if (argmax[o] == (dh / p.dH) * p.kW + dw / p.dW) {
+        int64_t ah, aw;
+        max_pool2d_argmax_pos(argmax[o], oh, ow, p, &ah, &aw);  // the decoding the CPU backward scatters with
+        if (ah == ih && aw == iw) {
           sum += static_cast<opmath_t>(grad_out[o]);
         }
       }

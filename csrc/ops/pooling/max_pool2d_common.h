@@ -1,23 +1,19 @@
-// What memsave::max_pool2d's CPU and CUDA kernels share: argument checks, output sizes (torch's formula) and the
-// one-byte argmax code. The argmax of an output element is its window position kh * kW + kw (kh, kw counted from
-// the window's nominal top-left corner, padding included), so windows of up to 256 positions (16x16) fit a byte.
+// Host-side steps memsave::max_pool2d's CPU and CUDA kernels share: argument checks and output sizes (torch's
+// formula). The per-element math (windows, the one-byte argmax code) is in pool_math.h.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <c10/macros/Macros.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+
+#include "pooling/pool_math.h"
 
 namespace memsave {
 
 constexpr int64_t kMaxPoolWindowPositions = 256;
-
-struct Pool2dParams {
-  int64_t kH, kW, sH, sW, pH, pW, dH, dW;
-};
 
 // torch's pooling_output_shape: the last window must start inside the input or its left/top padding.
 inline int64_t pool_output_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dilation, bool ceil) {
@@ -86,13 +82,6 @@ inline int64_t check_max_pool2d_backward_args(const at::Tensor& grad_out, const 
               input_size[1]), "memsave.max_pool2d_backward: gradient sizes ", grad_out.sizes(),
               " do not fit input_size ", input_size);
   return dim;
-}
-
-// The input row/column an argmax code points at, for output row/column o (may fall outside the input only for a
-// window that holds no input element at all, which the backward skips).
-C10_HOST_DEVICE inline int64_t pool_input_pos(int64_t o, int64_t k_index, int64_t stride, int64_t pad,
-                                              int64_t dilation) {
-  return o * stride - pad + k_index * dilation;
 }
 
 }  // namespace memsave
