@@ -12,8 +12,8 @@
 //       One fused kernel recomputes xhat = (x - mean) * invstd and y = xhat * w + b, multiplies grad_out by act'(y),
 //       reduces sum(g) and sum(g * xhat) per channel and writes the input gradient. grad_weight/grad_bias are
 //       always returned (dtype of weight, or of the statistics when there is none).
-//   batch_norm_act_apply(input, mean, invstd, weight?, bias?, act, act_param) -> act((input - mean) * invstd * w + b)
-//       The recompute of the output from saved statistics (used by batch_norm_act_conv2d's backward).
+// (batch_norm_act_apply, the recompute of this output from the saved statistics, lives with its user,
+// batch_norm_act_conv2d.cpp.)
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_batch_norm_impl_index.h>
@@ -92,18 +92,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cpu(
   return {grad_in, sums[1].to(pd, false, true), sums[0].to(pd, false, true)};
 }
 
-at::Tensor batch_norm_act_apply_cpu(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
-                                    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
-                                    c10::string_view act, double act_param) {
-  const Act a = check_batch_norm_act_apply_args(input, mean, invstd, weight, bias, act);
-  const at::MemoryFormat fmt = bn_memory_format(input);
-  const at::Tensor x = input.contiguous(fmt);
-  at::Tensor out = at::empty_like(x);
-  const ChannelTensors ct = make_channel_tensors(x, weight, bias, mean, invstd, at::kDouble, false);
-  cpu::bn_act_transform(x, out, ct.params<double>(a, act_param), bn_layout(x, fmt));
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
@@ -114,15 +102,11 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
   m.def(
       "batch_norm_act_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, "
       "Tensor invstd, bool training, str act, float act_param) -> (Tensor, Tensor, Tensor)");
-  m.def(
-      "batch_norm_act_apply(Tensor input, Tensor mean, Tensor invstd, Tensor? weight, Tensor? bias, str act, "
-      "float act_param) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
   m.impl("batch_norm_act", &batch_norm_act_forward);
   m.impl("batch_norm_act_backward", &batch_norm_act_backward_cpu);
-  m.impl("batch_norm_act_apply", &batch_norm_act_apply_cpu);
 }
 
 #ifdef MEMSAVE_WITH_CUDA

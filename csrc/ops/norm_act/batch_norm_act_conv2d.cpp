@@ -12,18 +12,25 @@
 //       -> (grad_input, grad_bn_weight, grad_bn_bias, grad_weight, grad_bias)
 //       batch_norm_act_apply recomputes the activation output, torch's convolution backward gives its gradient and
 //       the conv's, batch_norm_act_backward the rest. grad_bias is empty when has_bias is false.
+//   batch_norm_act_apply(input, mean, invstd, weight?, bias?, act, act_param) -> act((input - mean) * invstd * w + b)
+//       That recompute: the batch-norm + activation output from saved statistics, in one elementwise pass (CPU kernel
+//       here, CUDA kernel in batch_norm_act_conv2d.cu; the normalization in the order of torch's batch norm on each
+//       device, see bn_act_math.h).
 //
-// Torch ops plus memsave operators called through the dispatcher, so one implementation serves CPU and CUDA.
+// batch_norm_act_conv2d and its backward are torch ops plus memsave operators called through the dispatcher, so one
+// implementation serves CPU and CUDA.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include "norm_act/bn_act_common.h"
+#include "norm_act/bn_act_cpu.h"
 
 namespace memsave {
 namespace {
@@ -65,6 +72,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_batch_norm_act_backward(
                                                                  const OptTensor&, const OptTensor&, const at::Tensor&,
                                                                  const at::Tensor&, bool, c10::string_view, double)>();
   return handle.call(grad_out, input, weight, bias, mean, invstd, training, act, act_param);
+}
+
+at::Tensor batch_norm_act_apply_cpu(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+                                    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                                    c10::string_view act, double act_param) {
+  const Act a = check_batch_norm_act_apply_args(input, mean, invstd, weight, bias, act);
+  const at::MemoryFormat fmt = bn_memory_format(input);
+  const at::Tensor x = input.contiguous(fmt);
+  at::Tensor out = at::empty_like(x);
+  const ChannelTensors ct = make_channel_tensors(x, weight, bias, mean, invstd, at::kDouble, false);
+  cpu::bn_act_transform(x, out, ct.params<double>(a, act_param), bn_layout(x, fmt));
+  return out;
 }
 
 void check_conv(const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride, c10::IntArrayRef padding,
@@ -131,6 +150,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
   m.def(
+      "batch_norm_act_apply(Tensor input, Tensor mean, Tensor invstd, Tensor? weight, Tensor? bias, str act, "
+      "float act_param) -> Tensor");
+  m.def(
       "batch_norm_act_conv2d(Tensor input, Tensor? bn_weight, Tensor? bn_bias, Tensor(a!)? running_mean, "
       "Tensor(b!)? running_var, bool training, float momentum, float eps, str act, float act_param, Tensor weight, "
       "Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, int groups) -> (Tensor, Tensor, Tensor)");
@@ -141,6 +163,7 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
+  m.impl("batch_norm_act_apply", &batch_norm_act_apply_cpu);
   m.impl("batch_norm_act_conv2d", &batch_norm_act_conv2d_forward);
   m.impl("batch_norm_act_conv2d_backward", &batch_norm_act_conv2d_backward);
 }

@@ -1,6 +1,6 @@
-// Shared by the batch-norm + activation operators (batch_norm_act.cpp, inplace_abn.cpp and their CUDA files):
-// argument checks, the memory layout the kernels read, per-channel parameters, and the per-element recovery of
-// (normalized input, activation derivative) from either the saved input or the saved output.
+// Host-side steps shared by the batch-norm + activation operators (batch_norm_act, batch_norm_act_apply,
+// inplace_abn; CPU and CUDA): argument checks, the memory layout the kernels read and the per-channel tensors. The
+// per-element math is in bn_act_math.h.
 //
 // Layouts: "NC*" contiguous, read as (N, C, inner), or channels-last (ChannelsLast / ChannelsLast3d), read as
 // N * inner rows of C channels. Any other strides are made contiguous first.
@@ -15,11 +15,11 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/reciprocal.h>
 #include <ATen/ops/zeros.h>
-#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
 #include "common/fused_act.h"
+#include "norm_act/bn_act_math.h"
 
 namespace memsave {
 
@@ -132,18 +132,6 @@ inline Act check_batch_norm_act_apply_args(const at::Tensor& input, const at::Te
   return a;
 }
 
-// Per-channel values as raw pointers in the accumulation type; used on the host and in CUDA kernels.
-template <typename acc_t>
-struct ChannelParams {
-  const acc_t* mean;        // batch_norm_act only
-  const acc_t* invstd;
-  const acc_t* weight;      // 1 when the layer is not affine
-  const acc_t* bias;        // 0 when the layer is not affine
-  const acc_t* inv_weight;  // inplace_abn only: 1 / weight, NaN where weight == 0
-  Act act;
-  acc_t act_param;
-};
-
 // Owns the per-channel tensors a ChannelParams points into.
 struct ChannelTensors {
   at::Tensor mean, invstd, weight, bias, inv_weight;
@@ -178,33 +166,6 @@ inline ChannelTensors make_channel_tensors(const at::Tensor& x, const c10::optio
     t.inv_weight = at::reciprocal(t.weight).masked_fill_(at::eq(t.weight, 0), std::numeric_limits<double>::quiet_NaN());
   }
   return t;
-}
-
-// (normalized input, activation derivative at the pre-activation) of element value v in channel c.
-// From the input (batch_norm_act): xhat = (v - mean) * invstd, y = xhat * w + b.
-// From the output (inplace_abn): y = act^-1(v), xhat = (y - b) / w.
-template <bool FromOutput, typename acc_t>
-C10_HOST_DEVICE inline void bn_act_recover(const ChannelParams<acc_t>& p, int64_t c, acc_t v, acc_t& xhat,
-                                           acc_t& dact) {
-  if constexpr (FromOutput) {
-    const acc_t y = act_invert(p.act, v, p.act_param);
-    dact = act_grad_from_output(p.act, v, p.act_param);
-    xhat = (y - p.bias[c]) * p.inv_weight[c];
-  } else {
-    xhat = (v - p.mean[c]) * p.invstd[c];
-    dact = act_grad(p.act, xhat * p.weight[c] + p.bias[c], p.act_param);
-  }
-}
-
-// Input gradient of batch norm given g = grad_out * act'(y): k = w * invstd; mg, mgx = mean(g), mean(g * xhat) in
-// training and 0 in eval. A channel with w == 0 has zero input gradient; from the output its xhat is unknown (NaN),
-// so it is returned as 0 explicitly.
-template <bool FromOutput, typename acc_t>
-C10_HOST_DEVICE inline acc_t bn_act_dx(acc_t k, acc_t g, acc_t mg, acc_t xhat, acc_t mgx) {
-  if constexpr (FromOutput) {
-    if (k == acc_t(0)) return acc_t(0);
-  }
-  return k * (g - mg - xhat * mgx);
 }
 
 }  // namespace memsave

@@ -1,6 +1,6 @@
 // CPU kernels shared by batch_norm_act and inplace_abn: the fused backward (recover xhat and act' per element,
 // reduce per channel, write the input gradient) and the "normalize + activate" transform (inplace_abn's forward,
-// batch_norm_act_apply's recompute).
+// batch_norm_act_apply's recompute). Per element they run bn_act_math.h's functions, as the CUDA kernels do.
 //
 // Speed: the activation is a template parameter (no switch in the inner loops), per-channel constants live in
 // locals or separate arrays, and reductions use kLanes independent accumulators, so the compiler can vectorize the
@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "norm_act/bn_act_common.h"
+#include "norm_act/bn_act_math.h"
 
 namespace memsave {
 namespace cpu {
@@ -62,20 +63,6 @@ struct Channels {
   }
 };
 
-// (xhat, act'(y)) of one element; see bn_act_recover in bn_act_common.h. The channel's constants are
-// mean, invstd, w, b and inv_w (1 / w, used from the output).
-template <bool FromOutput, Act A, typename T>
-inline void recover(T p, T mean, T invstd, T w, T b, T inv_w, T v, T& xhat, T& dact) {
-  if constexpr (FromOutput) {
-    const T y = act_invert(A, v, p);
-    dact = act_grad_from_output(A, v, p);
-    xhat = (y - b) * inv_w;
-  } else {
-    xhat = (v - mean) * invstd;
-    dact = act_grad(A, xhat * w + b, p);
-  }
-}
-
 // grad_in <- input gradient; sum_g[c] <- sum(g), sum_gx[c] <- sum(g * xhat) with g = grad_out * act'(y).
 // `src` is the saved input (FromOutput = false) or the saved output (FromOutput = true); src, go and grad_in share
 // the layout `l` and are dense in it.
@@ -106,7 +93,7 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
               for (; i + kLanes <= inner; i += kLanes) {
                 for (int j = 0; j < kLanes; ++j) {
                   T xhat, dact;
-                  recover<FromOutput, A>(ap, mean, invstd, w, b, inv_w, static_cast<T>(sp[i + j]), xhat, dact);
+                  bn_act_recover<FromOutput>(A, ap, mean, invstd, w, b, inv_w, static_cast<T>(sp[i + j]), xhat, dact);
                   const double gg = static_cast<double>(static_cast<T>(gp[i + j]) * dact);
                   acc_g[j] += gg;
                   acc_gx[j] += gg * static_cast<double>(xhat);
@@ -114,7 +101,7 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
               }
               for (; i < inner; ++i) {
                 T xhat, dact;
-                recover<FromOutput, A>(ap, mean, invstd, w, b, inv_w, static_cast<T>(sp[i]), xhat, dact);
+                bn_act_recover<FromOutput>(A, ap, mean, invstd, w, b, inv_w, static_cast<T>(sp[i]), xhat, dact);
                 const double gg = static_cast<double>(static_cast<T>(gp[i]) * dact);
                 acc_g[0] += gg;
                 acc_gx[0] += gg * static_cast<double>(xhat);
@@ -136,7 +123,7 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
               scalar_t* op = out + (n * C + c) * inner;
               for (int64_t i = 0; i < inner; ++i) {
                 T xhat, dact;
-                recover<FromOutput, A>(ap, mean, invstd, w, b, inv_w, static_cast<T>(sp[i]), xhat, dact);
+                bn_act_recover<FromOutput>(A, ap, mean, invstd, w, b, inv_w, static_cast<T>(sp[i]), xhat, dact);
                 op[i] = static_cast<scalar_t>(
                     bn_act_dx<FromOutput>(k, static_cast<T>(gp[i]) * dact, mg, xhat, mgx));
               }
@@ -164,7 +151,7 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
             const scalar_t* gr = g + r * C;
             for (int64_t c = 0; c < C; ++c) {
               T xhat, dact;
-              recover<FromOutput, A>(ap, mean[c], invstd[c], w[c], b[c], inv_w[c], static_cast<T>(sr[c]), xhat,
+              bn_act_recover<FromOutput>(A, ap, mean[c], invstd[c], w[c], b[c], inv_w[c], static_cast<T>(sr[c]), xhat,
                                      dact);
               const double gg = static_cast<double>(static_cast<T>(gr[c]) * dact);
               pg[c] += gg;
@@ -194,7 +181,8 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
           scalar_t* orow = out + r * C;
           for (int64_t c = 0; c < C; ++c) {
             T xhat, dact;
-            recover<FromOutput, A>(ap, mean[c], invstd[c], w[c], b[c], inv_w[c], static_cast<T>(sr[c]), xhat, dact);
+            bn_act_recover<FromOutput>(A, ap, mean[c], invstd[c], w[c], b[c], inv_w[c], static_cast<T>(sr[c]), xhat,
+                                       dact);
             orow[c] = static_cast<scalar_t>(
                 bn_act_dx<FromOutput>(kc[c], static_cast<T>(gr[c]) * dact, mg[c], xhat, mgx[c]));
           }
@@ -231,7 +219,7 @@ inline void bn_act_transform(const at::Tensor& src, at::Tensor& dst, const Chann
             const scalar_t* sp = s + q * inner;
             scalar_t* dp = d + q * inner;
             for (int64_t i = 0; i < inner; ++i) {
-              dp[i] = static_cast<scalar_t>(act_forward(A, static_cast<T>(sp[i]) * sc + sh, ap));
+              dp[i] = static_cast<scalar_t>(act_forward(A, bn_act_affine_cpu(static_cast<T>(sp[i]), sc, sh), ap));
             }
           }
         });
@@ -245,7 +233,7 @@ inline void bn_act_transform(const at::Tensor& src, at::Tensor& dst, const Chann
           const scalar_t* sr = s + r * C;
           scalar_t* dr = d + r * C;
           for (int64_t c = 0; c < C; ++c) {
-            dr[c] = static_cast<scalar_t>(act_forward(A, static_cast<T>(sr[c]) * sc[c] + sh[c], ap));
+            dr[c] = static_cast<scalar_t>(act_forward(A, bn_act_affine_cpu(static_cast<T>(sr[c]), sc[c], sh[c]), ap));
           }
         }
       });

@@ -1,9 +1,10 @@
-// CUDA kernels shared by batch_norm_act and inplace_abn (see bn_act_common.h for the math and layouts):
+// CUDA kernels shared by batch_norm_act and inplace_abn (layouts: bn_act_common.h; per-element math: bn_act_math.h,
+// the functions the CPU kernels call):
 //   pass 1  per-channel partial sums of g = grad_out * act'(y) and g * xhat over a fixed split of the rows,
 //   pass 1b one thread per channel adds the partials in a fixed order (deterministic) and derives coefficients,
 //   pass 2  elementwise input gradient.
-// plus the "normalize + activate" transform (inplace_abn's forward, batch_norm_act_apply's recompute). Accumulation is in float (double for
-// double inputs); every launch goes to the current stream.
+// plus the "normalize + activate" transform (inplace_abn's forward, batch_norm_act_apply's recompute). Accumulation
+// is in float (double for double inputs); every launch goes to the current stream.
 #pragma once
 
 #include <algorithm>
@@ -14,8 +15,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
-#include "norm_act/bn_act_common.h"
 #include "common/launch.cuh"
+#include "norm_act/bn_act_common.h"
+#include "norm_act/bn_act_math.h"
 
 namespace memsave {
 namespace cuda {
@@ -142,7 +144,7 @@ __global__ void transform_kernel(const scalar_t* in, scalar_t* out, ChannelParam
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride) {
     const int64_t c = channels_last ? i % C : (i / inner) % C;
-    const acc_t y = (static_cast<acc_t>(in[i]) - p.mean[c]) * p.invstd[c] * p.weight[c] + p.bias[c];
+    const acc_t y = bn_act_affine_cuda(static_cast<acc_t>(in[i]), p.mean[c], p.invstd[c], p.weight[c], p.bias[c]);
     out[i] = static_cast<scalar_t>(act_forward(p.act, y, p.act_param));
   }
 }
