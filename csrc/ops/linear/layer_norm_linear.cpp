@@ -10,7 +10,9 @@
 //       Recomputes the normalized tensor with layer_norm_apply (one pass), then the two matmuls and torch's
 //       layer-norm backward. Gradients of absent parameters are empty tensors.
 //   layer_norm_apply(input, normalized_shape, mean, rstd, weight?, bias?, dtype?) -> Tensor
-//       (input - mean) * rstd * weight + bias per row, written in `dtype` (default: input's): the recompute kernel.
+//       (input - mean) * rstd * weight + bias per row, written in `dtype` (default: input's): the recompute kernel
+//       (CPU here, CUDA in layer_norm_linear.cu; each in the arithmetic order of torch's layer norm on that device,
+//       see layer_norm_math.h).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -28,6 +30,7 @@
 #include <torch/library.h>
 
 #include "linear/layer_norm_linear.h"
+#include "linear/layer_norm_math.h"
 
 namespace memsave {
 namespace {
@@ -99,7 +102,7 @@ at::Tensor layer_norm_apply_cpu(const at::Tensor& input, c10::IntArrayRef normal
             const in_t* xr = xp + row * cols;
             scalar_t* yr = yp + row * cols;
             for (int64_t j = 0; j < cols; ++j) {
-              yr[j] = static_cast<scalar_t>((static_cast<T>(xr[j]) * scale + shift) * wp[j] + bp[j]);
+              yr[j] = static_cast<scalar_t>(layer_norm_affine_cpu(static_cast<T>(xr[j]), scale, shift, wp[j], bp[j]));
             }
           }
         });

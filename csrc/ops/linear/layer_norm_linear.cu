@@ -1,18 +1,19 @@
 // CUDA kernel of memsave::layer_norm_apply, the recompute step of layer_norm_linear's backward (schemas, CPU kernels
-// and the composite forward/backward: layer_norm_linear.cpp).
+// and the composite forward/backward: layer_norm_linear.cpp; the per-element formula: layer_norm_math.h).
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include "linear/layer_norm_linear.h"
 #include "common/launch.cuh"
+#include "linear/layer_norm_linear.h"
+#include "linear/layer_norm_math.h"
 
 namespace memsave {
 namespace {
 
-// One thread per element: y = (x - mean[row]) * rstd[row] * w[col] + b[col]; w/b may be null.
+// One thread per element: y = (x - mean[row]) * rstd[row] * w[col] + b[col] in torch's CUDA order; w/b may be null.
 template <typename in_t, typename out_t, typename acc_t>
 __global__ void layer_norm_apply_kernel(const in_t* __restrict__ x, const acc_t* __restrict__ mean,
                                         const acc_t* __restrict__ rstd, const acc_t* __restrict__ w,
@@ -22,10 +23,7 @@ __global__ void layer_norm_apply_kernel(const in_t* __restrict__ x, const acc_t*
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride) {
     const int64_t row = i / cols;
     const int64_t col = i - row * cols;
-    acc_t v = (static_cast<acc_t>(x[i]) - mean[row]) * rstd[row];
-    if (w != nullptr) v *= w[col];
-    if (b != nullptr) v += b[col];
-    y[i] = static_cast<out_t>(v);
+    y[i] = static_cast<out_t>(layer_norm_affine_cuda(static_cast<acc_t>(x[i]), mean[row], rstd[row], w, b, col));
   }
 }
 
