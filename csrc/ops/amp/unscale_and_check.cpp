@@ -1,4 +1,4 @@
-// memsave::unscale_and_check_ / memsave::amp_update_scale_ — the two device-side halves of dynamic loss scaling.
+// memsave::unscale_and_check_ — the unscale half of dynamic loss scaling (the update half: amp_update_scale.cpp).
 //
 //   unscale_and_check_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale, Tensor(c!)? per_tensor=None) -> ()
 //     One pass over every gradient of a list (one device, any mix of float/double/half/bfloat16): multiplies each
@@ -7,12 +7,7 @@
 //     one element per gradient) is given, per_tensor[i] is set to 1 for every gradient i that held a non-finite value
 //     (overflow diagnostics). Values follow torch._amp_foreach_non_finite_check_and_unscale_ exactly: the product is
 //     taken in float (double for double tensors) and rounded back; inv_scale == 1 leaves the gradients untouched.
-//
-//   amp_update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) overflow_tracker, Tensor found_inf,
-//                     float growth_factor, float backoff_factor, int growth_interval, int hysteresis) -> ()
-//     torch._amp_update_scale_ with hysteresis: overflow_tracker (int32) counts consecutive overflowing steps and the
-//     scale backs off only once it reaches `hysteresis` (then on every further consecutive overflow). A clean step
-//     resets it. With hysteresis == 1 the scale and growth tracker evolve exactly as torch's.
+//     Per element: nonfinite and unscaled (amp_math.h), the functions the CUDA kernel (unscale_and_check.cu) calls.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -33,7 +28,8 @@
 #include <immintrin.h>
 #endif
 
-#include "amp/amp_unscale.h"
+#include "amp/amp_checks.h"
+#include "amp/amp_math.h"
 
 namespace memsave {
 namespace {
@@ -57,31 +53,23 @@ MEMSAVE_HOT bool unscale_f32(float* __restrict p, int64_t n, float inv, bool uns
   uint32_t bad = 0;
   if (unscale) {
     for (int64_t i = 0; i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, p + i, sizeof(bits));
-      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-      p[i] = p[i] * inv;
+      bad |= static_cast<uint32_t>(nonfinite(p[i]));
+      p[i] = unscaled(p[i], inv);
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, p + i, sizeof(bits));
-      bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+      bad |= static_cast<uint32_t>(nonfinite(p[i]));
     }
   }
   return bad != 0;
 }
 
 MEMSAVE_HOT bool unscale_f64(double* __restrict p, int64_t n, float inv, bool unscale) {
-  constexpr uint64_t kExp = 0x7ff0000000000000ull;
-  const double inv_d = static_cast<double>(inv);
   uint64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
-    uint64_t bits;
-    std::memcpy(&bits, p + i, sizeof(bits));
-    bad |= static_cast<uint64_t>((bits & kExp) == kExp);
+    bad |= static_cast<uint64_t>(nonfinite(p[i]));
     if (unscale) {
-      p[i] = p[i] * inv_d;
+      p[i] = unscaled(p[i], inv);
     }
   }
   return bad != 0;
@@ -89,22 +77,22 @@ MEMSAVE_HOT bool unscale_f64(double* __restrict p, int64_t n, float inv, bool un
 
 // 16-bit types are checked on their own exponent bits and, when unscaling, unscaled in the same pass (one read
 // and one write of the memory) through float, rounded back to nearest even, the rounding torch's kernel uses.
-template <uint16_t kExp>
+template <typename T>
 MEMSAVE_HOT bool any_nonfinite_16(const uint16_t* __restrict raw, int64_t n) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
-    bad |= static_cast<uint32_t>((raw[i] & kExp) == kExp);
+    bad |= static_cast<uint32_t>(nonfinite_bits<T>(raw[i]));
   }
   return bad != 0;
 }
 
 // bfloat16 is the top half of a float: widening is a shift, and rounding is c10::BFloat16's round-to-nearest-even
-// (NaN -> 0x7fc0) written without branches so that it vectorizes.
+// (NaN -> 0x7fc0) written without branches so that it vectorizes: the value of unscaled<c10::BFloat16>.
 MEMSAVE_HOT bool unscale_bf16(uint16_t* __restrict p, int64_t n, float inv) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t raw = p[i];
-    bad |= static_cast<uint32_t>((raw & 0x7f80u) == 0x7f80u);
+    bad |= static_cast<uint32_t>(nonfinite_bits<c10::BFloat16>(static_cast<uint16_t>(raw)));
     const uint32_t in_bits = raw << 16;
     float v;
     std::memcpy(&v, &in_bits, sizeof(v));
@@ -119,10 +107,10 @@ MEMSAVE_HOT bool unscale_bf16(uint16_t* __restrict p, int64_t n, float inv) {
 }
 
 bool unscale_f16_portable(uint16_t* __restrict p, int64_t n, float inv) {
-  const bool bad = any_nonfinite_16<0x7c00>(p, n);
+  const bool bad = any_nonfinite_16<c10::Half>(p, n);
   c10::Half* h = reinterpret_cast<c10::Half*>(p);
   for (int64_t i = 0; i < n; ++i) {
-    h[i] = static_cast<c10::Half>(static_cast<float>(h[i]) * inv);
+    h[i] = unscaled(h[i], inv);
   }
   return bad;
 }
@@ -162,10 +150,10 @@ struct BFloat16Times8 {
 
 // The vector body of both 16-bit types: 8 values at a time, checked on their raw exponent bits and unscaled in the
 // same pass. Returns how many leading values it handled (a multiple of 8); *bad tells whether any was non-finite.
-template <uint16_t kExp, typename Times8>
+template <typename T, typename Times8>
 MEMSAVE_TARGET_F16C int64_t unscale_16_x8(uint16_t* __restrict p, int64_t n, float inv, bool* bad) {
   const __m256 scale = _mm256_set1_ps(inv);
-  const __m128i exp = _mm_set1_epi16(static_cast<int16_t>(kExp));
+  const __m128i exp = _mm_set1_epi16(static_cast<int16_t>(FloatBits<T>::kExponent));
   __m128i any = _mm_setzero_si128();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -179,13 +167,13 @@ MEMSAVE_TARGET_F16C int64_t unscale_16_x8(uint16_t* __restrict p, int64_t n, flo
 #endif
 
 // The 16-bit types: the vector body when the CPU has AVX2 and F16C (checked once), the portable loop for the rest.
-template <uint16_t kExp, bool (*kPortable)(uint16_t*, int64_t, float)>
+template <typename T, bool (*kPortable)(uint16_t*, int64_t, float)>
 bool unscale_16(uint16_t* p, int64_t n, float inv) {
 #ifdef MEMSAVE_X86_16BIT
   if (cpu_has_avx2_f16c()) {
-    using Times8 = std::conditional_t<kExp == 0x7c00, HalfTimes8, BFloat16Times8>;
+    using Times8 = std::conditional_t<std::is_same_v<T, c10::Half>, HalfTimes8, BFloat16Times8>;
     bool bad = false;
-    const int64_t done = unscale_16_x8<kExp, Times8>(p, n, inv, &bad);
+    const int64_t done = unscale_16_x8<T, Times8>(p, n, inv, &bad);
     return kPortable(p + done, n - done, inv) || bad;
   }
 #endif
@@ -201,11 +189,11 @@ bool unscale_segment(at::ScalarType dtype, void* data, int64_t begin, int64_t en
       return unscale_f64(static_cast<double*>(data) + begin, n, inv, unscale);
     case at::kHalf: {
       uint16_t* p = static_cast<uint16_t*>(data) + begin;
-      return unscale ? unscale_16<0x7c00, unscale_f16_portable>(p, n, inv) : any_nonfinite_16<0x7c00>(p, n);
+      return unscale ? unscale_16<c10::Half, unscale_f16_portable>(p, n, inv) : any_nonfinite_16<c10::Half>(p, n);
     }
     case at::kBFloat16: {
       uint16_t* p = static_cast<uint16_t*>(data) + begin;
-      return unscale ? unscale_16<0x7f80, unscale_bf16>(p, n, inv) : any_nonfinite_16<0x7f80>(p, n);
+      return unscale ? unscale_16<c10::BFloat16, unscale_bf16>(p, n, inv) : any_nonfinite_16<c10::BFloat16>(p, n);
     }
     default:
       TORCH_INTERNAL_ASSERT(false, "unscale_and_check_: unexpected dtype ", dtype);
@@ -286,29 +274,16 @@ void unscale_and_check_cpu(at::TensorList grads, const at::Tensor& found_inf, co
   }
 }
 
-void amp_update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                          const at::Tensor& overflow_tracker, const at::Tensor& found_inf, double growth_factor,
-                          double backoff_factor, int64_t growth_interval, int64_t hysteresis) {
-  check_update_args(scale, growth_tracker, overflow_tracker, found_inf, hysteresis, at::kCPU);
-  update_scale_step(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),
-                    overflow_tracker.mutable_data_ptr<int32_t>(), found_inf.const_data_ptr<float>(), growth_factor,
-                    backoff_factor, growth_interval, hysteresis);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
   m.def(
       "unscale_and_check_(Tensor(a!)[] grads, Tensor(b!) found_inf, Tensor inv_scale, Tensor(c!)? per_tensor=None) "
       "-> ()");
-  m.def(
-      "amp_update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) overflow_tracker, "
-      "Tensor found_inf, float growth_factor, float backoff_factor, int growth_interval, int hysteresis) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
   m.impl("unscale_and_check_", &unscale_and_check_cpu);
-  m.impl("amp_update_scale_", &amp_update_scale_cpu);
 }
 
 // A sparse gradient in the list sends the call to the Sparse key: the same kernel rejects it with a clear message.

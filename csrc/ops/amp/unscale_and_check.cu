@@ -1,5 +1,5 @@
-// CUDA kernels of memsave::unscale_and_check_ / memsave::amp_update_scale_ (schemas, semantics and CPU kernels:
-// unscale_and_check.cpp).
+// CUDA kernel of memsave::unscale_and_check_ (schema, semantics and CPU kernel: unscale_and_check.cpp; per element
+// nonfinite and unscaled from amp_math.h, the functions the CPU kernel calls).
 //
 // Multi-tensor design: the gradients of one dtype are cut into fixed-size chunks; one launch covers up to
 // kTableSize tensors, whose pointers, lengths and first-block numbers travel in a table passed by value as the
@@ -15,7 +15,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "amp/amp_unscale.h"
+#include "amp/amp_checks.h"
+#include "amp/amp_math.h"
 #include "common/launch.cuh"
 
 namespace memsave {
@@ -36,28 +37,6 @@ struct TensorTable {
   int32_t count;
 };
 static_assert(sizeof(TensorTable) + 3 * sizeof(void*) <= 4096, "kernel arguments must fit in 4 KiB");
-
-template <typename scalar_t>
-struct Op {
-  using acc_t = float;
-};
-template <>
-struct Op<double> {
-  using acc_t = double;
-};
-
-template <typename scalar_t>
-__device__ __forceinline__ bool nonfinite(scalar_t v) {
-  using acc_t = typename Op<scalar_t>::acc_t;
-  const acc_t a = static_cast<acc_t>(v);
-  return !isfinite(a);
-}
-
-template <typename scalar_t>
-__device__ __forceinline__ scalar_t unscaled(scalar_t v, float inv) {
-  using acc_t = typename Op<scalar_t>::acc_t;
-  return static_cast<scalar_t>(static_cast<acc_t>(v) * static_cast<acc_t>(inv));
-}
 
 template <typename scalar_t>
 __global__ void __launch_bounds__(kUnscaleThreads)
@@ -209,30 +188,10 @@ void unscale_and_check_cuda(at::TensorList grads, const at::Tensor& found_inf, c
   }
 }
 
-__global__ void amp_update_scale_kernel(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
-                                        const float* found_inf, double growth_factor, double backoff_factor,
-                                        int64_t growth_interval, int64_t hysteresis) {
-  update_scale_step(scale, growth_tracker, overflow_tracker, found_inf, growth_factor, backoff_factor,
-                    growth_interval, hysteresis);
-}
-
-void amp_update_scale_cuda(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                           const at::Tensor& overflow_tracker, const at::Tensor& found_inf, double growth_factor,
-                           double backoff_factor, int64_t growth_interval, int64_t hysteresis) {
-  check_update_args(scale, growth_tracker, overflow_tracker, found_inf, hysteresis, at::kCUDA);
-  const c10::cuda::CUDAGuard guard(scale.device());
-  amp_update_scale_kernel<<<1, 1, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),
-      overflow_tracker.mutable_data_ptr<int32_t>(), found_inf.const_data_ptr<float>(), growth_factor,
-      backoff_factor, growth_interval, hysteresis);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
   m.impl("unscale_and_check_", &unscale_and_check_cuda);
-  m.impl("amp_update_scale_", &amp_update_scale_cuda);
 }
 
 // A sparse gradient in the list sends the call to the Sparse key: the same kernel rejects it with a clear message.

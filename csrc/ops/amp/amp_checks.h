@@ -1,12 +1,9 @@
-// Argument checks and the scale-update rule shared by the CPU (unscale_and_check.cpp) and CUDA (unscale_and_check.cu)
-// kernels of memsave::unscale_and_check_ and memsave::amp_update_scale_.
+// Argument checks of memsave::unscale_and_check_ and memsave::amp_update_scale_, shared by their CPU and CUDA kernels.
+// The per-element math is in amp_math.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
-
-#include <string.h>
 
 #include <cstdint>
 #include <optional>
@@ -62,40 +59,6 @@ inline void check_update_args(const at::Tensor& scale, const at::Tensor& growth_
   check_scalar_arg(overflow_tracker, "overflow_tracker", at::kInt, device, op);
   check_scalar_arg(found_inf, "found_inf", at::kFloat, device, op);
   TORCH_CHECK(hysteresis >= 1, op, ": hysteresis must be >= 1, got ", hysteresis);
-}
-
-C10_HOST_DEVICE inline bool finite_f32(float v) {
-  uint32_t bits;
-  ::memcpy(&bits, &v, sizeof(bits));
-  return (bits & 0x7f800000u) != 0x7f800000u;
-}
-
-// The update rule, on one element each (run on the host for CPU tensors, by one thread on the GPU). Arithmetic
-// follows torch._amp_update_scale_: the float scale times the double factor, rounded back to float.
-C10_HOST_DEVICE inline void update_scale_step(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
-                                              const float* found_inf, double growth_factor, double backoff_factor,
-                                              int64_t growth_interval, int64_t hysteresis) {
-  if (*found_inf != 0.f) {
-    *growth_tracker = 0;
-    const int64_t overflows = static_cast<int64_t>(*overflow_tracker) + 1;
-    if (overflows >= hysteresis) {
-      *scale = static_cast<float>(static_cast<double>(*scale) * backoff_factor);
-    }
-    // Saturate: only "reached hysteresis" matters once it is reached.
-    *overflow_tracker = static_cast<int32_t>(overflows < hysteresis ? overflows : hysteresis);
-  } else {
-    *overflow_tracker = 0;
-    const int64_t successful = static_cast<int64_t>(*growth_tracker) + 1;
-    if (successful == growth_interval) {
-      const float grown = static_cast<float>(static_cast<double>(*scale) * growth_factor);
-      if (finite_f32(grown)) {  // never grow past the float range to inf
-        *scale = grown;
-      }
-      *growth_tracker = 0;
-    } else {
-      *growth_tracker = static_cast<int32_t>(successful);
-    }
-  }
 }
 
 }  // namespace memsave
