@@ -1,0 +1,103 @@
+// memsave::leaky_relu — LeakyReLU that saves a 1-bit sign mask for backward instead of its input.
+//   leaky_relu(Tensor self, float negative_slope) -> (Tensor out, Tensor mask)   bit set where self > 0
+//   leaky_relu_(Tensor(a!) self, float negative_slope) -> Tensor mask            in place
+//   leaky_relu_backward(Tensor grad_out, Tensor mask, float negative_slope) -> Tensor
+// Semantics match torch.nn.functional.leaky_relu and its backward exactly: out = x > 0 ? x : x * slope and
+// grad_in = x > 0 ? grad : grad * slope, products in the op-math type (float for half/bfloat16). Unlike torch's
+// in-place form, any slope works in place (the mask, not the output, decides the backward).
+#include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include "masks/bitmask.h"
+#include "masks/inplace_autograd.h"
+#include "masks/mask_cpu.h"
+
+namespace memsave {
+namespace {
+
+void leaky_relu_cpu_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
+  const int64_t n = x.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_leaky_relu_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const scalar_t* in = x.const_data_ptr<scalar_t>();
+    scalar_t* y = out.mutable_data_ptr<scalar_t>();
+    uint8_t* m = mask.mutable_data_ptr<uint8_t>();
+    const opmath_t s = static_cast<opmath_t>(slope);
+    at::parallel_for(0, mask.numel(), cpu::kGrainBytes,
+                     [&](int64_t b0, int64_t b1) { cpu::leaky_relu_forward<scalar_t>(in, y, m, n, b0, b1, s); });
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> leaky_relu_cpu(const at::Tensor& self, double negative_slope) {
+  check_floating_input(self, "leaky_relu");
+  return mask_forward(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
+    leaky_relu_cpu_into(x, out, mask, negative_slope);
+  });
+}
+
+at::Tensor leaky_relu_inplace_cpu(at::Tensor& self, double negative_slope) {
+  check_floating_input(self, "leaky_relu_");
+  return mask_forward_(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
+    leaky_relu_cpu_into(x, out, mask, negative_slope);
+  });
+}
+
+at::Tensor leaky_relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& mask, double negative_slope) {
+  check_mask_matches(grad_out, mask, "leaky_relu_backward");
+  const at::Tensor g = grad_out.contiguous();
+  const at::Tensor mk = mask.contiguous();
+  at::Tensor grad_in = at::empty_like(g);
+  const int64_t n = g.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_leaky_relu_backward_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const scalar_t* gi = g.const_data_ptr<scalar_t>();
+    const uint8_t* m = mk.const_data_ptr<uint8_t>();
+    scalar_t* out = grad_in.mutable_data_ptr<scalar_t>();
+    const opmath_t s = static_cast<opmath_t>(negative_slope);
+    at::parallel_for(0, mk.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
+      cpu::apply_mask<Apply::kLeaky, scalar_t>(gi, m, out, n, b0, b1, opmath_t(1), s);
+    });
+  });
+  return grad_in;
+}
+
+struct LeakyReluSpec {
+  static at::Tensor run(at::Tensor& self, double slope) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("memsave::leaky_relu_", "")
+                               .typed<at::Tensor(at::Tensor&, double)>();
+    return op.call(self, slope);
+  }
+  static at::Tensor backward(const at::Tensor& grad, const at::Tensor& mask, double slope) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("memsave::leaky_relu_backward", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
+    return op.call(grad, mask, slope);
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(memsave, m) {
+  m.def("leaky_relu(Tensor self, float negative_slope) -> (Tensor, Tensor)");
+  m.def("leaky_relu_(Tensor(a!) self, float negative_slope) -> Tensor");
+  m.def("leaky_relu_backward(Tensor grad_out, Tensor mask, float negative_slope) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(memsave, CPU, m) {
+  m.impl("leaky_relu", &leaky_relu_cpu);
+  m.impl("leaky_relu_", &leaky_relu_inplace_cpu);
+  m.impl("leaky_relu_backward", &leaky_relu_backward_cpu);
+}
+
+TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
+  m.impl("leaky_relu_", &inplace_mask_adinplace<LeakyReluSpec>);
+}
+
+TORCH_LIBRARY_IMPL(memsave, Autograd, m) { m.impl("leaky_relu_", &inplace_mask_autograd<LeakyReluSpec>); }
+
+}  // namespace memsave

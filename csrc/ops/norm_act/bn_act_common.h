@@ -1,0 +1,171 @@
+// Host-side steps shared by the batch-norm + activation operators (batch_norm_act, batch_norm_act_apply,
+// inplace_abn; CPU and CUDA): argument checks, the memory layout the kernels read and the per-channel tensors. The
+// per-element math is in bn_act_math.h.
+//
+// Layouts: "NC*" contiguous, read as (N, C, inner), or channels-last (ChannelsLast / ChannelsLast3d), read as
+// N * inner rows of C channels. Any other strides are made contiguous first.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/eq.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/reciprocal.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
+
+#include "common/fused_act.h"
+#include "norm_act/bn_act_math.h"
+
+namespace memsave {
+
+// The layout the kernels read `x` in: channels-last only when x is channels-last and not plain contiguous, so an
+// ambiguous tensor (C == 1, or spatial size 1) is always treated as contiguous. Mirrored by the fake kernels.
+inline at::MemoryFormat bn_memory_format(const at::Tensor& x) {
+  if (x.is_contiguous()) return at::MemoryFormat::Contiguous;
+  if (x.dim() == 4 && x.is_contiguous(at::MemoryFormat::ChannelsLast)) return at::MemoryFormat::ChannelsLast;
+  if (x.dim() == 5 && x.is_contiguous(at::MemoryFormat::ChannelsLast3d)) return at::MemoryFormat::ChannelsLast3d;
+  return at::MemoryFormat::Contiguous;
+}
+
+struct BnLayout {
+  int64_t N;
+  int64_t C;
+  int64_t inner;  // product of the spatial sizes
+  bool channels_last;
+};
+
+inline BnLayout bn_layout(const at::Tensor& x, at::MemoryFormat fmt) {
+  BnLayout l;
+  l.N = x.size(0);
+  l.C = x.size(1);
+  l.inner = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) l.inner *= x.size(d);
+  l.channels_last = fmt != at::MemoryFormat::Contiguous;
+  return l;
+}
+
+// Statistics are kept in float (double for double inputs), as torch's batch norm does for mixed-precision inputs.
+inline at::ScalarType bn_stat_dtype(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+inline void check_channel_vector(const c10::optional<at::Tensor>& t, const at::Tensor& x, const char* what,
+                                 const char* op) {
+  if (!t.has_value() || !t->defined()) return;
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(1), "memsave.", op, ": ", what, " must have shape [",
+                    x.size(1), "] (one value per channel of the input), got ", t->sizes());
+  TORCH_CHECK(t->device() == x.device(), "memsave.", op, ": ", what, " is on ", t->device(), " but the input is on ",
+              x.device(), "; move them to one device");
+  TORCH_CHECK(at::isFloatingType(t->scalar_type()), "memsave.", op, ": ", what, " must be floating point, got ",
+              t->scalar_type());
+}
+
+inline void check_bn_input(const at::Tensor& x, const char* op) {
+  TORCH_CHECK_VALUE(x.dim() >= 2, "memsave.", op, ": expected an input of shape [N, C, ...] (at least 2-D), got ",
+                    x.dim(), "-D input of shape ", x.sizes());
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "memsave.", op,
+              ": expected a floating-point input (float32, float64, float16 or bfloat16), got ", x.scalar_type());
+}
+
+inline void check_same_shape(const at::Tensor& grad, const at::Tensor& x, const char* op) {
+  TORCH_CHECK_VALUE(grad.sizes() == x.sizes(), "memsave.", op, ": the gradient has shape ", grad.sizes(),
+                    " but the saved tensor has shape ", x.sizes());
+  TORCH_CHECK(grad.device() == x.device(), "memsave.", op, ": the gradient is on ", grad.device(),
+              " but the saved tensor is on ", x.device());
+}
+
+inline bool is_defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+// Checks the input, affine parameters and running statistics of a batch-norm forward (batch_norm_act, inplace_abn).
+inline void check_bn_forward_args(const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+                                  const c10::optional<at::Tensor>& bias,
+                                  const c10::optional<at::Tensor>& running_mean,
+                                  const c10::optional<at::Tensor>& running_var, bool training, const char* op) {
+  check_bn_input(input, op);
+  check_channel_vector(weight, input, "weight", op);
+  check_channel_vector(bias, input, "bias", op);
+  check_channel_vector(running_mean, input, "running_mean", op);
+  check_channel_vector(running_var, input, "running_var", op);
+  TORCH_CHECK_VALUE(is_defined(running_mean) == is_defined(running_var), "memsave.", op,
+                    ": pass both running_mean and running_var, or neither");
+  TORCH_CHECK_VALUE(training || is_defined(running_mean), "memsave.", op,
+                    ": eval mode (training=False) normalizes with running_mean/running_var, which were not given; "
+                    "pass them, or training=True to use the batch statistics");
+  if (training) {
+    TORCH_CHECK_VALUE(input.numel() / input.size(1) > 1 || input.numel() == 0, "memsave.", op,
+                      ": expected more than 1 value per channel when training, got input size ", input.sizes());
+  }
+}
+
+// Checks the arguments of batch_norm_act_backward (CPU and CUDA) and returns its activation.
+inline Act check_batch_norm_act_backward_args(const at::Tensor& grad_out, const at::Tensor& input,
+                                              const c10::optional<at::Tensor>& weight,
+                                              const c10::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                              const at::Tensor& invstd, c10::string_view act) {
+  constexpr const char* op = "batch_norm_act_backward";
+  const Act a = parse_act(act, op);
+  check_bn_input(input, op);
+  check_same_shape(grad_out, input, op);
+  check_channel_vector(weight, input, "weight", op);
+  check_channel_vector(bias, input, "bias", op);
+  check_channel_vector(mean, input, "mean", op);
+  check_channel_vector(invstd, input, "invstd", op);
+  return a;
+}
+
+// Checks the arguments of batch_norm_act_apply (CPU and CUDA) and returns its activation.
+inline Act check_batch_norm_act_apply_args(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+                                           const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias, c10::string_view act) {
+  constexpr const char* op = "batch_norm_act_apply";
+  const Act a = parse_act(act, op);
+  check_bn_input(input, op);
+  check_channel_vector(weight, input, "weight", op);
+  check_channel_vector(bias, input, "bias", op);
+  check_channel_vector(mean, input, "mean", op);
+  check_channel_vector(invstd, input, "invstd", op);
+  return a;
+}
+
+// Owns the per-channel tensors a ChannelParams points into.
+struct ChannelTensors {
+  at::Tensor mean, invstd, weight, bias, inv_weight;
+
+  template <typename acc_t>
+  ChannelParams<acc_t> params(Act act, double act_param) const {
+    ChannelParams<acc_t> p;
+    p.mean = mean.defined() ? mean.const_data_ptr<acc_t>() : nullptr;
+    p.invstd = invstd.const_data_ptr<acc_t>();
+    p.weight = weight.const_data_ptr<acc_t>();
+    p.bias = bias.const_data_ptr<acc_t>();
+    p.inv_weight = inv_weight.defined() ? inv_weight.const_data_ptr<acc_t>() : nullptr;
+    p.act = act;
+    p.act_param = static_cast<acc_t>(act_param);
+    return p;
+  }
+};
+
+// Converts the per-channel tensors to `acc` (contiguous, on x's device). `mean` may be undefined (inplace_abn);
+// `with_inverse` adds 1 / weight with NaN where the weight is exactly 0 (the normalized input is then lost).
+inline ChannelTensors make_channel_tensors(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                           const at::Tensor& invstd, at::ScalarType acc, bool with_inverse) {
+  const auto opts = x.options().dtype(acc);
+  const int64_t C = x.size(1);
+  ChannelTensors t;
+  if (mean.defined()) t.mean = mean.to(acc).contiguous();
+  t.invstd = invstd.to(acc).contiguous();
+  t.weight = (weight.has_value() && weight->defined()) ? weight->to(acc).contiguous() : at::ones({C}, opts);
+  t.bias = (bias.has_value() && bias->defined()) ? bias->to(acc).contiguous() : at::zeros({C}, opts);
+  if (with_inverse) {
+    t.inv_weight = at::reciprocal(t.weight).masked_fill_(at::eq(t.weight, 0), std::numeric_limits<double>::quiet_NaN());
+  }
+  return t;
+}
+
+}  // namespace memsave
