@@ -4,7 +4,7 @@ Each such operator ``memsave::<name>`` comes as three schemas, with the same tra
 ``negative_slope`` for leaky_relu, ``p`` for dropout)::
 
     <name>(Tensor x, *scalars) -> (Tensor out, Tensor mask)
-    <name>_(Tensor(a!) x, *scalars) -> Tensor mask                 (autograd in C++, csrc/ops/common/inplace_autograd.h)
+    <name>_(Tensor(a!) x, *scalars) -> Tensor mask                 (autograd in C++, csrc/ops/masks/inplace_autograd.h)
     <name>_backward(Tensor grad_out, Tensor mask, *scalars) -> Tensor
 
 ``mask`` holds one bit per element (``ceil(numel / 8)`` bytes), which is all the backward keeps (torch keeps the

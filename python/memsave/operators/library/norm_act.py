@@ -21,7 +21,7 @@ Tensor = torch.Tensor
 
 
 def kernel_memory_format(x: Tensor) -> torch.memory_format:
-    """The layout the C++ kernels use for ``x`` (mirrors ``bn_memory_format`` in csrc/ops/bn_act_common.h)."""
+    """The layout the C++ kernels use for ``x`` (mirrors ``bn_memory_format`` in csrc/ops/norm_act/bn_act_common.h)."""
     if x.is_contiguous():
         return torch.contiguous_format
     if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):

@@ -77,7 +77,7 @@ def argmax_input_positions(
     dilation: Sequence[int],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The input row and column each output element's 1-byte argmax code (``kh * kW + kw``, see
-    csrc/ops/max_pool2d_common.h) points at, both shaped like ``argmax``. They fall outside the input only for a
+    csrc/ops/pooling/pool_math.h) points at, both shaped like ``argmax``. They fall outside the input only for a
     window that holds no input element."""
     oh_n, ow_n = argmax.shape[-2], argmax.shape[-1]
     code = argmax.long()
