@@ -14,10 +14,11 @@ What is modelled:
 * every tensor an operator returns, in forward and backward: outputs, tensors saved for backward, recomputation
   inside checkpointed regions, gradients (including their accumulation), the loss. ``Estimate.tensor_peak_bytes``
   is this alone and matches the live-tensor tracker on a real step;
-* on CPU with oneDNN (float32), the buffers a convolution holds while it runs (an output-sized blocked buffer and
-  the reordered weight in forward; the reordered incoming gradient and a blocked input gradient in backward),
-  measured on torch 2.11 / x86-64: ``Estimate.peak_bytes`` adds them at each convolution, which is what the
-  allocator-level CPU measurement (:func:`memsave.cpu_peak_bytes`) sees;
+* on CPU with oneDNN, the buffers a convolution holds while it runs (blocked-layout buffers, reordered weights and
+  gradients), calibrated on the CPU the estimate runs on (:class:`CpuConvWorkspace`: one real call per distinct
+  convolution, since oneDNN's blocking depends on the instruction set): ``Estimate.peak_bytes`` adds them at each
+  convolution, which is what the allocator-level CPU measurement
+  (:func:`memsave.measurement.allocator.cpu_peak_bytes`) sees;
 * on CUDA, the caching allocator's rounding: each allocation takes a block whose size is the request rounded up to a
   multiple of 512 bytes (``kMinBlockSize``; a 4-byte scalar takes 512 bytes). That is what
   ``torch.cuda.max_memory_allocated`` counts.
@@ -25,8 +26,7 @@ What is modelled:
 What is not modelled (allow for it with ``headroom`` in :func:`max_batch_size`):
 
 * other workspaces an operator allocates and frees inside one call: cuDNN convolution and cuBLAS workspaces on
-  CUDA (they depend on the algorithm chosen at run time), reduced-precision (autocast) convolutions on CPU (up to
-  ~10% of a small conv net's peak under-estimated), non-oneDNN CPU convolutions (float64);
+  CUDA (they depend on the algorithm chosen at run time), and on CPU those of operators other than convolutions;
 * on CUDA, a cached block that is reused without being split (the allocator does not split a block of the large pool
   when less than 1 MiB would remain), ``expandable_segments``, ``roundup_power2_divisions``, fragmentation and
   therefore ``memory_reserved``, and the CUDA context (hundreds of MiB, never in ``max_memory_allocated``);
@@ -55,16 +55,19 @@ import torch.nn.functional as F
 # private module; these are the only names memsave takes from it.
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map_only
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from ..common.rng import RngState
 from ..errors import NoFakeKernelError
 from .measuring import LossFn, resolve_loss_fn
 from .strategies import Strategy, StrategyContext, parse_strategy, strip_runner_prefix
+from .allocator import cpu_memory_stats
 from .tracker import LiveTensorTracker, storage_of
 from .units import format_bytes, parse_bytes
 
-__all__ = ["Estimate", "NoFakeKernelError", "estimate", "max_batch_size", "cuda_block_bytes", "OPTIMIZER_STATES"]
+__all__ = ["CpuConvWorkspace", "Estimate", "NoFakeKernelError", "estimate", "max_batch_size", "cuda_block_bytes",
+           "OPTIMIZER_STATES"]
 
 #: The CUDA caching allocator's block granularity (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp).
 CUDA_BLOCK = 512
@@ -89,26 +92,69 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def _cpu_conv_workspace(func: Any, args: Any, out: Any) -> int:
-    """Bytes oneDNN holds *inside* a CPU float32 convolution call, beyond the call's inputs and outputs.
+class CpuConvWorkspace:
+    """Bytes a CPU convolution holds *inside* its call, beyond its inputs and outputs, measured on this machine.
 
-    Measured with the CPU profiler on torch 2.11 / x86-64 (see ``benchmarks/estimate_accuracy.py``): the forward
-    computes into a blocked-layout buffer the size of the output and reorders the weight, then copies into the
-    output (``output + weight`` bytes); the backward reorders the incoming gradient and computes the input gradient
-    in a blocked buffer (``grad_output + grad_input``), or, when the weight is larger, reorders the weight
-    (``weight``). Reduced-precision convolutions (autocast bf16/fp16 on CPU) keep more and are not modelled.
+    oneDNN computes a CPU convolution in blocked layouts: the forward may compute into a blocked buffer and reorder the
+    weight, the backward reorders the incoming gradient and the weight and computes the input gradient in a blocked
+    buffer. Which of these it does, and their sizes, depend on the instruction set oneDNN runs with (the channel block
+    is 16 floats with AVX-512 and 8 with AVX2, ``ONEDNN_MAX_CPU_ISA`` caps it), on the shapes and on the dtype, so no
+    fixed formula holds on every CPU. This model therefore calibrates itself: the first time an estimate meets a
+    convolution configuration (call, shapes, strides, dtypes, stride/padding/dilation/groups), it runs that one call
+    for real on uninitialised CPU tensors of those shapes (after one warm-up call, as a training step after its first
+    one), reads the call's allocator-level peak with :func:`memsave.measurement.allocator.cpu_memory_stats`, and keeps
+    ``peak - outputs`` for the rest of the process. The probe allocates one layer's input, weight and output for a
+    moment; nothing of the model itself is allocated.
+
+    Example:
+        >>> ws = CpuConvWorkspace()
+        >>> ws(torch.ops.aten.convolution.default, (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), out)
+        131072
     """
-    aten = torch.ops.aten
-    if func is aten.convolution.default:
-        x, w = args[0], args[1]
-        if x.dtype is torch.float32:
-            return _nbytes(out) + _nbytes(w)
-    elif func is aten.convolution_backward.default:
-        go, x, w = args[0], args[1], args[2]
-        if go.dtype is torch.float32:
-            grad_input = out[0] if isinstance(out, (tuple, list)) else None
-            return max(_nbytes(go) + _nbytes(grad_input), _nbytes(w))
-    return 0
+
+    def __init__(self) -> None:
+        self._cache: Dict[Tuple[Any, ...], int] = {}
+
+    @staticmethod
+    def _key(func: Any, args: Any) -> Tuple[Any, ...]:
+        def part(a: Any) -> Any:
+            if isinstance(a, torch.Tensor):
+                return ("T", tuple(a.shape), tuple(a.stride()), a.dtype)
+            if isinstance(a, (list, tuple)):
+                return tuple(part(x) for x in a)
+            return a
+
+        return (func, part(tuple(args)))
+
+    @staticmethod
+    def _real(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return torch.empty_strided(tuple(a.shape), tuple(a.stride()), dtype=a.dtype, device="cpu").normal_()
+        if isinstance(a, list):
+            return [CpuConvWorkspace._real(x) for x in a]
+        return a
+
+    def __call__(self, func: Any, args: Any, out: Any) -> int:
+        aten = torch.ops.aten
+        if func not in (aten.convolution.default, aten.convolution_backward.default):
+            return 0
+        key = self._key(func, args)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._probe(func, args)
+        return hit
+
+    def _probe(self, func: Any, args: Any) -> int:
+        # Outside every mode (the fake mode, the estimate's tracker): real tensors, a real oneDNN call.
+        with _disable_current_modes(), torch.no_grad():
+            real = [self._real(a) for a in args]
+            func(*real)  # warm-up: oneDNN creates its primitive (and caches) on the first call of a configuration
+            stats = cpu_memory_stats(lambda: func(*real))
+            outputs = sum(_nbytes(t) for t in tree_flatten(stats.result)[0])
+            return max(0, stats.peak_bytes - outputs)
+
+
+_CPU_CONV_WORKSPACE = CpuConvWorkspace()
 
 
 class _EstimateTracker(LiveTensorTracker):
@@ -433,7 +479,7 @@ def estimate(
     round_fn: Callable[[int], int] = cuda_block_bytes if dev.type == "cuda" else (lambda n: n)
     # oneDNN's convolution workspaces are modelled for real CPU steps only (cuDNN's depend on the algorithm chosen).
     cpu_onednn = dev.type == "cpu" and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
-    workspace_fn = _cpu_conv_workspace if cpu_onednn else None
+    workspace_fn = _CPU_CONV_WORKSPACE if cpu_onednn else None
 
     rng = RngState()
     try:
