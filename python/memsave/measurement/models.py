@@ -265,6 +265,7 @@ class ResNet50(nn.Module):
 
 # -------------------------------------------------------------------------------------------------------------- GPT
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention (one qkv Linear, scaled_dot_product_attention, an output Linear)."""
     def __init__(self, d: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.heads, self.dropout = heads, dropout

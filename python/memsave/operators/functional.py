@@ -163,6 +163,16 @@ def _pool_pair(fn: str, name: str, value: _IntOrPair) -> List[int]:
 def pool_params(
     kernel_size: _IntOrPair, stride: Optional[_IntOrPair], padding: _IntOrPair, dilation: _IntOrPair
 ) -> Tuple[List[int], List[int], List[int], List[int]]:
+    """``max_pool2d``'s arguments as four int pairs (stride defaults to the kernel), checked as the kernel needs them.
+
+    Raises:
+        TypeError, ValueError: a value that is not an int or pair of ints, not positive, or a window over 256
+            positions (the 1-byte argmax's limit).
+
+    Example:
+        >>> pool_params(2, None, 0, 1)
+        ([2, 2], [2, 2], [0, 0], [1, 1])
+    """
     k = _pool_pair("max_pool2d", "kernel_size", kernel_size)
     empty_stride = stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0)
     s = list(k) if empty_stride else _pool_pair("max_pool2d", "stride", stride)  # type: ignore[arg-type]

@@ -202,6 +202,7 @@ def acquire_module_hooks() -> None:
 
 
 def release_module_hooks() -> None:
+    """Undo one :func:`acquire_module_hooks`; the hooks go when the last user releases them."""
     global _hook_users
     with _hook_lock:
         _hook_users -= 1

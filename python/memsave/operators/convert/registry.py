@@ -67,6 +67,8 @@ def keeps_input(module: nn.Module) -> Optional[bool]:
 
 @dataclass(frozen=True)
 class ModuleSwap:
+    """A one-for-one swap convert makes: how to build the replacement, when to refuse, and the verdict note."""
+
     torch_type: type
     build: Callable[[nn.Module], nn.Module]
     refuse: Callable[[nn.Module], Optional[str]]
@@ -78,6 +80,8 @@ class ModuleSwap:
 
 @dataclass(frozen=True)
 class SequentialPattern:
+    """A run of consecutive nn.Sequential children convert replaces together (see register_sequential_pattern)."""
+
     name: str
     elements: Tuple[ElementMatcher, ...]
     build: Callable[[List[nn.Module]], Optional[Sequence[nn.Module]]]
@@ -178,10 +182,12 @@ def sequential_patterns() -> List[str]:
 
 
 def ordered_patterns() -> List[SequentialPattern]:
+    """The registered Sequential patterns in the order convert tries them: highest priority first, then oldest."""
     return sorted(_PATTERNS.values(), key=lambda p: (-p.priority, p.order))
 
 
 def element_matches(el: ElementMatcher, module: nn.Module) -> bool:
+    """Whether ``module`` matches one pattern position: an exact class, a tuple of exact classes, or a predicate."""
     if isinstance(el, type):
         return type(module) is el
     if isinstance(el, tuple):
@@ -190,6 +196,7 @@ def element_matches(el: ElementMatcher, module: nn.Module) -> bool:
 
 
 def module_kind(module: nn.Module) -> str:
+    """A module's kind for the report, e.g. ``"torch.Conv2d"`` or ``"memsave.MaxPool2d"``."""
     return f"{type(module).__module__.split('.')[0]}.{type(module).__name__}"
 
 

@@ -37,6 +37,7 @@ def stat_dtype(x: Tensor) -> torch.dtype:
 
 
 def empty_in_kernel_layout(x: Tensor) -> Tensor:
+    """An uninitialised tensor like ``x`` in the memory format the C++ kernels give their outputs."""
     return torch.empty_like(x.contiguous(memory_format=kernel_memory_format(x)))
 
 
