@@ -15,7 +15,7 @@ from torch import nn
 
 from memsave.recompute import state as _state
 from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
-from memsave.errors import CheckpointError, InplaceModificationError, RecomputeMismatchError
+from memsave.errors import InplaceModificationError, RecomputeMismatchError
 
 from helpers import in_backward
 
@@ -363,20 +363,23 @@ def test_buffer_replaced_by_assignment_is_replayed() -> None:
 def test_checkpointed_bare_with_options_and_on_methods() -> None:
     runs: List[str] = []
 
+    # Each body saves a tensor it computed (exp's result), so each is recomputed once in backward.
     @checkpointed
     def bare(t: torch.Tensor) -> torch.Tensor:
         runs.append("bare")
-        return t.sin()
+        return t.sin().exp()
 
     @checkpointed(name="custom", strict=True)
     def with_options(t: torch.Tensor, *, k: int) -> torch.Tensor:
         runs.append("opts")
-        return t.cos() * k
+        return t.cos().exp() * k
 
     assert bare.__name__ == "bare" and with_options.__name__ == "with_options"
     x = _leaf(4)
     (bare(x) + with_options(x, k=2)).sum().backward()
-    assert torch.equal(x.grad, x.detach().cos() - 2 * x.detach().sin())
+    ref = x.detach().clone().requires_grad_()
+    (ref.sin().exp() + ref.cos().exp() * 2).sum().backward()
+    assert torch.equal(x.grad, ref.grad)
     assert runs.count("bare") == 2 and runs.count("opts") == 2
 
     class Block(nn.Module):
@@ -513,18 +516,18 @@ def test_recompute_mismatch_names_region() -> None:
         state["n"] += 1  # output shape depends on a global counter
         return t[: state["n"] + 2].sin()
 
-    y = checkpoint(grows, _leaf(8), name="encoder.block3")
+    y = checkpointed(grows, name="encoder.block3")(_leaf(8))
     with pytest.raises(RecomputeMismatchError, match="region 'encoder.block3'.*shape \\(4,\\).*shape \\(3,\\)"):
         y.sum().backward()
 
-    flag = {"extra": False}
+    flag = {"skip": False}
 
     def branches(t: torch.Tensor) -> torch.Tensor:
         h = t.sin()
-        return h.exp() if flag["extra"] else h
+        return h if flag["skip"] else h.exp()  # exp's saved result is what backward needs recomputed
 
     y = checkpoint(branches, _leaf(8))
-    flag["extra"] = True
+    flag["skip"] = True
     with pytest.raises(RecomputeMismatchError, match="'test_recompute_mismatch_names_region.<locals>.branches'"):
         y.sum().backward()
 
@@ -538,14 +541,14 @@ def test_strict_mode_compares_values() -> None:
     x = _leaf(5)
     checkpoint(noisy, x).sum().backward()  # shapes match: only strict mode can see it
     with pytest.raises(RecomputeMismatchError, match="strict check failed.*max abs difference"):
-        checkpoint(noisy, x, strict=True, name="noisy").sum().backward()
-    checkpoint(lambda t: t.sin().cos(), x, strict=True).sum().backward()  # deterministic: passes
+        checkpointed(noisy, strict=True, name="noisy")(x).sum().backward()
+    checkpointed(lambda t: t.sin().cos(), strict=True)(x).sum().backward()  # deterministic: passes
 
 
 def test_inplace_change_of_input_between_forward_and_backward() -> None:
     x = _leaf(4)
     h = x * 2
-    y = checkpoint(lambda t: t.sin(), h, name="blk")
+    y = checkpointed(lambda t: t.sin(), name="blk")(h)
     h.add_(1)
     with pytest.raises(InplaceModificationError,
                        match="modified by an inplace operation: argument args\\[0\\] of checkpointed region 'blk'"):
@@ -604,17 +607,21 @@ def test_saved_tensor_modified_inside_region_fails_like_eager() -> None:
         y.sum().backward()
 
 
-def test_backward_inside_region_is_rejected() -> None:
+def test_backward_inside_region_works_like_eager() -> None:
+    # torch.autograd.grad inside the region on tensors the region saved: it recomputes from the region's arguments
+    # while the forward is still running (exp's saved result is not a leaf), and the outer backward goes through
+    # the double-backward graph built inside the region.
     x = _leaf(3)
-
-    def f(t: torch.Tensor) -> torch.Tensor:
-        y = t.sin()
-        g, = torch.autograd.grad(y.sum(), t, create_graph=True)
-        return g
-
-    with pytest.raises(CheckpointError, match="before its forward returned"):
-        checkpoint(f, x)
+    region = Counter(lambda t: torch.autograd.grad(t.sin().exp().sum(), t, create_graph=True)[0])
+    g = checkpoint(region, x)
+    assert region.calls == 2 and region.in_backward == 1  # the forward, and the recompute for its inner grad
     assert not _state.module_hooks_active() and not _state.tls.records
+    g.pow(2).sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    region.fn(x).pow(2).sum().backward()
+    assert torch.equal(got, x.grad)
+    assert torch.equal(g, region.fn(x))
 
 
 def test_frames_are_freed_with_the_graph() -> None:
@@ -625,12 +632,12 @@ def test_frames_are_freed_with_the_graph() -> None:
         return sum(1 for o in gc.get_objects() if type(o) is _Frame and o.name == "probe")
 
     x = _leaf(16)
-    y = checkpoint(lambda t: t.sin().exp(), x, name="probe")
+    y = checkpointed(lambda t: t.sin().exp(), name="probe")(x)
     assert live_probe_frames() == 1
     y.sum().backward()
     del y
     assert live_probe_frames() == 0
-    y = checkpoint(lambda t: t.sin().exp(), x, name="probe")
+    y = checkpointed(lambda t: t.sin().exp(), name="probe")(x)
     del y  # graph dropped without backward
     assert live_probe_frames() == 0
 

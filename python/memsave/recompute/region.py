@@ -5,19 +5,36 @@ How a region works (non-reentrant, built on :class:`torch.autograd.graph.saved_t
 * **Forward** runs ``fn`` normally, so the autograd graph is the real one: inputs that do not require grad
   still give parameter gradients, nested and non-tensor outputs just work, ``torch.autograd.grad`` and
   ``backward(inputs=...)`` see ordinary nodes. Every tensor autograd wants to save is replaced by a small
-  handle (its index in the region's *frame*); only its shape, dtype, device and version are kept.
-* **Backward**: the first unpack of a handle recomputes ``fn`` from the region's arguments (detached, with
-  the same ``requires_grad``) under ``torch.enable_grad()``, with the forward's RNG states, autocast state,
-  module ``training`` flags and module buffers (see below) replayed. The recompute stores each saved tensor
-  under its handle; unpacking pops it. A handle that is unpacked again later (a second backward with
-  ``retain_graph=True``) triggers another recompute. Stored tensors are keyed by weak references to the
-  handles, so they die with the graph.
+  handle (its index in the region's *frame*); only its shape, dtype, device and version are kept, plus a weak
+  reference when the tensor is a leaf (no ``grad_fn``: parameters, buffers, inputs, constants). The region's
+  arguments are kept with their containers copied at the call (lists, tuples and dicts, nested), so a list the
+  caller appends to afterwards (DenseNet's growing feature list) does not change the recompute.
+* **Backward**: a saved leaf that is still alive is handed back as the very object the forward saved (Python
+  attributes and identity kept, nothing recomputed; a region whose saved tensors are all leaves, a single
+  matrix product of a leaf input and a weight, never recomputes). Any other handle triggers a recompute of ``fn``
+  from the region's arguments (those that require grad detached, the others as they are) under
+  ``torch.enable_grad()``, with the
+  forward's RNG states, autocast state, default-device context (``with torch.device(...)``,
+  ``torch.set_default_device``), module ``training`` flags and module buffers (see below) replayed. The
+  recompute stores the tensors this backward still needs under their handles and **stops early** once it has
+  produced the last of them (``early_stop=False`` reruns the whole region); unpacking pops a stored tensor.
+  Recomputes are per backward (autograd graph task): a second backward with ``retain_graph=True`` recomputes
+  again, and what one backward recomputed but did not unpack is dropped when that backward ends.
+* **Double unpack**: reading the same recomputed saved tensor twice in one backward (a custom
+  ``autograd.Function`` that reads ``ctx.saved_tensors`` twice) raises :class:`~memsave.errors.CheckpointError`,
+  as ``torch.utils.checkpoint`` does: recomputed tensors are freed as soon as they are read. Leaves handed back by
+  identity may be read any number of times.
+* **Backward inside the region** (gradient penalty, meta-learning: ``torch.autograd.grad`` on tensors the region
+  saved, called while its forward runs) works: the recompute starts from the region's arguments and stops once it
+  has the tensors saved so far (with ``early_stop=False`` it runs to the end and ignores what the forward has not
+  saved yet); modules whose call is still in progress have their buffers replayed from their call's start.
 * **Checks**: the recompute must save the same number of tensors with the same shape, dtype and device as
-  the forward, or :class:`~memsave.errors.RecomputeMismatchError` names the region. ``strict=True`` also
-  keeps the forward's saved tensors and compares values bitwise (debugging only: it uses eager's memory).
-  A region that modifies one of its tensor arguments in place, or an argument / saved parameter / saved
-  tensor modified in place between forward and backward, raises :class:`~memsave.errors.InplaceModificationError`
-  instead of giving a wrong gradient.
+  the forward, or :class:`~memsave.errors.RecomputeMismatchError` names the region (``determinism_check="none"``
+  skips the shape/dtype/device comparison, ``debug=True`` adds both runs' lists of saved tensors to the error).
+  ``strict=True`` (:func:`checkpointed`, :func:`~memsave.wrap`) also keeps the forward's saved tensors and compares
+  values bitwise (debugging only: it uses eager's memory). A region that modifies one of its tensor arguments in
+  place, or an argument / saved parameter / saved tensor modified in place between forward and backward, raises
+  :class:`~memsave.errors.InplaceModificationError` instead of giving a wrong gradient.
 
 **RNG.** With ``preserve_rng_state=True`` the CPU generator and, when CUDA is initialised, the generator of
 every CUDA device are saved at region entry and restored (inside :func:`torch.random.fork_rng`, so the
@@ -28,24 +45,27 @@ some region is active, because a global hook turns off ``nn.Module``'s hook-free
 called module's own buffers and ``training`` flag, and record the modules whose buffers changed during the
 call (a replaced buffer or a bumped version counter: BatchNorm always bumps ``num_batches_tracked``). During
 the recompute those buffers are swapped, by name, for fresh copies of their values at region entry; the real
-buffers are put back untouched afterwards. So running statistics end bitwise equal to eager (no double
-update, ``momentum=None`` included), and a module whose output depends on a buffer it updates (power
-iteration in ``spectral_norm``) recomputes the forward's values. Covered: any ``nn.Module`` that updates its
-own registered buffers in its forward or forward pre-hooks — ``BatchNorm*d``, ``InstanceNorm*d`` with
-``track_running_stats=True``, ``spectral_norm``, custom EMA buffers. Not covered: state mutated by plain
-functions, in Python attributes that are not registered buffers, or through another alias of a buffer
-tensor; a module that only writes a buffer through raw kernels without bumping any of its buffers' versions.
-Cost: each call of a module that has buffers, inside a region's forward, clones that module's own buffers
-(dropped at once unless they changed). BatchNorm, SyncBatchNorm and InstanceNorm in training mode are exempt:
-their output uses batch statistics and only *writes* their buffers, so their recompute runs on scratch copies taken
-when the recompute starts, and a region keeps no more than ``torch.utils.checkpoint`` does.
+buffers are put back untouched afterwards — also when the recompute stops early. So running statistics end
+bitwise equal to eager (no double update, ``momentum=None`` included), and a module whose output depends on a
+buffer it updates (power iteration in ``spectral_norm``) recomputes the forward's values. Covered: any
+``nn.Module`` that updates its own registered buffers in its forward or forward pre-hooks — ``BatchNorm*d``,
+``InstanceNorm*d`` with ``track_running_stats=True``, ``spectral_norm``, custom EMA buffers. Not covered: state
+mutated by plain functions, in Python attributes that are not registered buffers, or through another alias of a
+buffer tensor; a module that only writes a buffer through raw kernels without bumping any of its buffers'
+versions. Cost: each call of a module that has buffers, inside a region's forward, clones that module's own
+buffers (dropped at once unless they changed). BatchNorm, SyncBatchNorm and InstanceNorm in training mode are
+exempt: their output uses batch statistics and only *writes* their buffers, so their recompute runs on scratch
+copies taken when the recompute starts, and a region keeps no more than ``torch.utils.checkpoint`` does.
 
 **Nested regions** are correct: the inner region's frame holds the inner arguments until backward, so an
 inner region's arguments stay alive inside an outer region (the outer region frees only what it saves
 outside its inner regions).
 
-**Not supported**: calling ``backward``/``torch.autograd.grad`` inside a region on tensors that region saved
-(raises :class:`~memsave.errors.CheckpointError`); a region's forward hooks run again during the recompute.
+**torch.utils.checkpoint's keywords** (``use_reentrant``, ``preserve_rng_state``, ``context_fn``,
+``determinism_check``, ``debug``, ``early_stop``, and the global ``set_checkpoint_early_stop`` /
+``set_checkpoint_debug_enabled`` switches) are taken by :func:`checkpoint` with torch's meaning; see its docstring.
+Not supported: selective checkpointing contexts (``create_selective_checkpoint_contexts``, raises
+``NotImplementedError``); a region's forward hooks run again during the recompute.
 """
 from __future__ import annotations
 
@@ -55,10 +75,13 @@ import inspect
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import torch
 from torch import nn
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils import checkpoint as torch_checkpoint
+from torch.utils._device import DeviceContext
 
 from ..common.rng import RngState
 from . import state
@@ -67,6 +90,9 @@ from ..errors import CheckpointError, InplaceModificationError, MemsaveWarning, 
 __all__ = ["checkpoint", "checkpointed", "checkpoint_sequential"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Per saved tensor: shape, dtype, device, version at save, whether it has history (a grad_fn).
+_Meta = Tuple[torch.Size, torch.dtype, torch.device, int, bool]
 
 
 class _Handle:
@@ -79,28 +105,57 @@ class _Handle:
         self.index = index
 
 
+class _StopRecompute(BaseException):
+    """Raised by a recompute's pack hook once it has every tensor the backward needs (early stop).
+
+    A ``BaseException`` so that a region catching ``Exception`` cannot swallow it.
+    """
+
+
+class _Run:
+    """What one backward (graph task) got from a region: recomputed tensors not read yet, indices already read."""
+
+    __slots__ = ("stored", "unpacked")
+
+    def __init__(self) -> None:
+        self.stored: "weakref.WeakKeyDictionary[_Handle, Tuple[torch.Tensor, int]]" = weakref.WeakKeyDictionary()
+        self.unpacked: Set[int] = set()
+
+
 class _Frame:
     """Everything one call of a region needs to recompute its saved tensors in backward."""
 
-    def __init__(self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str,
-                 preserve_rng_state: bool, strict: bool) -> None:
+    def __init__(self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str, *,
+                 preserve_rng_state: bool, strict: bool, early_stop: bool = True, check_metadata: bool = True,
+                 debug: bool = False, recompute_context: Optional[Any] = None) -> None:
         self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
+        # Containers are copied at the call: a later append to a list argument must not reach the recompute.
+        self.args: Tuple[Any, ...] = state.map_tensors(_same, args)
+        self.kwargs: Dict[str, Any] = state.map_tensors(_same, kwargs)
         self.name = name
         self.strict = strict
+        self.early_stop = early_stop
+        self.check_metadata = check_metadata
+        self.recompute_context = recompute_context
         self.rng = RngState() if preserve_rng_state else None
         self.autocast = state.AutocastState()
+        self.device = _default_device()
         self.module_records: state.ModuleRecords = state.ModuleRecords()
-        # Per saved tensor: shape, dtype, device, version at save, whether that version must repeat.
-        self.metas: List[Tuple[torch.Size, torch.dtype, torch.device, int, bool]] = []
+        # Modules whose call began before the region and runs its body inside it (see run_region's ``watch``), and
+        # the thread's stack of module calls in progress with its height at entry: both say, for a recompute that
+        # starts before the forward has ended, which modules are mid-call.
+        self.watched: List[Tuple[nn.Module, state.ModuleSnapshot]] = []
+        self.calls: List[Tuple[nn.Module, state.ModuleSnapshot]] = state.tls.calls
+        self.calls_base = len(self.calls)
+        self.metas: List[_Meta] = []
         self.handles: List["weakref.ref[_Handle]"] = []
-        self.leaf_refs: List[Tuple[int, "weakref.ref[torch.Tensor]"]] = []
+        self.leaves: Dict[int, "weakref.ref[torch.Tensor]"] = {}
         self.leaf_checks: List[Tuple[int, "weakref.ref[torch.Tensor]", int]] = []
         self.stale: Dict[int, Tuple[int, int]] = {}
         self.arg_versions: List[Tuple[str, torch.Tensor, int]] = []
         self.strict_values: List[torch.Tensor] = []
-        self.stored: "weakref.WeakKeyDictionary[_Handle, Tuple[torch.Tensor, int]]" = weakref.WeakKeyDictionary()
+        self.trace: Optional[List[str]] = [] if debug else None
+        self.runs: Dict[Hashable, _Run] = {}
         self.forward_done = False
         self.recomputing = False
         self.lock = threading.RLock()
@@ -111,18 +166,21 @@ class _Frame:
         handle = _Handle(self, len(self.metas))
         self.handles.append(weakref.ref(handle))
         # Tensors produced inside the region get fresh version counters in both runs, so their version at save
-        # must repeat; tensors from outside (leaves: parameters, buffers, leaf inputs) are checked at exit.
+        # must repeat; tensors from outside (leaves: parameters, buffers, leaf inputs) are checked at exit, and
+        # handed back by identity in backward while they are alive.
         has_history = t.grad_fn is not None
         self.metas.append((t.shape, t.dtype, t.device, t._version, has_history))
         if not has_history:
-            self.leaf_refs.append((handle.index, weakref.ref(t)))
+            self.leaves[handle.index] = weakref.ref(t)
         if self.strict:
             self.strict_values.append(t.detach())
+        if self.trace is not None:
+            self.trace.append(_trace_label(t))
         return handle
 
-    def finish_forward(self, arg_versions: List[Tuple[str, torch.Tensor, int]]) -> None:
-        """Close the forward; ``arg_versions`` are the arguments' versions, already checked unchanged since entry."""
-        for index, ref in self.leaf_refs:
+    def finish_forward(self) -> None:
+        """Close the forward; ``arg_versions`` were checked unchanged since entry by the caller."""
+        for index, ref in self.leaves.items():
             t = ref()
             if t is None:
                 continue
@@ -131,8 +189,6 @@ class _Frame:
                 # Modified in place after being saved: eager fails when backward unpacks it; so do we.
                 self.stale[index] = (saved_version, t._version)
             self.leaf_checks.append((index, ref, t._version))
-        self.leaf_refs = []
-        self.arg_versions = arg_versions
         self.forward_done = True
 
     # ---- backward ------------------------------------------------------------------------------------------
@@ -140,6 +196,12 @@ class _Frame:
     def check_unchanged(self) -> None:
         for path, t, version in self.arg_versions:
             if t._version != version:
+                if not self.forward_done:
+                    raise InplaceModificationError(
+                        f"memsave: checkpointed region '{self.name}' modified its argument {path} ({_describe(t)}) "
+                        f"in place (version {version} -> {t._version}) before a backward inside the region needed "
+                        f"its recompute, which would start from the modified value and give wrong gradients. Clone "
+                        f"the argument inside the region before modifying it, or use the out-of-place operation.")
                 raise InplaceModificationError(
                     f"memsave: one of the variables needed for gradient computation has been modified by an "
                     f"inplace operation: argument {path} of checkpointed region '{self.name}' "
@@ -157,31 +219,96 @@ class _Frame:
                     f"Do not modify parameters or tensors a region uses (e.g. optimizer.step(), x.add_()) "
                     f"between its forward and backward; clone the tensor before modifying it instead.")
 
-    def recompute(self) -> None:
+    def live_leaf(self, index: int) -> Optional[torch.Tensor]:
+        """The leaf the forward saved at ``index``, when it is one and still alive, else ``None``."""
+        ref = self.leaves.get(index)
+        return None if ref is None else ref()
+
+    def unpack_leaf(self, index: int, t: torch.Tensor) -> torch.Tensor:
+        """Hand back a live saved leaf by identity, after checking it was not modified since it was saved."""
+        saved_version = self.metas[index][3]
+        if t._version != saved_version:
+            if self.forward_done and index not in self.stale:
+                raise InplaceModificationError(
+                    f"memsave: one of the variables needed for gradient computation has been modified by an "
+                    f"inplace operation: {self._tensor_label(t, index)} saved by checkpointed region "
+                    f"'{self.name}' ({_describe(t)}) is at version {t._version}; expected version {saved_version}. "
+                    f"Do not modify parameters or tensors a region uses (e.g. optimizer.step(), x.add_()) "
+                    f"between its forward and backward; clone the tensor before modifying it instead.")
+            raise self.stale_error(index, saved_version, t._version)
+        return t
+
+    def stale_error(self, index: int, saved: int, now: int) -> InplaceModificationError:
+        return InplaceModificationError(
+            f"memsave: one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: saved tensor #{index} of checkpointed region '{self.name}' "
+            f"({_describe_meta(self.metas[index])}) was saved at version {saved} and modified to "
+            f"version {now} inside the region. Eager PyTorch fails here too: clone the tensor before "
+            f"modifying it in place.")
+
+    def records_for_recompute(self) -> state.ModuleRecords:
+        """The module records the recompute replays: the forward's, plus module calls still in progress.
+
+        A recompute started by a backward inside the region (before its forward returned) must also restore the
+        buffers of modules whose call has begun but not ended, the watched module included.
+        """
+        pending = self.watched + self.calls[self.calls_base:]
+        if self.forward_done or not pending:
+            return self.module_records
+        return self.module_records.including(pending)
+
+    def needed(self, run: _Run, index: int, temporary: bool) -> Set[int]:
+        """Indices the recompute must store for this backward: live handles not read yet and not leaves."""
+        if temporary:
+            return {index}
+        needed = {index}
+        for i, ref in enumerate(self.handles):
+            handle = ref()
+            if handle is None or i in run.unpacked or handle in run.stored:
+                continue
+            if self.live_leaf(i) is None:
+                needed.add(i)
+        return needed
+
+    def recompute(self, run: _Run, index: int, temporary: bool = False) -> None:
         if self.recomputing:
             raise CheckpointError(
-                f"memsave: region '{self.name}' asked for its own saved tensors while recomputing them (a backward "
-                f"inside the region?). Move torch.autograd.grad/backward calls out of the checkpointed region.")
+                f"memsave: region '{self.name}' asked for its own saved tensors while recomputing them. Please "
+                f"report this with the region's code.")
         self.check_unchanged()
+        forward_done = self.forward_done
+        needed = self.needed(run, index, temporary)
+        last = max(needed)
+        n = len(self.metas)
+        records = self.records_for_recompute()
         args = state.map_tensors(_detach_like, self.args)
         kwargs = state.map_tensors(_detach_like, self.kwargs)
         count = [0]
-        n = len(self.metas)
+        stopped = [False]
+        trace: Optional[List[str]] = [] if self.trace is not None else None
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             i = count[0]
             count[0] += 1
+            value = t.detach() if t.requires_grad else t
+            if trace is not None:
+                trace.append(_trace_label(t))
             if i >= n:
+                if not forward_done:
+                    # early_stop=False in a backward inside the region: the rest of the region has not been saved by
+                    # the forward yet, so there is nothing to compare with.
+                    return value
                 raise RecomputeMismatchError(
                     f"memsave: the recompute of checkpointed region '{self.name}' saved more tensors for backward "
-                    f"than its forward did ({n}); the extra tensor #{i} is {_describe(t)}. {_MISMATCH_ADVICE}")
+                    f"than its forward did ({n}); the extra tensor #{i} is {_describe(t)}. {_MISMATCH_ADVICE}"
+                    f"{self.debug_table(trace, i)}")
             shape, dtype, device, version, has_history = self.metas[i]
-            if t.shape != shape or t.dtype != dtype or t.device != device:
+            if self.check_metadata and (t.shape != shape or t.dtype != dtype or t.device != device):
                 raise RecomputeMismatchError(
                     f"memsave: the recompute of checkpointed region '{self.name}' does not match its forward: "
                     f"saved tensor #{i} has shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device} in the "
                     f"recompute but shape {tuple(shape)}, dtype {dtype}, device {device} in the forward. "
-                    f"{_MISMATCH_ADVICE}")
+                    f"{_MISMATCH_ADVICE}{self.debug_table(trace, i)}")
             if has_history and t._version != version:
                 raise InplaceModificationError(
                     f"memsave: one of the variables needed for gradient computation has been modified by an "
@@ -192,27 +319,49 @@ class _Frame:
                     f"before backward (e.g. optimizer.step()), or clone it before modifying it.")
             if self.strict:
                 _strict_compare(self.name, i, self.strict_values[i], t)
-            detached = t.detach()
-            handle = self.handles[i]()
-            if handle is not None:
-                self.stored[handle] = (detached, t._version)
-            return detached
+            if i in needed:
+                handle = self.handles[i]()
+                if handle is not None:
+                    run.stored[handle] = (value, t._version)
+            if i == last and self.early_stop:
+                stopped[0] = True
+                raise _StopRecompute()
+            return value
 
-        with _isolated_thread_state(), contextlib.ExitStack() as stack:
-            self.recomputing = True
-            stack.callback(setattr, self, "recomputing", False)
-            stack.enter_context(torch.enable_grad())
-            if self.rng is not None:
-                stack.enter_context(self.rng.fork_and_restore())
-            for ctx in self.autocast.contexts():
-                stack.enter_context(ctx)
-            stack.enter_context(state.ReplayedModuleState(self.module_records))
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _identity))
-            self.fn(*args, **kwargs)
-        if count[0] != n:
+        try:
+            with _isolated_thread_state(), contextlib.ExitStack() as stack:
+                self.recomputing = True
+                stack.callback(setattr, self, "recomputing", False)
+                stack.enter_context(torch.enable_grad())
+                if self.rng is not None:
+                    stack.enter_context(self.rng.fork_and_restore())
+                for ctx in self.autocast.contexts():
+                    stack.enter_context(ctx)
+                if self.device != _default_device():
+                    stack.enter_context(torch.device(self.device if self.device is not None else "cpu"))
+                stack.enter_context(state.ReplayedModuleState(records))
+                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _identity))
+                if self.recompute_context is not None:
+                    stack.enter_context(self.recompute_context)
+                self.fn(*args, **kwargs)
+        except _StopRecompute:
+            if not stopped[0]:  # pragma: no cover - only our own pack hook raises it
+                raise
+        if not stopped[0] and forward_done and count[0] != n:
             raise RecomputeMismatchError(
                 f"memsave: the recompute of checkpointed region '{self.name}' saved {count[0]} tensors for "
-                f"backward but its forward saved {n}. {_MISMATCH_ADVICE}")
+                f"backward but its forward saved {n}. {_MISMATCH_ADVICE}{self.debug_table(trace, count[0])}")
+
+    def debug_table(self, recompute: Optional[List[str]], at: int) -> str:
+        """With ``debug=True``: the saved tensors of both runs around index ``at``, for a mismatch error."""
+        if self.trace is None or recompute is None:
+            return ""
+        lo = max(0, at - 4)
+        hi = max(len(self.trace), len(recompute))
+        hi = min(hi, at + 3)
+        rows = [f"  #{i}: forward {self.trace[i] if i < len(self.trace) else '-'} | recompute "
+                f"{recompute[i] if i < len(recompute) else '-'}" for i in range(lo, hi)]
+        return ("\nSaved tensors (debug=True), forward | recompute:\n" + "\n".join(rows)) if rows else ""
 
     def _tensor_label(self, t: torch.Tensor, index: int) -> str:
         base = t._base if t._base is not None else t  # e.g. weight.t() saved by linear
@@ -239,35 +388,91 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _trace_label(t: torch.Tensor) -> str:
+    producer = type(t.grad_fn).__name__ if t.grad_fn is not None else "leaf"
+    return f"{producer} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')} {t.device}"
+
+
+def _default_device() -> Optional[torch.device]:
+    """The device of the innermost default-device context (``with torch.device(...)``, ``set_default_device``)."""
+    for mode in reversed(_get_current_function_mode_stack()):
+        if isinstance(mode, DeviceContext):
+            return torch.device(mode.device)
+    return None
+
+
+def _backward_key() -> Tuple[Optional[Hashable], bool]:
+    """What identifies the backward running now: (key, whether it is a graph task that ends by itself).
+
+    torch's ``GraphExecGroup`` (backward calls sharing one recompute) wins over the graph task id; ``None`` outside
+    any backward (``grad_fn._saved_*`` read from Python), where each read recomputes.
+    """
+    group_cls = getattr(torch_checkpoint, "GraphExecGroup", None)
+    if group_cls is not None:
+        group = group_cls._get_current_group()
+        if group is not None:
+            return group, False
+    gid = torch._C._current_graph_task_id()
+    return (None, False) if gid == -1 else (gid, True)
+
+
+def _drop_run_when_backward_ends(frame: _Frame, key: Hashable) -> None:
+    frame_ref = weakref.ref(frame)
+
+    def drop() -> None:
+        f = frame_ref()
+        if f is not None:
+            f.runs.pop(key, None)
+
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(drop)  # type: ignore[attr-defined]
+    except RuntimeError:  # pragma: no cover - not inside the engine: the run stays until the frame dies
+        pass
+
+
 def _unpack(handle: _Handle) -> torch.Tensor:
     frame = handle.frame
+    index = handle.index
+    key, ends = _backward_key()
     with frame.lock:
-        if not frame.forward_done:
-            raise CheckpointError(
-                f"memsave: backward reached tensors saved by checkpointed region '{frame.name}' before its forward "
-                f"returned (torch.autograd.grad or backward called inside the region). This is not supported: move "
-                f"that call out of the region, or do not checkpoint it.")
-        stale = frame.stale.get(handle.index)
+        stale = frame.stale.get(index)
         if stale is not None:
-            raise InplaceModificationError(
-                f"memsave: one of the variables needed for gradient computation has been modified by an inplace "
-                f"operation: saved tensor #{handle.index} of checkpointed region '{frame.name}' "
-                f"({_describe_meta(frame.metas[handle.index])}) was saved at version {stale[0]} and modified to "
-                f"version {stale[1]} inside the region. Eager PyTorch fails here too: clone the tensor before "
-                f"modifying it in place.")
-        entry = frame.stored.pop(handle, None)
+            raise frame.stale_error(index, *stale)
+        leaf = frame.live_leaf(index)
+        if leaf is not None:
+            return frame.unpack_leaf(index, leaf)
+        run = frame.runs.get(key) if key is not None else None
+        if run is None:
+            run = _Run()
+            if key is not None:
+                frame.runs[key] = run
+                if ends:
+                    _drop_run_when_backward_ends(frame, key)
+        elif index in run.unpacked:
+            raise CheckpointError(
+                f"memsave: saved tensor #{index} of checkpointed region '{frame.name}' "
+                f"({_describe_meta(frame.metas[index])}) is unpacked a second time in the same backward. A region's "
+                f"recomputed tensors are freed as soon as backward reads them (as in torch.utils.checkpoint): if a "
+                f"custom autograd.Function reads ctx.saved_tensors in its backward, read it once and keep the result. "
+                f"A new backward (retain_graph=True) recomputes them again.")
+        entry = run.stored.pop(handle, None)
         if entry is None:
-            frame.recompute()
-            entry = frame.stored.pop(handle, None)
+            frame.recompute(run, index, temporary=key is None)
+            entry = run.stored.pop(handle, None)
             if entry is None:  # pragma: no cover - the recompute checks the count of saved tensors
                 raise CheckpointError(
                     f"memsave: internal error: the recompute of region '{frame.name}' did not produce saved "
-                    f"tensor #{handle.index}. Please report this with the region's code.")
+                    f"tensor #{index}. Please report this with the region's code.")
+        run.unpacked.add(index)
     t, version = entry
     if t._version != version:
         raise InplaceModificationError(
             f"memsave: one of the variables needed for gradient computation has been modified by an inplace "
-            f"operation: saved tensor #{handle.index} of checkpointed region '{frame.name}' ({_describe(t)}) is at "
+            f"operation: saved tensor #{index} of checkpointed region '{frame.name}' ({_describe(t)}) is at "
             f"version {t._version}; expected version {version}. Clone the tensor before modifying it in place.")
     return t
 
@@ -285,7 +490,9 @@ def _isolated_thread_state() -> Any:
 
 
 def _detach_like(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().requires_grad_(t.requires_grad)
+    # A tensor that does not require grad has no graph to cut: the recompute gets the object itself (its identity
+    # and Python attributes kept, as torch's recompute does).
+    return t.detach().requires_grad_() if t.requires_grad else t
 
 
 def _tensor_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[str, torch.Tensor]]:
@@ -298,7 +505,7 @@ def _describe(t: torch.Tensor) -> str:
     return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
 
 
-def _describe_meta(meta: Tuple[torch.Size, torch.dtype, torch.device, int, bool]) -> str:
+def _describe_meta(meta: _Meta) -> str:
     return f"shape {tuple(meta[0])}, dtype {meta[1]}, device {meta[2]}"
 
 
@@ -334,6 +541,18 @@ def _region_name(fn: Any, name: Optional[str]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
+def _watched_modules(fn: Any) -> Tuple[nn.Module, ...]:
+    """Modules whose forward body ``fn`` runs without their ``__call__``: a bound ``model.forward``, or a
+    ``functools.partial(forward, module, ...)`` (how Hugging Face layers call their checkpoint function)."""
+    owner = getattr(fn, "__self__", None)
+    if inspect.ismethod(fn) and isinstance(owner, nn.Module):
+        return (owner,)
+    if isinstance(fn, functools.partial) and fn.args and isinstance(fn.args[0], nn.Module) \
+            and not isinstance(fn.func, nn.Module):
+        return (fn.args[0],)
+    return ()
+
+
 def _check_callable(fn: Any, where: str) -> None:
     if not callable(fn):
         raise TypeError(
@@ -342,24 +561,41 @@ def _check_callable(fn: Any, where: str) -> None:
 
 
 def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], *, name: str,
-                preserve_rng_state: bool, strict: bool, watch: Sequence[nn.Module] = ()) -> Any:
+               preserve_rng_state: bool, strict: bool, watch: Sequence[nn.Module] = (), early_stop: bool = True,
+               check_metadata: bool = True, debug: bool = False,
+               contexts: Optional[Tuple[Any, Any]] = None) -> Any:
     """Run ``fn(*args, **kwargs)`` as a checkpointed region (the common path of every public entry point).
 
     Args:
+        fn, args, kwargs: the region and its arguments.
+        name: the region's name in error messages.
+        preserve_rng_state, strict, early_stop: see :func:`checkpointed`.
         watch: modules whose own ``__call__`` started outside the region but whose forward body runs inside it
             (a wrapped module, ``self`` of a checkpointed method): their buffers and training flag are recorded
             here, since the global pre-hook ran before the region existed.
+        check_metadata: compare shapes, dtypes and devices of the recomputed saved tensors with the forward's
+            (``determinism_check="default"``).
+        debug: keep a list of the saved tensors' producers for mismatch errors.
+        contexts: ``(forward context, recompute context)`` from a ``context_fn``, or ``None``.
+
+    Returns:
+        Whatever ``fn`` returns.
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    frame = _Frame(fn, args, kwargs, name, preserve_rng_state, strict)
+    forward_context, recompute_context = contexts if contexts is not None else (None, None)
+    frame = _Frame(fn, args, kwargs, name, preserve_rng_state=preserve_rng_state, strict=strict,
+                   early_stop=early_stop, check_metadata=check_metadata, debug=debug,
+                   recompute_context=recompute_context)
     entry_versions = [(path, t, t._version) for path, t in _tensor_args(args, kwargs)]
-    watched = [(m, state.ModuleSnapshot(m)) for m in watch]
+    frame.arg_versions = entry_versions
+    frame.watched = [(m, state.ModuleSnapshot(m)) for m in watch]
     cuda_was_initialized = torch.cuda.is_available() and torch.cuda.is_initialized()
     state.acquire_module_hooks()
     state.tls.records.append(frame.module_records)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
+        with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack), \
+                (forward_context if forward_context is not None else contextlib.nullcontext()):
             out = fn(*args, **kwargs)
     finally:
         stack = state.tls.records
@@ -368,8 +604,9 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
         else:  # pragma: no cover - defensive: keep the stack consistent whatever happened inside
             state.tls.records = [t for t in stack if t is not frame.module_records]
         state.release_module_hooks()
-    for module, snap in watched:
+    for module, snap in frame.watched:
         frame.module_records.note(module, snap, snap.buffers_changed(module))
+    frame.watched = []
     for path, t, version in entry_versions:
         if t._version != version:
             raise InplaceModificationError(
@@ -385,91 +622,187 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
             f"saved at region entry and random operations on CUDA (dropout) may differ in the recompute. "
             f"Initialise CUDA before the first checkpointed forward (e.g. torch.cuda.init() or model.cuda()).",
             MemsaveWarning, stacklevel=3)
-    frame.finish_forward(entry_versions)  # the loop above checked they are still the versions at exit
+    frame.finish_forward()  # the loop above checked the arguments are still at their entry versions
     return out
 
 
-def checkpoint(fn: Callable[..., Any], *args: Any, preserve_rng_state: bool = True, strict: bool = False,
-               name: Optional[str] = None, **kwargs: Any) -> Any:
+_DETERMINISM_CHECKS = ("default", "none")
+
+
+def _selective_checkpoint_modes() -> Tuple[type, ...]:
+    names = ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")
+    return tuple(c for c in (getattr(torch_checkpoint, n, None) for n in names) if isinstance(c, type))
+
+
+def _is_noop_context_fn(context_fn: Any) -> bool:
+    return context_fn is None or context_fn is getattr(torch_checkpoint, "noop_context_fn", None)
+
+
+def _torch_options(where: str, use_reentrant: Optional[bool], context_fn: Optional[Callable[[], Any]],
+                   determinism_check: str, debug: bool,
+                   early_stop: bool) -> Tuple[Optional[Tuple[Any, Any]], bool, bool, bool]:
+    """Check torch.utils.checkpoint's keyword arguments as :func:`checkpoint` takes them (see its docstring).
+
+    Returns:
+        ``(contexts, check_metadata, debug, early_stop)`` for :func:`run_region`, torch's global switches
+        (``set_checkpoint_early_stop``, ``set_checkpoint_debug_enabled``) applied.
+    """
+    if use_reentrant:
+        warnings.warn(
+            f"memsave.{where}: use_reentrant=True asks for torch's reentrant checkpoint; memsave's regions are always "
+            f"non-reentrant (the same gradients, and parameter gradients even when no input requires grad). Pass "
+            f"use_reentrant=False to silence this warning.", MemsaveWarning, stacklevel=3)
+    if determinism_check not in _DETERMINISM_CHECKS:
+        raise ValueError(f"memsave.{where}: determinism_check must be one of {', '.join(_DETERMINISM_CHECKS)} "
+                         f"(as for torch.utils.checkpoint), got {determinism_check!r}")
+    if not isinstance(debug, bool) or not isinstance(early_stop, bool):
+        raise TypeError(f"memsave.{where}: debug and early_stop must be bools, got {debug!r} and {early_stop!r}")
+    global_early_stop = getattr(torch_checkpoint, "_enable_checkpoint_early_stop", None)
+    if global_early_stop is not None:
+        early_stop = bool(global_early_stop)
+    global_debug = getattr(torch_checkpoint, "_checkpoint_debug_enabled", None)
+    if global_debug is not None:
+        debug = bool(global_debug)
+    contexts: Optional[Tuple[Any, Any]] = None
+    if not _is_noop_context_fn(context_fn):
+        if not callable(context_fn):
+            raise TypeError(f"memsave.{where}: context_fn must be a function returning two context managers, got "
+                            f"{type(context_fn).__name__}")
+        pair = context_fn()
+        if not (isinstance(pair, tuple) and len(pair) == 2
+                and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)):
+            raise TypeError(f"memsave.{where}: context_fn must return a tuple of two context managers (forward, "
+                            f"recompute), got {pair!r}")
+        if any(isinstance(c, _selective_checkpoint_modes()) for c in pair):
+            raise NotImplementedError(
+                f"memsave.{where}: context_fn returned torch's selective checkpointing contexts "
+                f"(create_selective_checkpoint_contexts), which memsave does not support yet: it recomputes every "
+                f"operation of a region. Leave context_fn out, or use torch.utils.checkpoint.checkpoint for selective "
+                f"recompute.")
+        contexts = (pair[0], pair[1])
+    return contexts, determinism_check == "default", debug, early_stop
+
+
+def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: Optional[bool] = None,
+               preserve_rng_state: bool = True, context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+               determinism_check: str = "default", debug: bool = False, early_stop: bool = True,
+               **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)`` without keeping its activations; recompute them in backward.
+
+    A drop-in for ``torch.utils.checkpoint.checkpoint``: it takes torch's keyword arguments with torch's meaning (see
+    below), and every other keyword argument goes to ``fn`` untouched (a region function may take ``name`` or
+    ``strict``). memsave's own region options, a name for error messages and the strict value check, are set with
+    :func:`checkpointed` (``checkpointed(fn, name="encoder", strict=True)(*args)``) or :func:`~memsave.wrap`.
 
     Non-reentrant: the forward builds the real autograd graph, so arguments that do not require grad (frozen
     embeddings, images, token ids) still give gradients to the parameters used inside ``fn``; arguments and
-    outputs may be tensors nested in tuples, lists and dicts, or non-tensors. Gradients, outputs, BatchNorm
-    buffers and the RNG stream are bitwise equal to running ``fn`` without checkpointing (CPU, float32). When
-    grad mode is off, ``fn`` is simply called.
+    outputs may be tensors nested in tuples, lists and dicts, or non-tensors; ``torch.autograd.grad`` may be
+    called inside ``fn`` (gradient penalty). Gradients, outputs, BatchNorm buffers and the RNG stream are bitwise
+    equal to running ``fn`` without checkpointing (CPU, float32). When grad mode is off, ``fn`` is simply called.
+
+    Hugging Face transformers layers call ``model._gradient_checkpointing_func(partial(forward, layer, **kwargs),
+    *args)``; make them use memsave with ``model._set_gradient_checkpointing(enable=True,
+    gradient_checkpointing_func=functools.partial(memsave.checkpoint, use_reentrant=False))`` (after or instead of
+    ``model.gradient_checkpointing_enable()`` / ``activation_checkpointing_enable()``).
 
     Args:
-        fn: the region: a function, bound method or ``nn.Module``.
+        fn: the region: a function, bound method, ``functools.partial`` or ``nn.Module``.
         *args: positional arguments of ``fn``.
+        use_reentrant: torch's choice of implementation. memsave is always non-reentrant: ``None`` (memsave's
+            default; torch's warns and means ``True``) and ``False`` run as usual; ``True`` runs non-reentrant too,
+            with a :class:`~memsave.errors.MemsaveWarning`: where torch's reentrant checkpoint works the gradients
+            are the same, and it also gives parameter gradients when no input requires grad.
         preserve_rng_state: replay the CPU and CUDA RNG states of the forward in the recompute, so random
             operations (dropout) draw the same numbers. ``False`` saves a little time but is not lossless.
-        strict: also keep the tensors the forward saved and compare the recompute's with them bitwise
-            (:class:`~memsave.errors.RecomputeMismatchError` on a difference). For debugging only: it uses as much
-            memory as not checkpointing.
-        name: the region's name in error messages (default: the module's class name or ``fn.__qualname__``).
-        **kwargs: keyword arguments of ``fn`` (the names ``preserve_rng_state``, ``strict`` and ``name`` are
-            taken by this function; use :func:`checkpointed` or a lambda to pass them to ``fn``).
+        context_fn: a function returning two context managers; the forward runs inside the first, every
+            recompute inside the second (as in torch). ``None`` or torch's ``noop_context_fn``: none. torch's
+            selective checkpointing contexts (``create_selective_checkpoint_contexts``) raise
+            ``NotImplementedError``.
+        determinism_check: ``"default"``: compare the shapes, dtypes and devices of the recomputed saved tensors
+            with the forward's (:class:`~memsave.errors.RecomputeMismatchError` naming the region); ``"none"``: skip
+            that comparison (the count of saved tensors and in-place checks stay).
+        debug: on a recompute mismatch, list both runs' saved tensors (producer, shape, dtype, device) around the
+            first difference in the error. torch's ``set_checkpoint_debug_enabled`` overrides it.
+        early_stop: stop the recompute as soon as it has every saved tensor backward still needs (the default);
+            ``False`` reruns the whole region. Buffers, RNG and the caller's state are restored either way.
+            torch's ``set_checkpoint_early_stop`` overrides it.
+        **kwargs: keyword arguments of ``fn``, passed to it unchanged.
 
     Returns:
         Whatever ``fn`` returns.
 
     Raises:
-        TypeError: ``fn`` is not callable.
+        TypeError: ``fn`` is not callable, ``debug``/``early_stop`` are not bools, or ``context_fn`` does not return
+            two context managers.
+        ValueError: an unknown ``determinism_check``.
+        NotImplementedError: ``context_fn`` returns torch's selective checkpointing contexts.
         RecomputeMismatchError: (in backward) the recompute saved tensors of other shapes/dtypes/devices.
         InplaceModificationError: ``fn`` modified one of its tensor arguments in place (at forward), or an
             argument / tensor the region saved was modified in place before backward (at backward).
+        CheckpointError: (in backward) a recomputed saved tensor was read twice in one backward.
+
+    Warns:
+        MemsaveWarning: ``use_reentrant=True``.
 
     Example:
         >>> block = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
-        >>> y = memsave.checkpoint(block, x)        # block's activations are recomputed in backward
+        >>> y = memsave.checkpoint(block, x, use_reentrant=False)   # as with torch.utils.checkpoint
         >>> y.sum().backward()
     """
     _check_callable(fn, "checkpoint")
-    watch: Tuple[nn.Module, ...] = ()
-    owner = getattr(fn, "__self__", None)
-    if inspect.ismethod(fn) and isinstance(owner, nn.Module):
-        watch = (owner,)  # a bound method (model.forward) runs without the module's __call__
-    return run_region(fn, args, kwargs, name=_region_name(fn, name), preserve_rng_state=preserve_rng_state,
-                       strict=strict, watch=watch)
+    contexts, check_metadata, debug, early_stop = _torch_options("checkpoint", use_reentrant, context_fn,
+                                                                 determinism_check, debug, early_stop)
+    return run_region(fn, args, kwargs, name=_region_name(fn, None), preserve_rng_state=preserve_rng_state,
+                      strict=False, watch=_watched_modules(fn), early_stop=early_stop, check_metadata=check_metadata,
+                      debug=debug, contexts=contexts)
 
 
-def checkpointed(fn: Optional[F] = None, *, preserve_rng_state: bool = True, strict: bool = False,
-                 name: Optional[str] = None) -> Union[F, Callable[[F], F]]:
+def checkpointed(fn: Optional[F] = None, *, name: Optional[str] = None, strict: bool = False,
+                 preserve_rng_state: bool = True, early_stop: bool = True) -> Union[F, Callable[[F], F]]:
     """Decorator: every call of the function (or ``forward`` method) runs as a :func:`checkpoint` region.
 
-    Usable bare (``@checkpointed``) or with options (``@checkpointed(strict=True)``). On a ``forward`` method in
-    a class body it applies to every instance; the module's buffers and ``training`` flag are handled as for
-    modules called inside the region.
+    Usable bare (``@checkpointed``), with options (``@checkpointed(strict=True)``), or for one call with region
+    options (``checkpointed(f, name="encoder", strict=True)(x)``). On a ``forward`` method in a class body it applies
+    to every instance; the module's buffers and ``training`` flag are handled as for modules called inside the
+    region. Every argument of the decorated function, keywords included, is passed to it unchanged.
 
     Args:
         fn: the function or method (omit it to pass options).
-        preserve_rng_state, strict, name: as for :func:`checkpoint`; the keyword arguments of the decorated
-            function are all passed to it unchanged.
+        name: the region's name in error messages (default: the module's class name or ``fn.__qualname__``).
+        strict: also keep the tensors the forward saved and compare the recompute's with them bitwise
+            (:class:`~memsave.errors.RecomputeMismatchError` on a difference). For debugging only: it uses as much
+            memory as not checkpointing.
+        preserve_rng_state, early_stop: as for :func:`checkpoint`.
 
     Returns:
         The wrapped function (``functools.wraps`` keeps its name and docstring), or a decorator when ``fn`` is
         omitted.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
 
     Example:
         >>> class Block(nn.Module):
         ...     @memsave.checkpointed
         ...     def forward(self, x):
         ...         return self.mlp(self.norm(x)) + x
+        >>> y = memsave.checkpointed(f, name="encoder", strict=True)(x)   # one call with region options
     """
     if fn is None:
         def decorate(f: F) -> F:
-            return checkpointed(f, preserve_rng_state=preserve_rng_state, strict=strict, name=name)  # type: ignore
+            return checkpointed(f, name=name, strict=strict, preserve_rng_state=preserve_rng_state,  # type: ignore
+                                early_stop=early_stop)
         return decorate
     _check_callable(fn, "checkpointed")
     region = _region_name(fn, name)
+    fixed_watch = _watched_modules(fn)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # For a method, args[0] is the module: its __call__ (and the global pre-hook) ran before the region.
-        watch = (args[0],) if args and isinstance(args[0], nn.Module) else ()
+        watch = (args[0],) if args and isinstance(args[0], nn.Module) else fixed_watch
         return run_region(fn, args, kwargs, name=region, preserve_rng_state=preserve_rng_state, strict=strict,
-                           watch=watch)
+                          watch=watch, early_stop=early_stop)
 
     wrapper.__memsave_checkpointed__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
@@ -500,7 +833,8 @@ def count_leading_inplace(modules: Sequence[Callable[..., Any]]) -> int:
 
 
 def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[Callable[..., Any]]],
-                          segments: int, x: Any, *, preserve_rng_state: bool = True) -> Any:
+                          segments: int, x: Any, *, use_reentrant: Optional[bool] = None,
+                          preserve_rng_state: bool = True) -> Any:
     """Run modules one after the other, checkpointing them in ``segments`` segments (drop-in for torch's).
 
     Like ``torch.utils.checkpoint.checkpoint_sequential``: the modules are split into ``segments`` consecutive
@@ -515,7 +849,8 @@ def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[
         modules: an ``nn.Sequential``, ``nn.ModuleList`` or a list/tuple of modules or callables.
         segments: number of segments, between 1 and ``len(modules)``.
         x: the input of the first module (a tensor, or anything the first module accepts).
-        preserve_rng_state: as for :func:`checkpoint`.
+        use_reentrant, preserve_rng_state: as for :func:`checkpoint` (``use_reentrant=True`` warns and runs
+            non-reentrant).
 
     Returns:
         The output of the last module.
@@ -523,6 +858,9 @@ def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[
     Raises:
         TypeError: ``modules`` is not a sequence of callables, or ``segments`` is not an int.
         ValueError: ``segments`` is not between 1 and the number of modules.
+
+    Warns:
+        MemsaveWarning: ``use_reentrant=True``.
 
     Example:
         >>> out = memsave.checkpoint_sequential(vgg.features, 2, images)
@@ -547,6 +885,7 @@ def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[
         raise ValueError(
             f"memsave.checkpoint_sequential: segments must be between 1 and the number of modules ({n}), got "
             f"{segments}. Use at most one segment per module; 2 segments is the classic choice for a plain stack.")
+    _torch_options("checkpoint_sequential", use_reentrant, None, "default", False, True)
     if not torch.is_grad_enabled():
         return ModuleChain(mods)(x)
     size = n // segments
@@ -559,7 +898,7 @@ def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[
             out = module(out)
         if skip < len(seg):
             out = run_region(ModuleChain(seg[skip:]), (out,), {}, name=f"{prefix}[{start + skip}:{end}]",
-                              preserve_rng_state=preserve_rng_state, strict=False)
+                             preserve_rng_state=preserve_rng_state, strict=False)
     for module in mods[(segments - 1) * size:]:
         out = module(out)
     return out

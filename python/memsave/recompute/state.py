@@ -158,6 +158,22 @@ class ModuleRecords(dict):
             # Earlier calls (if any) left the buffers alone, so this call's starting values are the region's.
             rec.buffers = snap.buffer_values()
 
+    def including(self, calls: List[Tuple[nn.Module, "ModuleSnapshot"]]) -> "ModuleRecords":
+        """A copy of these records that also notes ``calls``, module calls still in progress (oldest first).
+
+        For a recompute that starts before the region's forward has ended (a backward inside the region): a module
+        whose call has begun must start the recompute from its state at that call's start too. The records
+        themselves are left alone.
+        """
+        out = ModuleRecords()
+        for key, rec in self.items():
+            twin = ModuleRecord.__new__(ModuleRecord)
+            twin.module_ref, twin.training, twin.buffers = rec.module_ref, rec.training, rec.buffers
+            out[key] = twin
+        for module, snap in calls:
+            out.note(module, snap, snap.buffers_changed(module))
+        return out
+
 
 def _pre_hook(module: nn.Module, args: Any) -> None:
     if not tls.records:
