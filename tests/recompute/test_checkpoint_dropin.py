@@ -552,6 +552,24 @@ def test_retain_graph_recomputes_per_backward_with_early_stop() -> None:
     assert torch.equal(got, x.grad)
 
 
+def test_graph_exec_group_shares_one_recompute() -> None:
+    region = Counter(lambda t: (t[:2].sin().exp(), t[2:].cos().exp()))
+    x = _leaf(5)
+    a, b = memsave.checkpoint(region, x, use_reentrant=False)
+    with torch_ckpt.GraphExecGroup():  # two backward calls over disjoint parts of the region: one recompute
+        a.sum().backward(retain_graph=True)
+        b.sum().backward(retain_graph=True)
+    assert region.calls == 2 and region.in_backward == 1
+    got = x.grad.clone()
+    x.grad = None
+    sum(o.sum() for o in region.fn(x)).backward()
+    assert torch.equal(got, x.grad)
+    y = memsave.checkpoint(region, x, use_reentrant=False)[0]
+    with torch_ckpt.GraphExecGroup(), pytest.raises(CheckpointError, match="GraphExecGroup"):
+        y[:1].sum().backward(retain_graph=True)  # both calls need exp's saved result
+        y[1:].sum().backward(retain_graph=True)
+
+
 # ---- default-device context ------------------------------------------------------------------------------------
 
 

@@ -18,8 +18,9 @@ How a region works (non-reentrant, built on :class:`torch.autograd.graph.saved_t
   ``torch.set_default_device``), module ``training`` flags and module buffers (see below) replayed. The
   recompute stores the tensors this backward still needs under their handles and **stops early** once it has
   produced the last of them (``early_stop=False`` reruns the whole region); unpacking pops a stored tensor.
-  Recomputes are per backward (autograd graph task): a second backward with ``retain_graph=True`` recomputes
-  again, and what one backward recomputed but did not unpack is dropped when that backward ends.
+  Recomputes are per backward (autograd graph task, or torch's ``GraphExecGroup``, whose backward calls share one
+  recompute): a second backward with ``retain_graph=True`` recomputes again, and what one backward recomputed but
+  did not unpack is dropped when that backward ends.
 * **Double unpack**: reading the same recomputed saved tensor twice in one backward (a custom
   ``autograd.Function`` that reads ``ctx.saved_tensors`` twice) raises :class:`~memsave.errors.CheckpointError`,
   as ``torch.utils.checkpoint`` does: recomputed tensors are freed as soon as they are read. Leaves handed back by
@@ -453,12 +454,15 @@ def _unpack(handle: _Handle) -> torch.Tensor:
                 if ends:
                     _drop_run_when_backward_ends(frame, key)
         elif index in run.unpacked:
+            group = "" if ends else (
+                " Backward calls under one torch.utils.checkpoint.GraphExecGroup share one recompute, so they must "
+                "not need the same saved tensor.")
             raise CheckpointError(
                 f"memsave: saved tensor #{index} of checkpointed region '{frame.name}' "
                 f"({_describe_meta(frame.metas[index])}) is unpacked a second time in the same backward. A region's "
                 f"recomputed tensors are freed as soon as backward reads them (as in torch.utils.checkpoint): if a "
                 f"custom autograd.Function reads ctx.saved_tensors in its backward, read it once and keep the result. "
-                f"A new backward (retain_graph=True) recomputes them again.")
+                f"A new backward (retain_graph=True) recomputes them again.{group}")
         entry = run.stored.pop(handle, None)
         if entry is None:
             frame.recompute(run, index, temporary=key is None)
