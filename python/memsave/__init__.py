@@ -4,7 +4,8 @@ Three levers and one instrument, one subpackage each:
 
 ==================  ============================================================================================
 ``recompute/``      recompute in backward: :func:`checkpoint`, :func:`checkpointed`, :func:`checkpoint_sequential`,
-                    :func:`wrap`, :func:`unwrap`, :func:`plan` (a budget-driven plan solved in C++)
+                    :func:`wrap`, :func:`unwrap`, :func:`find_blocks`, :func:`plan` (a budget-driven plan solved
+                    in C++)
 ``operators/``      memory-efficient operators (``torch.ops.memsave.*``): :mod:`memsave.functional`,
                     :mod:`memsave.nn`, :func:`convert`
 ``amp/``            mixed precision: :class:`memsave.amp.GradScaler`, :func:`accumulate`
@@ -19,6 +20,7 @@ state and progress bar several parts share) and ``cli/`` (``python -m memsave``)
 
 Example:
     >>> import memsave
+    >>> memsave.wrap(model)                       # recompute each of its blocks (memsave.find_blocks) in backward
     >>> memsave.wrap(model, (MyBlock,))           # recompute every MyBlock in backward
     >>> print(memsave.measure(model, x))          # peak and activation bytes of one training step
 """
@@ -42,7 +44,16 @@ from .errors import (  # noqa: E402
 )
 from .measurement import Comparison, Estimate, Measurement, MemoryMonitor, compare, estimate, max_batch_size, measure  # noqa: E402
 from .operators import convert, functional, nn  # noqa: E402
-from .recompute import Plan, checkpoint, checkpoint_sequential, checkpointed, plan, unwrap, wrap  # noqa: E402
+from .recompute import (  # noqa: E402
+    Plan,
+    checkpoint,
+    checkpoint_sequential,
+    checkpointed,
+    find_blocks,
+    plan,
+    unwrap,
+    wrap,
+)
 
 # The public spellings memsave.functional / memsave.nn (import memsave.nn, from memsave.nn import ReLU).
 sys.modules[__name__ + ".functional"] = functional
@@ -57,6 +68,7 @@ __all__ = [
     "checkpoint_sequential",
     "wrap",
     "unwrap",
+    "find_blocks",
     "plan",
     "Plan",
     # memory-efficient operators

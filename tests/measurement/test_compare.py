@@ -108,9 +108,15 @@ def test_checkpoint_policies_resolve_to_module_names():
     # Nested selections keep the outermost only.
     inner = [n for n, m in tr.named_modules() if n.startswith(blocks[0] + ".")][0]
     assert resolve_checkpoint_policy(tr, f"{blocks[0]},{inner}") == [blocks[0]]
+    # blocks is memsave.find_blocks: the CNN's three ConvBlocks, not its pooling/flatten/linear layers.
+    cnn, _ = models.build("cnn")
+    assert resolve_checkpoint_policy(cnn, "blocks") == ["0", "1", "3"]
     seq = models.mlp()
-    assert resolve_checkpoint_policy(seq, "blocks") == [str(i) for i in range(len(seq))]
     assert resolve_checkpoint_policy(seq, "all") == [str(i) for i in range(len(seq))]
+    # A stack of single layers has no blocks: blocks says so (never one region per leaf layer).
+    with pytest.raises(ValueError, match=r"checkpoint:blocks: found no repeated blocks in Sequential .* \(this "
+                                         r"model has Dropout, GELU, Linear, Sequential, Tanh\)"):
+        resolve_checkpoint_policy(seq, "blocks")
     with pytest.raises(ValueError, match=r"'Conv2d' is neither a submodule name nor a module class of Sequential; "
                                          r"use 'blocks', 'all', a module class name \(this model has .*Linear"):
         resolve_checkpoint_policy(seq, "Conv2d")

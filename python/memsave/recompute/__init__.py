@@ -4,12 +4,14 @@
 ``region.py``      the region runtime: :func:`checkpoint`, :func:`checkpointed`, :func:`checkpoint_sequential`
 ``state.py``       what a region replays in its recompute: module buffers and ``training`` flags, autocast
 ``wrapping.py``    :func:`wrap` / :func:`unwrap`: chosen submodules become regions, in place, state_dict unchanged
+``blocks.py``      :func:`find_blocks`: a model's repeated blocks, what :func:`wrap` with no policy checkpoints
 ``planning/``      :func:`plan`: which regions fit a memory budget with the least recompute (C++ solver in
                    ``csrc/planner``)
 ``strategies.py``  the ``checkpoint:<policy>`` and ``plan:<budget>`` strategies of :func:`memsave.compare`
 =================  ==============================================================================================
 """
 from . import strategies  # noqa: F401  (registers the checkpoint:* and plan:* strategies)
+from .blocks import find_blocks
 from .planning import Plan, plan
 from .region import checkpoint, checkpoint_sequential, checkpointed
 from .strategies import resolve_checkpoint_policy
@@ -21,6 +23,7 @@ __all__ = [
     "checkpoint",
     "checkpoint_sequential",
     "checkpointed",
+    "find_blocks",
     "is_wrapped",
     "plan",
     "resolve_checkpoint_policy",

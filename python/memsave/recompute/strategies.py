@@ -19,13 +19,12 @@ from torch.utils import checkpoint as torch_checkpoint
 
 from ..common.rng import RngState
 from ..measurement.strategies import StrategyContext, register_strategy
+from .blocks import find_blocks
 from .planning import plan
 from .region import checkpoint_sequential
 from .wrapping import wrap
 
 __all__ = ["SequentialSegments", "resolve_checkpoint_policy", "sequential_view"]
-
-_CONTAINERS = (nn.Sequential, nn.ModuleList)
 
 
 def _plain_container(m: nn.Module) -> bool:
@@ -35,10 +34,10 @@ def _plain_container(m: nn.Module) -> bool:
 def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
     """The qualified names of the modules ``checkpoint:<policy>`` wraps in ``model``.
 
-    * ``blocks``: the names ``model.checkpoint_blocks()`` returns when the model defines that method (the
-      benchmark models do); otherwise the children of ``model`` if it is an ``nn.Sequential``/``nn.ModuleList``;
-      otherwise the children of its direct children that are such containers (a transformer's layer list, the
-      stages of a ResNet); otherwise its direct children.
+    * ``blocks``: the model's repeated blocks, :func:`memsave.find_blocks` (what ``memsave.wrap(model)`` with no
+      policy checkpoints): ``model.checkpoint_blocks()`` when the model defines it (the benchmark models do), a
+      Hugging Face model's ``_no_split_modules`` layers, else the largest family of same-class blocks held in a
+      ``ModuleList``/``Sequential``/``ModuleDict`` (transformer layers, ResNet bottlenecks, ViT encoder blocks).
     * ``all``: every top-level stage: each direct child of ``model``, with plain ``nn.Sequential``/``nn.ModuleList``
       children replaced by their own children.
     * otherwise a comma-separated list whose items are qualified module names (``h.0``) or class names
@@ -53,7 +52,8 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
         qualified names, outermost first; none nested in another.
 
     Raises:
-        ValueError: the policy selects nothing (the message lists the model's module classes).
+        ValueError: the policy selects nothing, or ``blocks`` finds no repeated blocks (the message lists the
+            model's module classes).
 
     Example:
         >>> resolve_checkpoint_policy(gpt, "blocks")[:2]
@@ -62,16 +62,16 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
     modules = dict(model.named_modules())
     names: List[str]
     if policy == "blocks":
-        if callable(getattr(model, "checkpoint_blocks", None)):
-            names = list(model.checkpoint_blocks())  # type: ignore[operator]
-        elif isinstance(model, _CONTAINERS):
-            names = [n for n, _ in model.named_children()]
-        else:
-            containers = [(n, c) for n, c in model.named_children() if _plain_container(c)]
-            if containers:
-                names = [f"{n}.{cn}" for n, c in containers for cn, _ in c.named_children()]
-            else:
-                names = [n for n, _ in model.named_children()]
+        names = find_blocks(model)
+        if not names:
+            classes = sorted({type(m).__name__ for m in modules.values()})
+            raise ValueError(
+                f"checkpoint:blocks: found no repeated blocks in {type(model).__name__} (memsave.find_blocks looks for "
+                "a Hugging Face _no_split_modules class, else a family of same-class modules with children held in a "
+                "ModuleList/Sequential/ModuleDict); name the modules to checkpoint instead: a module class name (this "
+                f"model has {', '.join(classes[:25])}{', ...' if len(classes) > 25 else ''}), comma-separated "
+                "qualified module names, or 'all'"
+            )
     elif policy == "all":
         names = []
         for n, c in model.named_children():
@@ -102,10 +102,6 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
             )
     # Keep the outermost of nested selections (a nested region keeps the inner arguments alive).
     names = list(dict.fromkeys(names))
-    unknown = [n for n in names if n not in modules]
-    if unknown:
-        raise ValueError(f"checkpoint:{policy}: {type(model).__name__} has no submodule named {', '.join(unknown)} "
-                         "(from its checkpoint_blocks())")
     outer = [n for n in names if not any(n != o and (o == "" or n.startswith(o + ".")) for o in names)]
     if not outer:
         raise ValueError(f"checkpoint:{policy} selects no module of {type(model).__name__} (it has no children)")

@@ -9,14 +9,16 @@ model, and :func:`unwrap` restores the plain eager model exactly.
 from __future__ import annotations
 
 import abc
+import inspect
 import types
 import warnings
-from typing import Any, Callable, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 
 import torch
 from torch import nn
 
 from ..errors import MemsaveWarning
+from .blocks import find_blocks
 from .region import ModuleChain, count_leading_inplace, run_region
 
 __all__ = ["CheckpointedForward", "RegionPlan", "WrappedRepr", "is_wrapped", "unwrap", "unwrap_module", "wrap",
@@ -67,6 +69,8 @@ class CheckpointedForward:
         # to gain from one: it runs as usual.
         if not torch.is_grad_enabled() or getattr(module, "inplace", False) is True:
             return forward(*args, **kwargs)
+        if getattr(type(module), "_can_checkpoint_with_cache", None) is False:
+            args, kwargs = _without_kv_cache(forward, args, kwargs)
         if (isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
                 and self.previous is None and len(args) == 1 and not kwargs):
             # Leading in-place children (a VGG block starting with ReLU(inplace=True)) run before the region.
@@ -82,6 +86,36 @@ class CheckpointedForward:
                                    preserve_rng_state=self.preserve_rng_state, strict=self.strict, watch=(module,))
         return run_region(forward, args, kwargs, name=self.name, preserve_rng_state=self.preserve_rng_state,
                            strict=self.strict, watch=(module,))
+
+
+_KV_CACHE_ARGS = ("past_key_values", "layer_past")
+
+
+def _without_kv_cache(forward: Callable[..., Any], args: Tuple[Any, ...],
+                      kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """The arguments of a Hugging Face layer that writes to the key/value cache it is given, without the cache.
+
+    A region's recompute would write the same keys and values into the cache a second time (and then see twice
+    the sequence length). Hugging Face's own gradient checkpointing drops the cache for the same reason; its marker
+    is the layer class's ``_can_checkpoint_with_cache = False`` (``GradientCheckpointingLayer``). Here the cache
+    arguments become ``None`` and ``use_cache`` ``False``, passed positionally (GPT-2's blocks take
+    ``past_key_values`` second) or by keyword.
+    """
+    try:
+        names = list(inspect.signature(forward).parameters)
+    except (TypeError, ValueError):
+        names = []
+    new_args, new_kwargs = list(args), dict(kwargs)
+    for name in (*_KV_CACHE_ARGS, "use_cache"):
+        off: Any = False if name == "use_cache" else None  # an empty cache may be falsy: compare with None
+        if name in new_kwargs:
+            if new_kwargs[name] is not None and new_kwargs[name] is not False:
+                new_kwargs[name] = off
+        elif name in names and names.index(name) < len(new_args):
+            at = names.index(name)
+            if new_args[at] is not None and new_args[at] is not False:
+                new_args[at] = off
+    return tuple(new_args), new_kwargs
 
 
 class WrappedRepr:
@@ -160,8 +194,10 @@ def _resolve_policy(policy: Any) -> Callable[[str, nn.Module], bool]:
     return lambda name, module: isinstance(module, classes)
 
 
-def wrap(model: nn.Module, policy: Policy, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
-    """Checkpoint, in place, every submodule of ``model`` (the model itself included) that ``policy`` selects.
+def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *, preserve_rng_state: bool = True,
+         strict: bool = False) -> nn.Module:
+    """Checkpoint, in place, every submodule of ``model`` (the model itself included) that ``policy`` selects;
+    with no policy, the model's repeated blocks (:func:`memsave.find_blocks`).
 
     Each selected module's forward becomes a :func:`memsave.checkpoint` region named by its qualified name.
     ``state_dict`` keys never change, ``repr(model)`` shows ``[memsave.checkpoint]`` on the selected modules,
@@ -172,9 +208,10 @@ def wrap(model: nn.Module, policy: Policy, *, preserve_rng_state: bool = True, s
 
     Args:
         model: the model, modified in place.
-        policy: an ``nn.Module`` subclass, a tuple of subclasses, a predicate
-            ``(qualified_name, module) -> bool`` (the root's qualified name is ``""``), or a
-            :class:`memsave.Plan` made for this model by :func:`memsave.plan`.
+        policy: ``None`` (the default: exactly the modules :func:`memsave.find_blocks` names — a Hugging Face
+            model's decoder/encoder layers, a ResNet's bottlenecks, a ViT's encoder blocks), an ``nn.Module``
+            subclass, a tuple of subclasses, a predicate ``(qualified_name, module) -> bool`` (the root's qualified
+            name is ``""``), or a :class:`memsave.Plan` made for this model by :func:`memsave.plan`.
         preserve_rng_state, strict: as for :func:`memsave.checkpoint`, for every region created here.
 
     Returns:
@@ -184,17 +221,31 @@ def wrap(model: nn.Module, policy: Policy, *, preserve_rng_state: bool = True, s
         TypeError: ``policy`` is not one of the accepted forms (e.g. a module instance instead of its class).
 
     Warns:
-        MemsaveWarning: the policy selected no module, so nothing is checkpointed.
+        MemsaveWarning: the policy selected no module, or with no policy the model has no repeated blocks, so
+            nothing is checkpointed.
 
     Example:
-        >>> memsave.wrap(model, nn.TransformerEncoderLayer)   # recompute each layer in backward
+        >>> memsave.wrap(model)                                # recompute each of its blocks in backward
+        >>> memsave.wrap(model, nn.TransformerEncoderLayer)   # recompute each layer of this class
         >>> memsave.wrap(model, lambda name, m: name.startswith("encoder.blocks."))
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.wrap: model must be an nn.Module, got {type(model).__name__}.")
     if isinstance(policy, RegionPlan):
         return policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict)
-    select = _resolve_policy(policy)
+    if policy is None:
+        blocks = set(find_blocks(model))
+        if not blocks:
+            warnings.warn(
+                f"memsave.wrap: found no repeated blocks in {type(model).__name__}, so nothing is checkpointed "
+                "(memsave.find_blocks looks for a Hugging Face _no_split_modules class, else a family of same-class "
+                "modules with children held in a ModuleList/Sequential/ModuleDict). Pass a policy: the class of the "
+                "blocks to recompute, or a predicate taking (qualified_name, module).",
+                MemsaveWarning, stacklevel=2)
+            return model
+        select: Callable[[str, nn.Module], bool] = lambda name, module: name in blocks  # noqa: E731
+    else:
+        select = _resolve_policy(policy)
     matched = 0
     for qualified_name, module in model.named_modules():
         if select(qualified_name, module):
