@@ -5,14 +5,19 @@
 - ``device``: a fixture over ``"cpu"`` and ``"cuda"``; a test that takes it runs once per device. The ``"cuda"``
   variant carries the ``cuda`` marker.
 - ``@pytest.mark.cuda`` (declared in pyproject.toml): the test needs a CUDA GPU and is skipped without one.
+- ``HF_HUB_OFFLINE=1``: the tests build transformers, timm and peft models from configs with random weights; an
+  accidental download (``from_pretrained``, ``pretrained=True``) fails loudly instead of reaching the network.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before any test imports huggingface_hub, which reads it once
 
 TESTS = Path(__file__).resolve().parent
 for _path in (str(TESTS.parent), str(TESTS)):  # tests/ ends up first

@@ -51,6 +51,22 @@ if [[ $WITH_TEST == 1 ]] && ! have_module torchvision; then
   echo "[setup] installing torchvision==$tv (--no-deps: keeps the installed torch)"
   pip_install --no-deps "torchvision==$tv"
 fi
+# The model libraries the real-model tests build from configs with random weights (transformers, timm, peft): after
+# torchvision, with torch and torchvision pinned to the installed ones by a constraints file, so that pip can never
+# replace them (timm requires torchvision, peft requires accelerate; none pins torch).
+if [[ $WITH_TEST == 1 ]]; then
+  hub=()
+  for spec in "transformers:transformers>=5,<6" "timm:timm>=1.0,<2" "peft:peft>=0.21"; do
+    have_module "${spec%%:*}" || hub+=("${spec#*:}")
+  done
+  if (( ${#hub[@]} )); then
+    pins="$(mktemp)"
+    "$PY" -c 'from importlib.metadata import version as v; print("torch==" + v("torch")); print("torchvision==" + v("torchvision"))' > "$pins"
+    echo "[setup] installing ${hub[*]} (torch and torchvision kept: $(tr '\n' ' ' < "$pins"))"
+    pip_install -c "$pins" "${hub[@]}"
+    rm -f "$pins"
+  fi
+fi
 command -v cmake >/dev/null || { echo "[setup] installing cmake"; pip_install "cmake>=3.24"; }
 
 # ccache makes a rebuild in a fresh clone on the same machine take seconds; paths are hashed relative to the clone.
