@@ -28,3 +28,27 @@ needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 def in_backward() -> bool:
     """Whether the autograd engine is running a backward right now (a recompute, inside a checkpointed region)."""
     return torch._C._current_graph_task_id() != -1
+
+
+def leaf(*shape: int, seed: int = 0) -> torch.Tensor:
+    """A seeded random leaf tensor that requires grad."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).requires_grad_()
+
+
+def grads(*tensors: torch.Tensor) -> list:
+    """Copies of the tensors' gradients."""
+    return [t.grad.clone() for t in tensors]
+
+
+class Counter:
+    """A callable region that counts how often it runs, and how often during a backward (recompute)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.calls = 0
+        self.in_backward = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        self.in_backward += in_backward()
+        return self.fn(*args, **kwargs)

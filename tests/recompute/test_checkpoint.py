@@ -7,7 +7,7 @@ import gc
 import random
 import weakref
 from collections import OrderedDict, namedtuple
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
@@ -17,30 +17,12 @@ from memsave.recompute import state as _state
 from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
 from memsave.errors import InplaceModificationError, RecomputeMismatchError
 
-from helpers import in_backward
+from helpers import Counter, in_backward
+from helpers import grads as _grads
+from helpers import leaf as _leaf
 
 
-class Counter:
-    """A callable region that counts how often it runs, and how often during a backward (recompute)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self.calls = 0
-        self.in_backward = 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        self.in_backward += in_backward()
-        return self.fn(*args, **kwargs)
-
-
-def _grads(*tensors: torch.Tensor) -> List[torch.Tensor]:
-    return [t.grad.clone() for t in tensors]
-
-
-def _leaf(*shape: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).requires_grad_()
 
 
 # ---- recompute really happens, activations really are dropped ----------------------------------------------

@@ -25,34 +25,17 @@ import memsave
 from memsave.errors import CheckpointError, MemsaveWarning, RecomputeMismatchError
 from memsave.recompute import state as _state
 
-from helpers import in_backward
+from helpers import Counter, in_backward
+from helpers import grads as _grads
+from helpers import leaf as _leaf
 
 
-def _leaf(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).requires_grad_()
-
-
-def _grads(*tensors: torch.Tensor) -> List[torch.Tensor]:
-    return [t.grad.clone() for t in tensors]
 
 
 def _clear(*tensors: torch.Tensor) -> None:
     for t in tensors:
         t.grad = None
 
-
-class Counter:
-    """A callable region counting its calls, and those made during a backward (recomputes)."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self.calls = 0
-        self.in_backward = 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        self.in_backward += in_backward()
-        return self.fn(*args, **kwargs)
 
 
 # ==== item 2: torch's keywords ================================================================================
