@@ -1,0 +1,122 @@
+// memsave::gated_act_linear — the down projection of a gated MLP, linear(act(gate) * up, weight, bias), keeping gate
+// and up for backward. torch's composition keeps gate, act(gate), up and the product (four tensors of the MLP
+// width); this keeps two and recomputes the product for the weight gradient.
+//
+//   gated_act_linear(gate, up, weight, bias?, act) -> out
+//       The product runs in gate's dtype (memsave::gated_act) and is cast to weight's dtype for the matmul.
+//   gated_act_linear_backward(grad_out, gate, up, weight, has_bias, act) -> (grad_gate, grad_up, grad_weight, grad_bias)
+//       Recomputes the product for the weight gradient and frees it, then memsave::gated_act_backward on the
+//       product's gradient. grad_bias is empty when has_bias is false.
+//
+// Everything is torch matmuls plus the gated_act operators (CPU kernels in gated_act.cpp, CUDA ones in
+// gated_act.cu), called through the dispatcher, so one implementation serves both devices.
+#include <algorithm>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include "gated_mlp/gated_act.h"
+#include "gated_mlp/gated_act_math.h"
+
+namespace memsave {
+namespace {
+
+at::Tensor call_gated_act(const at::Tensor& gate, const at::Tensor& up, c10::string_view act) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("memsave::gated_act", "")
+                                 .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return handle.call(gate, up, act);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_gated_act_backward(const at::Tensor& grad, const at::Tensor& gate,
+                                                           const at::Tensor& up, c10::string_view act) {
+  static const auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("memsave::gated_act_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    c10::string_view)>();
+  return handle.call(grad, gate, up, act);
+}
+
+void check_down(const at::Tensor& gate, const at::Tensor& weight, const char* op) {
+  TORCH_CHECK_VALUE(weight.dim() == 2 && gate.dim() >= 1 && weight.size(1) == gate.size(-1), "memsave.", op,
+                    ": weight must have shape [out_features, ", (gate.dim() >= 1 ? gate.size(-1) : 0),
+                    "] (in_features = gate's last dimension), got weight ", weight.sizes(), " for gate ",
+                    gate.sizes());
+  TORCH_CHECK(weight.device() == gate.device(), "memsave.", op, ": weight is on ", weight.device(),
+              " but gate is on ", gate.device());
+}
+
+at::Tensor gated_act_linear_forward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+                                    const c10::optional<at::Tensor>& bias, c10::string_view act) {
+  constexpr const char* op = "gated_act_linear";
+  parse_gated_act(act, op);
+  check_gate_up(gate, up, op);
+  check_down(gate, weight, op);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op, ": bias must have shape [",
+                      weight.size(0), "], got ", bias->sizes());
+  }
+  // The caller already cast for autocast; the inner ops must not be cast again.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  at::Tensor p = call_gated_act(gate, up, act);
+  if (p.scalar_type() != weight.scalar_type()) p = p.to(weight.scalar_type());
+  return at::linear(p, weight, bias);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_act_linear_backward(
+    const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight, bool has_bias,
+    c10::string_view act) {
+  constexpr const char* op = "gated_act_linear_backward";
+  parse_gated_act(act, op);
+  check_gate_up(gate, up, op);
+  check_down(gate, weight, op);
+  const int64_t out_features = weight.size(0), in_features = weight.size(1);
+  TORCH_CHECK_VALUE(grad_out.dim() == gate.dim() && grad_out.size(-1) == out_features &&
+                        grad_out.numel() / std::max<int64_t>(out_features, 1) ==
+                            gate.numel() / std::max<int64_t>(in_features, 1),
+                    "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
+                    "of gate/up of shape ", gate.sizes(), " and weight of shape ", weight.sizes());
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, out_features});
+  at::Tensor grad_weight;
+  {
+    // The recomputed product lives only for the weight gradient.
+    at::Tensor p = call_gated_act(gate, up, act);
+    if (p.scalar_type() != weight.scalar_type()) p = p.to(weight.scalar_type());
+    grad_weight = at::mm(go2.t(), p.reshape({-1, in_features}));
+  }
+  at::Tensor grad_bias = has_bias ? at::sum(go2, 0) : at::empty({0}, weight.options());
+  auto grads = call_gated_act_backward(at::mm(go2, weight).view(gate.sizes()), gate, up, act);
+  return {std::get<0>(grads), std::get<1>(grads), grad_weight, grad_bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(memsave, m) {
+  m.def("gated_act_linear(Tensor gate, Tensor up, Tensor weight, Tensor? bias, str act) -> Tensor");
+  m.def(
+      "gated_act_linear_backward(Tensor grad_out, Tensor gate, Tensor up, Tensor weight, bool has_bias, str act) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(memsave, CPU, m) {
+  m.impl("gated_act_linear", &gated_act_linear_forward);
+  m.impl("gated_act_linear_backward", &gated_act_linear_backward);
+}
+
+#ifdef MEMSAVE_WITH_CUDA
+TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
+  m.impl("gated_act_linear", &gated_act_linear_forward);
+  m.impl("gated_act_linear_backward", &gated_act_linear_backward);
+}
+#endif
+
+}  // namespace memsave

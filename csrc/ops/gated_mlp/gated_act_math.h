@@ -1,0 +1,52 @@
+// Per-element math of memsave::gated_act and gated_act_backward (and so of gated_act_linear, the core of a gated
+// MLP: SwiGLU, GeGLU), one C10_HOST_DEVICE definition that the CPU kernels (gated_act.cpp) and the CUDA kernels
+// (gated_act.cu) both call. The activations are common/fused_act.h's, so they match torch's silu/gelu formulas.
+//
+//   forward:  p = act(gate) * up
+//   backward: grad_gate = grad * up * act'(gate),  grad_up = grad * act(gate)
+// Each element is computed in float (double for double tensors) and rounded once to the result dtype; torch's
+// composition rounds act(gate) before the product, and each of its backward products, once more.
+#pragma once
+
+#include <type_traits>
+
+#include <c10/macros/Macros.h>
+#include <c10/util/Exception.h>
+
+#include "common/fused_act.h"
+
+namespace memsave {
+
+// The activations of a gated linear unit (leaky_relu and elu take a parameter no GLU variant uses).
+inline Act parse_gated_act(c10::string_view name, const char* op) {
+  const Act a = parse_act(name, op);
+  TORCH_CHECK_VALUE(a == Act::SiLU || a == Act::GELU || a == Act::GELUTanh || a == Act::ReLU || a == Act::Identity,
+                    "memsave.", op, ": act must be one of silu (SwiGLU), gelu (GeGLU), gelu_tanh, relu (ReGLU) or "
+                    "identity (bilinear), got '", act_name(a), "'");
+  return a;
+}
+
+// Calls f(std::integral_constant<Act, a>{}) so that the activation is a compile-time constant in the inner loops.
+template <typename F>
+inline void with_gated_act(Act a, const F& f) {
+  switch (a) {
+    case Act::SiLU: return f(std::integral_constant<Act, Act::SiLU>{});
+    case Act::GELU: return f(std::integral_constant<Act, Act::GELU>{});
+    case Act::GELUTanh: return f(std::integral_constant<Act, Act::GELUTanh>{});
+    case Act::ReLU: return f(std::integral_constant<Act, Act::ReLU>{});
+    default: return f(std::integral_constant<Act, Act::Identity>{});
+  }
+}
+
+template <Act A, typename T>
+C10_HOST_DEVICE inline T gated_act_forward(T gate, T up) {
+  return act_forward<T>(A, gate, T(0)) * up;
+}
+
+template <Act A, typename T>
+C10_HOST_DEVICE inline void gated_act_grads(T grad, T gate, T up, T& grad_gate, T& grad_up) {
+  grad_gate = grad * up * act_grad<T>(A, gate, T(0));
+  grad_up = grad * act_forward<T>(A, gate, T(0));
+}
+
+}  // namespace memsave

@@ -1,0 +1,177 @@
+// memsave::rms_norm_linear — RMSNorm followed by one or more Linears that read its output (a Llama block's
+// input_layernorm -> q/k/v projections, post_attention_layernorm -> gate/up projections), keeping only the norm's
+// input for backward. torch keeps the norm's input and intermediates plus the normalized tensor for the Linears.
+//
+//   rms_norm_linear(input, norm_weight?, eps, weights[], biases[]) -> outs[]
+//       h = rms_norm(input, norm_weight, eps) (promote(input, norm_weight) dtype), then outs[i] = linear(h cast to
+//       weights[i]'s dtype, weights[i], biases[i]). h lives only inside the forward.
+//   rms_norm_linear_backward(grad_outs[]?, input, norm_weight?, eps, weights[], has_bias[])
+//       -> (grad_input, grad_norm_weight, grad_weights[], grad_biases[])
+//       Recomputes h and rstd with memsave::rms_norm (deterministic: the forward's values exactly), takes the weight
+//       gradients, frees h, then memsave::rms_norm_backward on the sum of the Linears' input gradients (summed in h's
+//       dtype). An output without a gradient contributes nothing (its weight and bias gradients are zeros);
+//       gradients of absent parameters are empty tensors.
+//
+// Everything is torch matmuls plus the rms_norm operators (CPU kernels in rms_norm.cpp, CUDA ones in rms_norm.cu),
+// called through the dispatcher, so one implementation serves both devices.
+#include <algorithm>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include "rms_norm/rms_norm.h"
+
+namespace memsave {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> call_rms_norm(const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+                                                 double eps) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("memsave::rms_norm", "")
+                                 .typed<std::tuple<at::Tensor, at::Tensor>(
+                                     const at::Tensor&, const c10::optional<at::Tensor>&, double)>();
+  return handle.call(input, weight, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& input,
+                                                          const at::Tensor& rstd,
+                                                          const c10::optional<at::Tensor>& weight,
+                                                          std::array<bool, 2> mask) {
+  static const auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("memsave::rms_norm_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    const c10::optional<at::Tensor>&, std::array<bool, 2>)>();
+  return handle.call(grad_out, input, rstd, weight, mask);
+}
+
+void check_linears(const at::Tensor& input, at::TensorList weights, size_t n_biases, const char* op) {
+  TORCH_CHECK_VALUE(!weights.empty(), "memsave.", op, ": weights must hold at least one Linear weight");
+  TORCH_CHECK_VALUE(n_biases == weights.size(), "memsave.", op, ": biases must have one entry (a tensor or None) per ",
+                    "weight, got ", n_biases, " for ", weights.size(), " weights");
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    TORCH_CHECK_VALUE(w.dim() == 2 && w.size(1) == input.size(-1), "memsave.", op, ": weights[", i,
+                      "] must have shape [out_features, ", input.size(-1), "] to follow an RMSNorm over the last ",
+                      "dimension ", input.size(-1), ", got ", w.sizes());
+    TORCH_CHECK(w.device() == input.device(), "memsave.", op, ": weights[", i, "] is on ", w.device(),
+                " but the input is on ", input.device());
+  }
+}
+
+// h cast to `dtype`, cast once per dtype (the Linears of one group normally share it).
+const at::Tensor& cast_for(const at::Tensor& h, at::ScalarType dtype, at::Tensor& cache) {
+  if (h.scalar_type() == dtype) return h;
+  if (!cache.defined() || cache.scalar_type() != dtype) cache = h.to(dtype);
+  return cache;
+}
+
+std::vector<at::Tensor> rms_norm_linear_forward(const at::Tensor& input, const c10::optional<at::Tensor>& norm_weight,
+                                                double eps, at::TensorList weights,
+                                                const c10::List<c10::optional<at::Tensor>>& biases) {
+  constexpr const char* op = "rms_norm_linear";
+  rms_shape(input, op);
+  check_rms_weight(norm_weight, input, "norm_weight", op);
+  check_linears(input, weights, biases.size(), op);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const c10::optional<at::Tensor> b = biases.get(i);
+    if (!rms_defined(b)) continue;
+    TORCH_CHECK_VALUE(b->dim() == 1 && b->size(0) == weights[i].size(0), "memsave.", op, ": biases[", i,
+                      "] must have shape [", weights[i].size(0), "], got ", b->sizes());
+  }
+  // The caller already cast for autocast; the inner ops must not be cast again.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const at::Tensor h = std::get<0>(call_rms_norm(input, norm_weight, eps));
+  at::Tensor cast;
+  std::vector<at::Tensor> outs;
+  outs.reserve(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    outs.push_back(at::linear(cast_for(h, weights[i].scalar_type(), cast), weights[i], biases.get(i)));
+  }
+  return outs;
+}
+
+std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> rms_norm_linear_backward(
+    const c10::List<c10::optional<at::Tensor>>& grad_outs, const at::Tensor& input,
+    const c10::optional<at::Tensor>& norm_weight, double eps, at::TensorList weights, const c10::List<bool>& has_bias) {
+  constexpr const char* op = "rms_norm_linear_backward";
+  const RmsShape s = rms_shape(input, op);
+  check_rms_weight(norm_weight, input, "norm_weight", op);
+  check_linears(input, weights, has_bias.size(), op);
+  TORCH_CHECK_VALUE(grad_outs.size() == weights.size(), "memsave.", op, ": grad_outs must have one entry per weight (",
+                    weights.size(), "), got ", grad_outs.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const c10::optional<at::Tensor> g = grad_outs.get(i);
+    if (!rms_defined(g)) continue;
+    TORCH_CHECK_VALUE(g->dim() == input.dim() && g->size(-1) == weights[i].size(0) &&
+                          g->numel() / std::max<int64_t>(weights[i].size(0), 1) == s.rows,
+                      "memsave.", op, ": grad_outs[", i, "] has shape ", g->sizes(), ", which does not match the ",
+                      "output of an input of shape ", input.sizes(), " and weights[", i, "] of shape ",
+                      weights[i].sizes());
+  }
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const int64_t in_features = s.cols;
+  std::vector<at::Tensor> grad_weights, grad_biases;
+  at::Tensor grad_h, rstd;
+  {
+    // The recomputed normalized tensor lives only for the weight gradients.
+    at::Tensor h;
+    std::tie(h, rstd) = call_rms_norm(input, norm_weight, eps);
+    at::Tensor cast;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const at::Tensor& w = weights[i];
+      const c10::optional<at::Tensor> g = grad_outs.get(i);
+      if (!rms_defined(g)) {
+        grad_weights.push_back(at::zeros_like(w));
+        grad_biases.push_back(has_bias.get(i) ? at::zeros({w.size(0)}, w.options()) : at::empty({0}, w.options()));
+        continue;
+      }
+      const at::Tensor go2 = g->to(w.scalar_type()).reshape({-1, w.size(0)});
+      grad_weights.push_back(at::mm(go2.t(), cast_for(h, w.scalar_type(), cast).reshape({-1, in_features})));
+      grad_biases.push_back(has_bias.get(i) ? at::sum(go2, 0) : at::empty({0}, w.options()));
+      at::Tensor gh = at::mm(go2, w);
+      if (!grad_h.defined()) {
+        grad_h = gh.scalar_type() == h.scalar_type() ? gh : gh.to(h.scalar_type());
+      } else {
+        grad_h.add_(gh);
+      }
+    }
+    if (!grad_h.defined()) grad_h = at::zeros({s.rows, in_features}, h.options());
+  }
+  auto r = call_rms_norm_backward(grad_h.view(input.sizes()), input, rstd, norm_weight,
+                                  {true, rms_defined(norm_weight)});
+  return {std::get<0>(r), std::get<1>(r), grad_weights, grad_biases};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(memsave, m) {
+  m.def("rms_norm_linear(Tensor input, Tensor? norm_weight, float eps, Tensor[] weights, Tensor?[] biases) -> Tensor[]");
+  m.def(
+      "rms_norm_linear_backward(Tensor?[] grad_outs, Tensor input, Tensor? norm_weight, float eps, Tensor[] weights, "
+      "bool[] has_bias) -> (Tensor, Tensor, Tensor[], Tensor[])");
+}
+
+TORCH_LIBRARY_IMPL(memsave, CPU, m) {
+  m.impl("rms_norm_linear", &rms_norm_linear_forward);
+  m.impl("rms_norm_linear_backward", &rms_norm_linear_backward);
+}
+
+#ifdef MEMSAVE_WITH_CUDA
+TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
+  m.impl("rms_norm_linear", &rms_norm_linear_forward);
+  m.impl("rms_norm_linear_backward", &rms_norm_linear_backward);
+}
+#endif
+
+}  // namespace memsave

@@ -1,0 +1,131 @@
+"""RMSNorm operators (csrc/ops/rms_norm): rms_norm and rms_norm_linear.
+
+Fake kernels and autograd formulas. ``rms_norm`` saves its input and one float per row (the reciprocal RMS);
+``rms_norm_linear`` saves only the norm's input (its backward recomputes the normalized tensor and the statistic,
+the forward's values exactly) and calls the operators' own ``*_backward``.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from .autograd import grads_or_none, register_backward_op_autograd
+
+Tensor = torch.Tensor
+
+
+def stat_dtype(input: Tensor) -> torch.dtype:
+    """The dtype of rms_norm's per-row statistic: float64 for a float64 input, float32 otherwise."""
+    return torch.float64 if input.dtype == torch.float64 else torch.float32
+
+
+def out_dtype(input: Tensor, weight: Optional[Tensor]) -> torch.dtype:
+    """rms_norm's output dtype: promote(input, weight), as Hugging Face's ``weight * hidden.to(input_dtype)``."""
+    return torch.promote_types(input.dtype, weight.dtype) if weight is not None else input.dtype
+
+
+def _check_norm_weight(op: str, input: Tensor, weight: Optional[Tensor], name: str) -> None:
+    torch._check(input.dim() >= 1, lambda: f"memsave.{op}: input must have at least one dimension")
+    if weight is not None:
+        torch._check(
+            weight.dim() == 1 and weight.shape[0] == input.shape[-1],
+            lambda: f"memsave.{op}: {name} must have shape [{input.shape[-1]}], got {tuple(weight.shape)}",
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+# memsave::rms_norm: keeps the input and the per-row reciprocal RMS.
+# ----------------------------------------------------------------------------------------------------
+@torch.library.register_fake("memsave::rms_norm")
+def _rms_norm_fake(input: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
+    _check_norm_weight("rms_norm", input, weight, "weight")
+    out = input.new_empty(input.shape, dtype=out_dtype(input, weight))
+    return out, input.new_empty(input.shape[:-1], dtype=stat_dtype(input))
+
+
+@torch.library.register_fake("memsave::rms_norm_backward")
+def _rms_norm_backward_fake(
+    grad_out: Tensor, input: Tensor, rstd: Tensor, weight: Optional[Tensor], output_mask: List[bool]
+) -> Tuple[Tensor, Tensor]:
+    grad_input = input.new_empty(input.shape) if output_mask[0] else input.new_empty((0,))
+    grad_weight = weight.new_empty(weight.shape) if output_mask[1] and weight is not None else input.new_empty((0,))
+    return grad_input, grad_weight
+
+
+def _rms_norm_setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, Tensor]) -> None:
+    input, weight, _eps = inputs
+    ctx.save_for_backward(input, output[1], weight)  # the memory win: the input and one float per row
+    ctx.mark_non_differentiable(output[1])
+
+
+def _rms_norm_backward(ctx: Any, grad_out: Optional[Tensor], _grad_rstd: Any) -> tuple:
+    input, rstd, weight = ctx.saved_tensors
+    needs = ctx.needs_input_grad  # input, weight, eps
+    if grad_out is None:
+        return None, None, None
+    gi, gw = torch.ops.memsave.rms_norm_backward(grad_out, input, rstd, weight, [needs[0], needs[1]])
+    return grads_or_none(needs, (gi, gw, None))
+
+
+torch.library.register_autograd("memsave::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup_context)
+register_backward_op_autograd("memsave::rms_norm_backward")
+
+
+# ----------------------------------------------------------------------------------------------------
+# memsave::rms_norm_linear: RMSNorm -> one or more Linears, keeping the norm's input only.
+# ----------------------------------------------------------------------------------------------------
+@torch.library.register_fake("memsave::rms_norm_linear")
+def _rms_norm_linear_fake(
+    input: Tensor, norm_weight: Optional[Tensor], eps: float, weights: List[Tensor], biases: List[Optional[Tensor]]
+) -> List[Tensor]:
+    _check_norm_weight("rms_norm_linear", input, norm_weight, "norm_weight")
+    torch._check(len(weights) >= 1, lambda: "memsave.rms_norm_linear: weights must hold at least one Linear weight")
+    torch._check(len(biases) == len(weights), lambda: "memsave.rms_norm_linear: one bias (or None) per weight")
+    for i, w in enumerate(weights):
+        torch._check(
+            w.dim() == 2 and w.shape[1] == input.shape[-1],
+            lambda: f"memsave.rms_norm_linear: weights[{i}] must have shape [out_features, {input.shape[-1]}], "
+            f"got {tuple(w.shape)}",
+        )
+    return [input.new_empty((*input.shape[:-1], w.shape[0]), dtype=w.dtype) for w in weights]
+
+
+@torch.library.register_fake("memsave::rms_norm_linear_backward")
+def _rms_norm_linear_backward_fake(
+    grad_outs: List[Optional[Tensor]],
+    input: Tensor,
+    norm_weight: Optional[Tensor],
+    eps: float,
+    weights: List[Tensor],
+    has_bias: List[bool],
+) -> Tuple[Tensor, Tensor, List[Tensor], List[Tensor]]:
+    grad_norm_weight = norm_weight.new_empty(norm_weight.shape) if norm_weight is not None else input.new_empty((0,))
+    grad_weights = [w.new_empty(w.shape) for w in weights]
+    grad_biases = [w.new_empty((w.shape[0] if b else 0,)) for w, b in zip(weights, has_bias)]
+    return input.new_empty(input.shape), grad_norm_weight, grad_weights, grad_biases
+
+
+def _rms_norm_linear_setup_context(ctx: Any, inputs: Tuple[Any, ...], output: List[Tensor]) -> None:
+    input, norm_weight, eps, weights, biases = inputs
+    ctx.save_for_backward(input, norm_weight, *weights)  # the memory win: the norm's input, not the normalized tensor
+    ctx.eps = eps
+    ctx.has_bias = [b is not None for b in biases]
+
+
+def _rms_norm_linear_backward(ctx: Any, grad_outs: Sequence[Optional[Tensor]]) -> tuple:
+    input, norm_weight, *weights = ctx.saved_tensors
+    needs = ctx.needs_input_grad  # input, norm_weight, eps, [weights], [biases] or one flag for a list of Nones
+    gi, gnw, gws, gbs = torch.ops.memsave.rms_norm_linear_backward(
+        list(grad_outs), input, norm_weight, ctx.eps, weights, ctx.has_bias
+    )
+    grad_weights = [g if n else None for g, n in zip(gws, needs[3])]
+    # A list of biases that are all None reaches autograd as one non-tensor argument (its gradient: one None).
+    grad_biases = [g if n else None for g, n in zip(gbs, needs[4])] if isinstance(needs[4], list) else None
+    return (gi if needs[0] else None, gnw if needs[1] else None, None, grad_weights, grad_biases)
+
+
+torch.library.register_autograd(
+    "memsave::rms_norm_linear", _rms_norm_linear_backward, setup_context=_rms_norm_linear_setup_context
+)
+register_backward_op_autograd("memsave::rms_norm_linear_backward")

@@ -1,0 +1,356 @@
+"""RMSNorm modules (the ``rms_norm`` operator family): RMSNorm, RMSNormLinear and the fusion of an existing
+RMSNorm with the Linear(s) that read it.
+
+=====================================  ==========================================  ===============================
+module                                 eager keeps (Hugging Face LlamaRMSNorm)     memsave keeps
+=====================================  ==========================================  ===============================
+RMSNorm                                input (+ a float32 copy if 16-bit), the     input + one float per row
+                                       float32 normalized tensor, its rounded copy
+RMSNormLinear / fuse_rms_norm_linear   the above + the Linears' input              input
+=====================================  ==========================================  ===============================
+
+Both compute LlamaRMSNorm's formula (``weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)``) and load
+its weights: parameter ``weight``, ``eps`` (also readable as ``variance_epsilon``). State dicts: RMSNorm has
+``weight``; RMSNormLinear has ``weight``/``bias`` (the Linear's) and ``norm.weight``; :func:`fuse_rms_norm_linear`
+keeps every key where it was::
+
+    for layer in model.model.layers:                               # a Hugging Face Llama / Mistral / Qwen2 decoder
+        attn, mlp = layer.self_attn, layer.mlp
+        layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj) = memsave.nn.fuse_rms_norm_linear(
+            layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from .. import functional as F
+
+Tensor = torch.Tensor
+
+__all__ = ["DeferredRMSNorm", "RMSNorm", "RMSNormLinear", "fuse_rms_norm_linear"]
+
+
+def _hidden_size(normalized_shape: Union[int, Sequence[int]]) -> int:
+    if isinstance(normalized_shape, int):
+        return normalized_shape
+    shape = tuple(int(s) for s in normalized_shape)
+    if len(shape) != 1:
+        raise ValueError(
+            f"memsave's RMSNorm normalizes the last dimension only; normalized_shape must be an int or a 1-tuple, "
+            f"got {shape}"
+        )
+    return shape[0]
+
+
+def _norm_eps(norm: nn.Module) -> Optional[float]:
+    # Hugging Face's RMSNorms call it variance_epsilon, torch.nn.RMSNorm eps (None: the dtype's machine epsilon).
+    if hasattr(norm, "variance_epsilon"):
+        return float(norm.variance_epsilon)
+    if hasattr(norm, "eps"):
+        return None if norm.eps is None else float(norm.eps)
+    raise TypeError(f"{type(norm).__name__} has neither variance_epsilon nor eps: is it an RMSNorm?")
+
+
+def _check_rms_norm_module(norm: nn.Module) -> None:
+    weight = getattr(norm, "weight", None)
+    if not isinstance(norm, nn.Module) or (weight is not None and (not isinstance(weight, Tensor) or weight.dim() != 1)):
+        raise TypeError(
+            f"expected an RMSNorm module with a 1-D weight (LlamaRMSNorm, torch.nn.RMSNorm over one dimension, "
+            f"memsave.nn.RMSNorm), got {type(norm).__name__}"
+        )
+    _norm_eps(norm)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension keeping its input and one float per row for backward.
+
+    A drop-in for Hugging Face's ``LlamaRMSNorm`` (and Mistral's, Qwen2's): the same formula value for value (see
+    :func:`memsave.functional.rms_norm`), the same parameter ``weight`` (initialized to ones) and state_dict. Eager
+    LlamaRMSNorm keeps, for a bfloat16 input of N elements, 2N bytes of input, 4N of float32 copy, 4N of normalized
+    float32 tensor and 2N of its rounded copy; this keeps the 2N bytes of input and 4 bytes per row.
+
+    Args:
+        normalized_shape: the hidden size (an int, or a 1-tuple).
+        eps: added to the mean of squares (``variance_epsilon`` in Hugging Face); None: ``torch.finfo(dtype).eps``.
+        elementwise_affine: has a ``weight``.
+        device, dtype: factory arguments.
+
+    Raises:
+        ValueError: a normalized_shape of more than one dimension.
+
+    Example:
+        >>> norm = memsave.nn.RMSNorm(4096, eps=1e-5)
+        >>> norm.load_state_dict(llama.model.layers[0].input_layernorm.state_dict())
+        >>> y = norm(x)
+    """
+
+    def __init__(
+        self,
+        normalized_shape: Union[int, Sequence[int]],
+        eps: Optional[float] = 1e-6,
+        elementwise_affine: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        hidden = _hidden_size(normalized_shape)
+        self.normalized_shape: Tuple[int, ...] = (hidden,)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    @property
+    def variance_epsilon(self) -> Optional[float]:
+        """``eps`` under Hugging Face's name."""
+        return self.eps
+
+    @classmethod
+    def from_module(cls, norm: nn.Module) -> "RMSNorm":
+        """An RMSNorm sharing ``norm``'s weight (the same tensor) and eps.
+
+        Args:
+            norm: a ``LlamaRMSNorm``-style module (``weight`` and ``variance_epsilon``) or a ``torch.nn.RMSNorm`` over
+                one dimension (``weight`` and ``eps``). torch.nn.RMSNorm multiplies by the weight before rounding a
+                16-bit result, so for 16-bit inputs the two differ by one rounding; float32 results are the same.
+
+        Returns:
+            The memsave module; put it where ``norm`` was (state_dict keys do not change).
+
+        Raises:
+            TypeError: ``norm`` has no 1-D weight or no eps.
+
+        Example:
+            >>> layer.input_layernorm = memsave.nn.RMSNorm.from_module(layer.input_layernorm)
+        """
+        _check_rms_norm_module(norm)
+        weight = getattr(norm, "weight", None)
+        hidden = weight.shape[0] if weight is not None else _hidden_size(getattr(norm, "normalized_shape", 0))
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.normalized_shape = (hidden,)
+        new.eps = _norm_eps(norm)
+        new.elementwise_affine = weight is not None
+        if weight is not None:
+            new.weight = weight
+        else:
+            new.register_parameter("weight", None)
+        return new
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.rms_norm(input, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class DeferredRMSNorm(nn.Module):
+    """Holds an RMSNorm's weight where the RMSNorm was; the norm itself is applied by the next module(s).
+
+    Made by :func:`fuse_rms_norm_linear`: the norm's place keeps its parameter (so state_dict keys do not move) while
+    the following :class:`RMSNormLinear` module(s) apply the norm inside their fused operator. Its forward returns its
+    input unchanged, which is right only in that position.
+    """
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        _check_rms_norm_module(norm)
+        weight = getattr(norm, "weight", None)
+        self.normalized_shape: Tuple[int, ...] = (weight.shape[0],) if weight is not None else tuple(
+            getattr(norm, "normalized_shape", ()))
+        self.eps = _norm_eps(norm)
+        if weight is not None:
+            self.weight = weight
+        else:
+            self.register_parameter("weight", None)
+
+    @property
+    def variance_epsilon(self) -> Optional[float]:
+        """``eps`` under Hugging Face's name."""
+        return self.eps
+
+    def forward(self, input: Tensor) -> Tensor:
+        return input
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, applied by the next RMSNormLinear"
+
+
+class _Group:
+    """The Linears that read one RMSNorm, computed by one rms_norm_linear call.
+
+    The first member called with an input computes every member's output; the others, called with the same tensor,
+    take theirs (each exactly once). A member called with another tensor, or a second time, starts a new call. The
+    pending outputs are dropped when a new call starts.
+    """
+
+    def __init__(self, norm: nn.Module, members: List["RMSNormLinear"]) -> None:
+        self.norm = norm
+        self.members = members
+        self._input: Optional["weakref.ref[Tensor]"] = None
+        self._pending: Dict[int, Tensor] = {}
+
+    def output(self, member: "RMSNormLinear", input: Tensor) -> Tensor:
+        index = next(i for i, m in enumerate(self.members) if m is member)
+        same = self._input is not None and self._input() is input
+        if same and index in self._pending:
+            out = self._pending.pop(index)
+            if not self._pending:
+                self._input = None
+            return out
+        outs = F.rms_norm_linear(
+            input,
+            self.norm.weight,
+            [m.weight for m in self.members],
+            [m.bias for m in self.members] if all(m.bias is not None for m in self.members) else None,
+            self.norm.eps,
+        )
+        self._input = weakref.ref(input)
+        self._pending = {i: o for i, o in enumerate(outs) if i != index}
+        return outs[index]
+
+
+class RMSNormLinear(nn.Module):
+    """``Linear(RMSNorm(x))`` keeping only ``x`` for backward.
+
+    torch keeps the norm's input and intermediates plus the normalized tensor (the Linear's input); this keeps ``x``
+    and recomputes the rest in backward. Parameters: ``weight``/``bias`` (the Linear's, initialized as nn.Linear) and
+    ``norm.weight`` (an :class:`RMSNorm`; it holds the parameter only, its forward is not called). For a norm read by
+    several Linears (q/k/v, gate/up) use :func:`fuse_rms_norm_linear`, which computes them in one operator call.
+
+    Args:
+        in_features: the hidden size (normalized and fed to the Linear).
+        out_features: the Linear's output size.
+        bias: the Linear has a bias (False by default, as in Llama).
+        eps, elementwise_affine: the RMSNorm's (see :class:`RMSNorm`).
+        device, dtype: factory arguments.
+
+    Example:
+        >>> qkv = memsave.nn.RMSNormLinear(1024, 3 * 1024)
+        >>> q, k, v = qkv(x).split(1024, dim=-1)
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        eps: Optional[float] = 1e-6,
+        elementwise_affine: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.norm = RMSNorm(in_features, eps=eps, elementwise_affine=elementwise_affine, **factory)
+        linear = nn.Linear(in_features, out_features, bias=bias, **factory)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    @classmethod
+    def from_modules(cls, norm: nn.Module, linear: nn.Linear, register_norm: bool = True) -> "RMSNormLinear":
+        """An RMSNormLinear sharing ``norm``'s and ``linear``'s parameters (the same tensors, nothing copied).
+
+        Args:
+            norm: a LlamaRMSNorm-style module, torch.nn.RMSNorm over one dimension, :class:`RMSNorm` or
+                :class:`DeferredRMSNorm`, over the Linear's in_features.
+            linear: the nn.Linear that consumes the norm's output.
+            register_norm: hold ``norm`` as the submodule ``norm`` (its keys become ``norm.*``). With False the norm
+                is only referenced; its parameters stay registered wherever they are (see :func:`fuse_rms_norm_linear`).
+
+        Returns:
+            The fused module.
+
+        Raises:
+            TypeError: wrong module types. ValueError: the shapes do not chain.
+
+        Example:
+            >>> fused = memsave.nn.RMSNormLinear.from_modules(model.norm, model.lm_head)
+        """
+        _check_rms_norm_module(norm)
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"expected an nn.Linear, got {type(linear).__name__}")
+        weight = getattr(norm, "weight", None)
+        if weight is not None and weight.shape[0] != linear.in_features:
+            raise ValueError(
+                f"an RMSNorm over {weight.shape[0]} features does not feed Linear(in_features={linear.in_features})"
+            )
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        if register_norm:
+            fused.norm = norm
+        else:
+            fused.__dict__["_external_norm"] = norm  # referenced, not registered: its keys stay where they are
+        fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused.weight = linear.weight
+        fused.bias = linear.bias
+        return fused
+
+    def _norm(self) -> nn.Module:
+        norm = self._modules.get("norm")
+        return norm if norm is not None else self.__dict__["_external_norm"]
+
+    def forward(self, input: Tensor) -> Tensor:
+        group = self.__dict__.get("_group")
+        if group is not None:
+            return group.output(self, input)
+        norm = self._norm()
+        return F.rms_norm_linear(input, norm.weight, self.weight, self.bias, _norm_eps(norm))
+
+    def extra_repr(self) -> str:
+        norm = self._norm()
+        where = "" if "norm" in self._modules else ", norm held by the preceding DeferredRMSNorm"
+        group = self.__dict__.get("_group")
+        shared = f", computed with {len(group.members) - 1} other Linear(s)" if group is not None else ""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"eps={_norm_eps(norm)}{where}{shared}"
+        )
+
+
+def fuse_rms_norm_linear(
+    norm: nn.Module, *linears: nn.Linear
+) -> Tuple[DeferredRMSNorm, Union[RMSNormLinear, Tuple[RMSNormLinear, ...]]]:
+    """Fuse an RMSNorm and the Linear(s) that read its output, keeping every state_dict key where it was.
+
+    Put the first returned module where ``norm`` was and the others where the Linears were. Only valid when the
+    norm's output feeds nothing but these Linears, each called once per forward with that output (true of a Llama /
+    Mistral / Qwen2 block: input_layernorm -> q/k/v_proj, post_attention_layernorm -> gate/up_proj). Several Linears
+    are computed by one operator call (one normalized tensor in forward, one recompute in backward): the first one
+    called computes all outputs and keeps the others' until they are called with the same input tensor.
+
+    Args:
+        norm: the RMSNorm (LlamaRMSNorm-style, torch.nn.RMSNorm over one dimension, or memsave's).
+        *linears: one or more nn.Linear applied to ``norm``'s output. Their biases must be all present or all absent.
+
+    Returns:
+        ``(DeferredRMSNorm, RMSNormLinear)`` for one Linear, ``(DeferredRMSNorm, (RMSNormLinear, ...))`` for several,
+        sharing the original parameters.
+
+    Raises:
+        TypeError: wrong module types. ValueError: no Linear, shapes that do not chain, or biases on some Linears only.
+
+    Example:
+        >>> attn = layer.self_attn
+        >>> layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj) = memsave.nn.fuse_rms_norm_linear(
+        ...     layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
+    """
+    if not linears:
+        raise ValueError("fuse_rms_norm_linear needs at least one Linear after the norm")
+    deferred = DeferredRMSNorm(norm)
+    fused = [RMSNormLinear.from_modules(deferred, linear, register_norm=False) for linear in linears]
+    if len(fused) == 1:
+        return deferred, fused[0]
+    if len({m.bias is None for m in fused}) > 1:
+        raise ValueError("fuse_rms_norm_linear: the Linears must all have a bias or all have none")
+    group = _Group(deferred, fused)
+    for m in fused:
+        m.__dict__["_group"] = group  # referenced, not registered (it holds no parameters of its own)
+    return deferred, tuple(fused)
