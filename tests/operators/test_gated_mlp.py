@@ -15,22 +15,9 @@ from memsave.measurement.allocator import cpu_memory_stats
 from memsave.nn import GatedMLP
 
 from helpers.fused import FLOAT32_RTOL, TORCH_ACTS, assert_low_precision_ok, leaf_copies, module_state, rel_err, saved_bytes
+from helpers.llama import LlamaMLP, LlamaRMSNorm
 
 GATED = ("silu", "gelu", "gelu_tanh", "relu", "identity")
-
-
-class LlamaMLP(nn.Module):
-    """Hugging Face's LlamaMLP (transformers/models/llama/modeling_llama.py), with the activation as a parameter."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
-        self.act_fn = TORCH_ACTS[act]
-
-    def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 def _gate_up(shape=(3, 5, 16), dtype=torch.float32, seed=0):
@@ -241,3 +228,38 @@ def test_cuda_gated_act_linear_error_at_most_twice_torchs_and_matches_cpu(dtype)
     p_cuda = MF.gated_act(cu[0].detach(), cu[1].detach(), "gelu").cpu()
     assert rel_err(p_cuda.double(), p_cpu.double()) <= torch.finfo(dtype).eps
     torch.library.opcheck(torch.ops.memsave.gated_act.default, (cu[0].detach(), cu[1].detach(), "silu"))
+
+
+def test_llama_mlp_block_with_fused_norm_keeps_keys_values_and_three_tensors():
+    """post_attention_layernorm -> GatedMLP whose gate/up are fused with the norm (README's Llama recipe): the same
+    state_dict keys and values as eager, and forward keeps x, gate and up only."""
+    from memsave.nn import fuse_rms_norm_linear
+
+    class Layer(nn.Module):
+        def __init__(self, d=64, width=176):
+            super().__init__()
+            self.post_attention_layernorm, self.mlp = LlamaRMSNorm(d), LlamaMLP(d, width)
+
+        def forward(self, x):
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    torch.manual_seed(0)
+    layer = Layer()
+    with torch.no_grad():
+        layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+    ref = copy.deepcopy(layer)
+    mlp = layer.mlp
+    layer.post_attention_layernorm, (gate, up) = fuse_rms_norm_linear(layer.post_attention_layernorm, mlp.gate_proj,
+                                                                      mlp.up_proj)
+    layer.mlp = GatedMLP.from_modules(gate, up, mlp.down_proj, act="silu")
+    assert list(layer.state_dict()) == list(ref.state_dict())
+    x = torch.randn(2, 8, 64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    kept, y = saved_bytes(lambda: layer(x), module_state(layer))
+    y2 = ref(x2)
+    assert kept == x.numel() * 4 + 2 * 2 * 8 * 176 * 4  # x, gate, up
+    assert rel_err(y, y2) <= FLOAT32_RTOL
+    gy = torch.randn_like(y)
+    for o, r in zip(torch.autograd.grad(y, [x, *layer.parameters()], gy),
+                    torch.autograd.grad(y2, [x2, *ref.parameters()], gy)):
+        assert rel_err(o, r) <= FLOAT32_RTOL

@@ -15,22 +15,7 @@ from memsave.measurement.allocator import cpu_memory_stats
 from memsave.nn import DeferredRMSNorm, RMSNorm, RMSNormLinear, fuse_rms_norm_linear
 
 from helpers.fused import FLOAT32_RTOL, assert_low_precision_ok, leaf_copies, module_state, rel_err, saved_bytes
-
-
-class LlamaRMSNorm(nn.Module):
-    """Hugging Face's LlamaRMSNorm (transformers/models/llama/modeling_llama.py), verbatim: the eager composition."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+from helpers.llama import LlamaRMSNorm
 
 
 def hf_rms_norm(x, w, eps=1e-6):

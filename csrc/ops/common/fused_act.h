@@ -1,6 +1,6 @@
-// Activations shared by memsave's fused operators of two families (norm_act: batch_norm_act, inplace_abn; linear:
-// act_linear): the name parser and the per-element forward, derivative and inverse, one C10_HOST_DEVICE definition
-// that the CPU and CUDA kernels both call.
+// Activations shared by memsave's fused operators of three families (norm_act: batch_norm_act, inplace_abn; linear:
+// act_linear; gated_mlp: gated_act, gated_act_linear): the name parser and the per-element forward, derivative and
+// inverse, one C10_HOST_DEVICE definition that the CPU and CUDA kernels both call.
 //
 // Semantics follow torch's kernels: relu passes a gradient iff !(y <= 0) (threshold_backward on the output);
 // leaky_relu uses y > 0 ? 1 : slope (leaky_relu_backward on the input); elu is x <= 0 ? alpha * expm1(x) : x with

@@ -1,0 +1,251 @@
+"""Peak memory and forward+backward time of memsave's transformer operators against the eager composition they
+replace, at realistic shapes (4,096 rows x hidden 1,024; MLP widths 2,816 and 4,096).
+
+Cases (``CASES``; eager = the Hugging Face Llama modules, written out as plain torch):
+
+=====================  ==============================================  =============================================
+case                   eager                                           memsave
+=====================  ==============================================  =============================================
+rms_norm               LlamaRMSNorm                                    memsave.nn.RMSNorm
+rms_norm_qkv           LlamaRMSNorm -> q/k/v Linears (1024 -> 3 x 1024) fuse_rms_norm_linear (one fused call)
+gated_mlp              LlamaMLP: down(act(gate(x)) * up(x))            memsave.nn.GatedMLP (same Linears)
+=====================  ==============================================  =============================================
+
+Per case and variant: ``peak`` = allocator-level peak of one forward+backward above its start (CPU: the profiler's
+allocation events, memsave.measurement.allocator; CUDA: max_memory_allocated), ``kept`` = bytes forward leaves
+allocated (what autograd keeps for backward, plus the output), ``time`` = median of ``--repeats`` steps; the two
+variants run interleaved (A B B A ...) so that load changing during the run hits both alike, and each is reported as
+a ratio to eager. The input requires grad (as an activation inside a model does); gradients are set to None before
+each step.
+
+    python3 benchmarks/transformer_ops.py                       # CPU, float32 (+ rms_norm in bfloat16)
+    python3 benchmarks/transformer_ops.py --device cuda         # on a GPU: float32 and bfloat16
+    python3 benchmarks/transformer_ops.py --rows 512 --no-save  # a quick look
+
+Writes ``benchmarks/results/transformer_ops_<device>.json`` with the machine, torch, memsave build, thread count and
+load average.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+from torch import nn
+
+import memsave
+from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
+from memsave.nn import GatedMLP, RMSNorm, fuse_rms_norm_linear
+
+Step = Callable[[], None]
+
+
+class LlamaRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm (transformers/models/llama/modeling_llama.py)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class LlamaMLP(nn.Module):
+    """Hugging Face's LlamaMLP with the activation as an argument."""
+
+    ACTS = {"silu": nn.SiLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh")}
+
+    def __init__(self, hidden: int, intermediate: int, act: str = "silu") -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act_fn = self.ACTS[act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class QKV(nn.Module):
+    """input_layernorm -> q/k/v projections, as at the start of a Llama attention block (outputs summed to one loss)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.norm = LlamaRMSNorm(hidden)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(hidden, hidden, bias=False) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        h = self.norm(x)
+        return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+
+
+def fused_qkv(eager: QKV) -> nn.Module:
+    """A deep copy of ``eager`` with the norm and the three projections fused (same parameters' values and keys)."""
+    model = type(eager).__new__(type(eager))
+    model.__dict__.update(copy.deepcopy(eager).__dict__)
+    model.norm, (model.q_proj, model.k_proj, model.v_proj) = fuse_rms_norm_linear(
+        model.norm, model.q_proj, model.k_proj, model.v_proj)
+    return model
+
+
+def cases(rows: int, hidden: int, dtype_names: List[str]) -> Dict[str, Tuple[Callable[[], Tuple[nn.Module, nn.Module]], Tuple[int, int], str]]:
+    """name -> (builder of (eager module, memsave module), input shape, dtype name)."""
+    out: Dict[str, Tuple[Callable[[], Tuple[nn.Module, nn.Module]], Tuple[int, int], str]] = {}
+
+    def norm() -> Tuple[nn.Module, nn.Module]:
+        eager = LlamaRMSNorm(hidden)
+        return eager, RMSNorm.from_module(copy.deepcopy(eager))
+
+    def qkv() -> Tuple[nn.Module, nn.Module]:
+        eager = QKV(hidden)
+        return eager, fused_qkv(eager)
+
+    def mlp(width: int, act: str) -> Callable[[], Tuple[nn.Module, nn.Module]]:
+        def build() -> Tuple[nn.Module, nn.Module]:
+            eager = LlamaMLP(hidden, width, act)
+            ours = copy.deepcopy(eager)
+            return eager, GatedMLP.from_modules(ours.gate_proj, ours.up_proj, ours.down_proj, act=act)
+
+        return build
+
+    for dt in dtype_names:
+        out[f"rms_norm {dt}"] = (norm, (rows, hidden), dt)
+        out[f"rms_norm_qkv {dt}"] = (qkv, (rows, hidden), dt)
+        out[f"gated_mlp silu 2816 {dt}"] = (mlp(2816, "silu"), (rows, hidden), dt)
+        out[f"gated_mlp gelu_tanh 4096 {dt}"] = (mlp(4096, "gelu_tanh"), (rows, hidden), dt)
+    return out
+
+
+def _loss(out) -> torch.Tensor:
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum(o.float().sum() for o in outs)
+
+
+def make_step(model: nn.Module, x: torch.Tensor) -> Step:
+    leaf = x.detach().clone().requires_grad_()
+
+    def step() -> None:
+        leaf.grad = None
+        for p in model.parameters():
+            p.grad = None
+        _loss(model(leaf)).backward()
+
+    return step
+
+
+def kept_bytes(model: nn.Module, x: torch.Tensor, device: torch.device) -> int:
+    """Bytes forward leaves allocated: autograd's saved tensors plus the output."""
+    leaf = x.detach().clone().requires_grad_()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        out = model(leaf)
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated() - before
+        del out
+        return kept
+    return cpu_memory_stats(lambda: model(leaf)).net_bytes
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_case(build, shape, dtype: torch.dtype, device: torch.device, repeats: int) -> dict:
+    torch.manual_seed(0)
+    eager, ours = build()
+    eager, ours = eager.to(device, dtype), ours.to(device, dtype)
+    x = torch.randn(shape, device=device, dtype=dtype)
+    steps = {"eager": make_step(eager, x), "memsave": make_step(ours, x)}
+    models = {"eager": eager, "memsave": ours}
+    row: dict = {}
+    for name in ("eager", "memsave"):
+        steps[name]()  # warm-up (and first-call allocations)
+        row[f"{name}_peak_bytes"] = step_peak_bytes(steps[name], device)
+        row[f"{name}_kept_bytes"] = kept_bytes(models[name], x, device)
+    times: Dict[str, List[float]] = {"eager": [], "memsave": []}
+    for i in range(repeats):
+        order = ("eager", "memsave") if i % 2 == 0 else ("memsave", "eager")  # A B B A ...
+        for name in order:
+            _sync(device)
+            t0 = time.perf_counter()
+            steps[name]()
+            _sync(device)
+            times[name].append(time.perf_counter() - t0)
+    for name in ("eager", "memsave"):
+        row[f"{name}_s"] = statistics.median(times[name])
+    row["peak_ratio"] = row["memsave_peak_bytes"] / row["eager_peak_bytes"]
+    row["kept_ratio"] = row["memsave_kept_bytes"] / row["eager_kept_bytes"]
+    row["time_ratio"] = row["memsave_s"] / row["eager_s"]
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--dtypes", nargs="+", default=None, help="default: float32 on CPU, float32 bfloat16 on CUDA")
+    p.add_argument("--cases", nargs="+", default=None, help="substrings of case names to run (default: all)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/transformer_ops_<device>.json)")
+    p.add_argument("--no-save", action="store_true")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("transformer_ops: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    dtypes = args.dtypes or (["float32"] if args.device == "cpu" else ["float32", "bfloat16"])
+    all_cases = cases(args.rows, args.hidden, dtypes)
+    if args.device == "cpu" and args.dtypes is None:
+        all_cases["rms_norm bfloat16"] = (all_cases["rms_norm float32"][0], (args.rows, args.hidden), "bfloat16")
+    if args.cases:
+        all_cases = {k: v for k, v in all_cases.items() if any(s in k for s in args.cases)}
+    rows = []
+    print(f"forward+backward, {args.rows} rows x hidden {args.hidden} on {args.device} "
+          f"({torch.get_num_threads()} threads), median of {args.repeats} interleaved steps; ratios memsave / eager")
+    print(f"{'case':<30} {'eager peak':>11} {'memsave':>9} {'ratio':>6} {'eager kept':>11} {'memsave':>9} {'ratio':>6} "
+          f"{'eager ms':>9} {'memsave':>8} {'ratio':>6}")
+    mib = 2.0**20
+    for name, (build, shape, dt) in all_cases.items():
+        r = bench_case(build, shape, getattr(torch, dt), device, args.repeats)
+        r = dict(case=name, rows=shape[0], hidden=shape[1], dtype=dt, **r)
+        rows.append(r)
+        print(f"{name:<30} {r['eager_peak_bytes'] / mib:>9.1f}Mi {r['memsave_peak_bytes'] / mib:>7.1f}Mi "
+              f"{r['peak_ratio']:>6.2f} {r['eager_kept_bytes'] / mib:>9.1f}Mi {r['memsave_kept_bytes'] / mib:>7.1f}Mi "
+              f"{r['kept_ratio']:>6.2f} {1e3 * r['eager_s']:>9.1f} {1e3 * r['memsave_s']:>8.1f} {r['time_ratio']:>6.2f}",
+              flush=True)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"load average at the end: {load}")
+    if not args.no_save:
+        out = args.out or os.path.join(os.path.dirname(__file__), "results", f"transformer_ops_{args.device}.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        meta = dict(device=args.device, torch=torch.__version__, memsave=memsave.build_info(),
+                    threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
+                    cpu_count=os.cpu_count(), load_average_end=load, date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                    repeats=args.repeats, command="python3 benchmarks/transformer_ops.py " + " ".join(argv or sys.argv[1:]))
+        if args.device == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name()
+            meta["cuda"] = torch.version.cuda
+        with open(out, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=2)
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
