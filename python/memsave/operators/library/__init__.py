@@ -14,9 +14,11 @@ norm_act  batch_norm_act, batch_norm_act_conv2d, batch_norm_act_apply,         `
 linear    layer_norm_linear, layer_norm_apply, act_linear                     ``csrc/ops/linear/``
 rms_norm  rms_norm, rms_norm_linear                                            ``csrc/ops/rms_norm/``
 gated_mlp gated_act, gated_act_linear                                          ``csrc/ops/gated_mlp/``
+loss      linear_cross_entropy, cross_entropy_tile_lse\_,                     ``csrc/ops/loss/``
+          cross_entropy_tile_grad\_
 amp       unscale_and_check\_, amp_update_scale\_                              ``csrc/ops/amp/``
 ========  ==================================================================  ==============================
 """
-from . import amp, gated_mlp, linear, masks, norm_act, pooling, rms_norm  # noqa: F401
+from . import amp, gated_mlp, linear, loss, masks, norm_act, pooling, rms_norm  # noqa: F401
 
-__all__ = ["amp", "gated_mlp", "linear", "masks", "norm_act", "pooling", "rms_norm"]
+__all__ = ["amp", "gated_mlp", "linear", "loss", "masks", "norm_act", "pooling", "rms_norm"]

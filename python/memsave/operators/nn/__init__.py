@@ -6,6 +6,7 @@
   (``norm_act.py``), :class:`LayerNormLinear`, :class:`ActLinear` (``linear.py``).
 * Transformer modules: :class:`RMSNorm`, :class:`RMSNormLinear` (``rms_norm.py``), :class:`GatedMLP`
   (``gated_mlp.py``).
+* A loss that never holds the logits: :class:`LinearCrossEntropy` (``loss.py``).
 
 :func:`memsave.convert` swaps them into an existing model.
 """
@@ -13,6 +14,7 @@ from .activation import LeakyReLU, ReLU, activation_spec
 from .dropout import Dropout
 from .gated_mlp import GatedMLP
 from .linear import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_layer_norm_linear
+from .loss import LinearCrossEntropy
 from .norm_act import BatchNormAct2d, BatchNormActConv2d, DeferredBatchNormAct2d, InPlaceABN2d, fuse_batch_norm_act_conv2d
 from .pooling import MaxPool2d
 from .rms_norm import DeferredRMSNorm, RMSNorm, RMSNormLinear, fuse_rms_norm_linear
@@ -29,6 +31,7 @@ __all__ = [
     "InPlaceABN2d",
     "LayerNormLinear",
     "LeakyReLU",
+    "LinearCrossEntropy",
     "MaxPool2d",
     "RMSNorm",
     "RMSNormLinear",
