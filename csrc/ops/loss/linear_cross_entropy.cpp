@@ -40,6 +40,9 @@
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#endif
 
 #include "loss/cross_entropy_math.h"
 #include "loss/linear_cross_entropy.h"
@@ -213,6 +216,23 @@ at::Tensor tile_logits(const at::Tensor& h2, const at::Tensor& weight, const c10
   return at::mm(hr, wt);
 }
 
+// a @ b with a float32 result for 16-bit a and b: a tile's share of a gradient that more than one tile adds to,
+// so that it is not rounded to 16 bits before the float32 accumulation (torch rounds its one matmul once). CUDA:
+// cuBLAS with float32 output (torch >= 2.8's mm with out_dtype); elsewhere, or if that refuses the inputs, the
+// tiles are widened first (CPU: also far faster than torch's float16 matmul).
+at::Tensor mm_float(const at::Tensor& a, const at::Tensor& b) {
+#if defined(MEMSAVE_WITH_CUDA) && defined(TORCH_VERSION_MAJOR) && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 8)
+  if (a.is_cuda()) {
+    try {
+      return at::mm(a, b, at::kFloat);
+    } catch (const c10::Error&) {
+      // fall through to the widened tiles
+    }
+  }
+#endif
+  return at::mm(a.to(at::kFloat), b.to(at::kFloat));
+}
+
 // Raises IndexError naming the first target that is neither a class index nor ignore_index (one device sync).
 void check_targets(const at::Tensor& t, int64_t num_classes, int64_t ignore_index, const char* op) {
   if (t.numel() == 0) return;
@@ -332,7 +352,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
         const at::Tensor hr = h2.narrow(0, r0, nr);
         if (need_h) {
           if (grad_h_acc.defined()) {
-            grad_h_acc.narrow(0, r0, nr).add_(at::mm(g, w_tile));
+            grad_h_acc.narrow(0, r0, nr).add_(mm_float(g, w_tile));
           } else {
             at::Tensor out = grad_h.narrow(0, r0, nr);
             if (c0 == 0) at::mm_out(out, g, w_tile);
@@ -341,7 +361,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
         }
         if (need_w) {
           if (grad_w_tile_acc.defined()) {
-            grad_w_tile_acc.add_(at::mm(g.t(), hr));
+            grad_w_tile_acc.add_(mm_float(g.t(), hr));
           } else if (r0 == 0) {
             at::mm_out(grad_w_tile, g.t(), hr);
           } else {
