@@ -43,10 +43,38 @@ C10_HOST_DEVICE inline T gated_act_forward(T gate, T up) {
   return act_forward<T>(A, gate, T(0)) * up;
 }
 
+// act(y) and act'(y) with the transcendental evaluated once: the operations of fused_act.h's act_forward and act_grad,
+// so the same values (for gelu_tanh, act' takes tanh of act_forward's argument, which act_grad rounds differently).
+template <Act A, typename T>
+C10_HOST_DEVICE inline void act_value_and_grad(T y, T& value, T& grad) {
+  if constexpr (A == Act::SiLU) {
+    const T d = T(1) + ::exp(-y);
+    const T s = T(1) / d;
+    value = y / d;
+    grad = s * (T(1) + y * (T(1) - s));
+  } else if constexpr (A == Act::GELU) {
+    const T e = ::erf(y * T(M_SQRT1_2));
+    value = T(0.5) * y * (T(1) + e);
+    grad = T(0.5) * (T(1) + e) + y * (::exp(T(-0.5) * y * y) * T(M_2_SQRTPI * M_SQRT1_2 * 0.5));
+  } else if constexpr (A == Act::GELUTanh) {
+    const T k_beta = T(M_SQRT2 * M_2_SQRTPI * 0.5);
+    const T k_kappa = T(0.044715);
+    const T y_sq = y * y;
+    const T t = ::tanh(k_beta * (y + T(0.044715) * y * y * y));
+    value = T(0.5) * y * (T(1) + t);
+    grad = T(0.5) * (T(1) + t) + T(0.5) * y * ((T(1) - t * t) * k_beta * (T(1) + T(3) * k_kappa * y_sq));
+  } else {
+    value = act_forward<T>(A, y, T(0));
+    grad = act_grad<T>(A, y, T(0));
+  }
+}
+
 template <Act A, typename T>
 C10_HOST_DEVICE inline void gated_act_grads(T grad, T gate, T up, T& grad_gate, T& grad_up) {
-  grad_gate = grad * up * act_grad<T>(A, gate, T(0));
-  grad_up = grad * act_forward<T>(A, gate, T(0));
+  T value, slope;
+  act_value_and_grad<A, T>(gate, value, slope);
+  grad_gate = grad * up * slope;
+  grad_up = grad * value;
 }
 
 }  // namespace memsave
