@@ -7,7 +7,7 @@ Cases (``CASES``; eager = the Hugging Face Llama modules, written out as plain t
 case                   eager                                           memsave
 =====================  ==============================================  =============================================
 rms_norm               LlamaRMSNorm                                    memsave.nn.RMSNorm
-rms_norm_qkv           LlamaRMSNorm -> q/k/v Linears (1024 -> 3 x 1024) fuse_rms_norm_linear (one fused call)
+rms_norm_qkv           LlamaRMSNorm -> q/k/v Linears (1024 -> 3 x 1024) fuse_rms_norm_linear (3 RMSNormLinear)
 gated_mlp              LlamaMLP: down(act(gate(x)) * up(x))            memsave.nn.GatedMLP (same Linears)
 =====================  ==============================================  =============================================
 

