@@ -216,11 +216,14 @@ at::Tensor tile_logits(const at::Tensor& h2, const at::Tensor& weight, const c10
   return at::mm(hr, wt);
 }
 
-// a @ b with a float32 result for 16-bit a and b: a tile's share of a gradient that more than one tile adds to,
-// so that it is not rounded to 16 bits before the float32 accumulation (torch rounds its one matmul once). CUDA:
-// cuBLAS with float32 output (torch >= 2.8's mm with out_dtype); elsewhere, or if that refuses the inputs, the
-// tiles are widened first (CPU: also far faster than torch's float16 matmul).
-at::Tensor mm_float(const at::Tensor& a, const at::Tensor& b) {
+// a @ b for a tile's share of a gradient that more than one tile adds to (grad_hidden over class tiles, grad_weight
+// over row tiles), added to a float32 accumulator for 16-bit inputs. The share is float32 itself, so it is not
+// rounded to 16 bits before the accumulation (torch rounds its one matmul once; rounding every tile's share would
+// err up to sqrt(tiles) times more): on CUDA cuBLAS with a float32 result (torch >= 2.8's mm with out_dtype); else,
+// or if that refuses the inputs, widened tiles (on CPU about 1.4x the time of a bfloat16 matmul, and far faster than
+// torch's CPU float16 matmul).
+at::Tensor tile_product(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble) return at::mm(a, b);
 #if defined(MEMSAVE_WITH_CUDA) && defined(TORCH_VERSION_MAJOR) && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 8)
   if (a.is_cuda()) {
     try {
@@ -352,7 +355,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
         const at::Tensor hr = h2.narrow(0, r0, nr);
         if (need_h) {
           if (grad_h_acc.defined()) {
-            grad_h_acc.narrow(0, r0, nr).add_(mm_float(g, w_tile));
+            grad_h_acc.narrow(0, r0, nr).add_(tile_product(g, w_tile));
           } else {
             at::Tensor out = grad_h.narrow(0, r0, nr);
             if (c0 == 0) at::mm_out(out, g, w_tile);
@@ -361,7 +364,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
         }
         if (need_w) {
           if (grad_w_tile_acc.defined()) {
-            grad_w_tile_acc.add_(mm_float(g.t(), hr));
+            grad_w_tile_acc.add_(tile_product(g.t(), hr));
           } else if (r0 == 0) {
             at::mm_out(grad_w_tile, g.t(), hr);
           } else {
