@@ -24,7 +24,9 @@
 // Loop order: classes outer, rows inner, so that the weight is read once per pass and, in backward, each
 // grad_weight tile is finished before the next one starts.
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <tuple>
 
 #include <ATen/Dispatch.h>
@@ -72,16 +74,26 @@ namespace isa_avx512 {
 #pragma GCC pop_options
 #endif
 
-// The widest instruction set this CPU runs: 2 = AVX-512, 1 = AVX2 with FMA, 0 = the baseline.
+// The widest instruction set this CPU runs: 2 = AVX-512, 1 = AVX2 with FMA, 0 = the baseline; capped by
+// ATEN_CPU_CAPABILITY=default|avx2|avx512 when set, as ATen's own kernels are (how the tests run every variant).
 int cpu_isa() {
 #ifdef MEMSAVE_LCE_X86_CLONES
   static const int isa = [] {
     __builtin_cpu_init();
+    int best = 0;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-      return 2;
+      best = 2;
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      best = 1;
     }
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+    if (cap != nullptr) {
+      const std::string c(cap);
+      if (c == "default") best = 0;
+      else if (c == "avx2") best = std::min(best, 1);
+    }
+    return best;
   }();
   return isa;
 #else
