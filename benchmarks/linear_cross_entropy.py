@@ -178,7 +178,8 @@ def markdown(meta: dict, rows: List[dict]) -> str:
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['eager_peak_bytes'] / mib:.1f} MiB | {r['memsave_peak_bytes'] / mib:.1f} MiB | "
-            f"{r['peak_ratio']:.3f} | {r['eager_kept_bytes'] / mib:.1f} MiB | {r['memsave_kept_bytes'] / 1024:.1f} KiB | "
+            f"{r['peak_ratio']:.3f} | {r['eager_kept_bytes'] / mib:.1f} MiB | "
+            f"{r['memsave_kept_bytes'] / 1024:.1f} KiB | "
             f"{r['eager_s']:.3f} | {r['memsave_s']:.3f} | {r['time_ratio']:.2f} | {r['loss_rel_diff']:.1e} | "
             f"{max(r['grad_hidden_rel_diff'], r['grad_weight_rel_diff']):.1e} |")
     return "\n".join(lines) + "\n"
@@ -189,7 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--cases", nargs="+", default=None, help="ROWSxHIDDENxCLASSES:DTYPE ... (default: DEFAULT_CASES)")
     p.add_argument("--repeats", type=int, default=6)
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/linear_cross_entropy_<device>.json)")
+    p.add_argument("--out", default=None,
+                   help="JSON path (default benchmarks/results/linear_cross_entropy_<device>.json)")
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--markdown-from", default=None, help="only write the .md of this results JSON again")
     args = p.parse_args(argv)
@@ -224,7 +226,8 @@ def main(argv=None) -> int:
                     threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
                     cpu_count=os.cpu_count(), load_average_end=load, date=time.strftime("%Y-%m-%d %H:%M:%S"),
                     repeats=args.repeats,
-                    command="python3 benchmarks/linear_cross_entropy.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+                    command="python3 benchmarks/linear_cross_entropy.py "
+                    + " ".join(argv if argv is not None else sys.argv[1:]))
         if args.device == "cuda":
             meta["gpu"] = torch.cuda.get_device_name()
             meta["cuda"] = torch.version.cuda

@@ -169,7 +169,8 @@ void cross_entropy_tile_grad_cpu(const at::Tensor& logits, const at::Tensor& tar
   const at::Tensor sc = scale.contiguous();
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const int64_t scale_stride = sc.size(0) == 1 ? 0 : 1;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "memsave_cross_entropy_tile_grad_cpu", [&] {
+  const at::ScalarType dtype = logits.scalar_type();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "memsave_cross_entropy_tile_grad_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     scalar_t* zp = logits.mutable_data_ptr<scalar_t>();
     const int64_t* tp = t.const_data_ptr<int64_t>();
@@ -193,7 +194,9 @@ void cross_entropy_tile_grad_cpu(const at::Tensor& logits, const at::Tensor& tar
         const acc_t z_target = here ? static_cast<acc_t>(zr[tr - class_start]) : acc_t(0);
         loops.grad(zr, cols, lr, smooth, s);
         // The target's entry once more, with its (1 - eps): the same formula as the CUDA kernel's per element.
-        if (here) zr[tr - class_start] = static_cast<scalar_t>(cross_entropy_grad(z_target, lr, target_weight, smooth, s));
+        if (here) {
+          zr[tr - class_start] = static_cast<scalar_t>(cross_entropy_grad(z_target, lr, target_weight, smooth, s));
+        }
       }
     });
   });

@@ -102,7 +102,8 @@ void cross_entropy_tile_lse_cuda(const at::Tensor& logits, const at::Tensor& tar
   const int64_t rows = z.size(0), cols = z.size(1);
   if (rows == 0 || cols == 0) return;
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "memsave_cross_entropy_tile_lse_cuda", [&] {
+  const at::ScalarType dtype = z.scalar_type();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "memsave_cross_entropy_tile_lse_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     tile_lse_kernel<scalar_t, acc_t><<<static_cast<unsigned>(rows), cuda::kThreads, 0, stream>>>(
         z.const_data_ptr<scalar_t>(), cols, t.const_data_ptr<int64_t>(), state.mutable_data_ptr<double>(),
@@ -128,7 +129,8 @@ void cross_entropy_tile_grad_cuda(const at::Tensor& logits, const at::Tensor& ta
   if (numel == 0) return;
   const int64_t scale_stride = sc.size(0) == 1 ? 0 : 1;
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "memsave_cross_entropy_tile_grad_cuda", [&] {
+  const at::ScalarType dtype = logits.scalar_type();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "memsave_cross_entropy_tile_grad_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const acc_t smooth = static_cast<acc_t>(label_smoothing / static_cast<double>(num_classes));
     const acc_t target_weight = static_cast<acc_t>(1.0 - label_smoothing);

@@ -3,8 +3,8 @@ cross_entropy_tile_grad_.
 
 ``linear_cross_entropy`` is ``cross_entropy(linear(hidden, weight, bias), target)`` computed one tile of logits at a
 time. Its autograd formula saves the inputs it already has (hidden, weight, bias, target) and one log-sum-exp per
-row (float64), instead of the [rows x classes] logits and their log-softmax that torch's two operators keep; its backward
-operator makes the logits again, tile by tile.
+row (float64), instead of the [rows x classes] logits and their log-softmax that torch's two operators keep; its
+backward operator makes the logits again, tile by tile.
 """
 from __future__ import annotations
 
