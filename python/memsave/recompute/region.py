@@ -67,6 +67,17 @@ outside its inner regions).
 ``set_checkpoint_debug_enabled`` switches) are taken by :func:`checkpoint` with torch's meaning; see its docstring.
 Not supported: selective checkpointing contexts (``create_selective_checkpoint_contexts``, raises
 ``NotImplementedError``); a region's forward hooks run again during the recompute.
+
+**torch.compile.** While dynamo traces (``torch.compile(memsave.wrap(model))``, or :func:`checkpoint` inside a
+compiled function, ``fullgraph=True`` included), a region lowers to ``torch.utils.checkpoint.checkpoint(...,
+use_reentrant=False)`` with the same ``preserve_rng_state``, ``determinism_check`` and ``context_fn``: dynamo puts it
+in the graph as a tagged subgraph, and the compiled backward recomputes that subgraph's activations instead of
+saving them, so the compiled step keeps a checkpointed step's memory. Buffers (BatchNorm) are updated once, in the
+compiled forward. Gradients match eager within float tolerance (inductor reorders floating-point operations);
+random operations draw from inductor's generator, as they do without memsave. What only memsave's eager regions do
+is not done in compiled code: ``strict`` value checks, ``debug`` tables, early stop and the in-place checks (torch's
+compiled checkpoint handles in-place updates itself). A graph break inside a region runs that region eagerly, with
+memsave's own mechanism.
 """
 from __future__ import annotations
 
@@ -587,6 +598,9 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
     """
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        return _compiled_region(fn, args, kwargs, preserve_rng_state=preserve_rng_state,
+                                check_metadata=check_metadata, contexts=contexts)
     forward_context, recompute_context = contexts if contexts is not None else (None, None)
     frame = _Frame(fn, args, kwargs, name, preserve_rng_state=preserve_rng_state, strict=strict,
                    early_stop=early_stop, check_metadata=check_metadata, debug=debug,
@@ -628,6 +642,25 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
             MemsaveWarning, stacklevel=3)
     frame.finish_forward()  # the loop above checked the arguments are still at their entry versions
     return out
+
+
+def _compiled_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], *,
+                     preserve_rng_state: bool, check_metadata: bool, contexts: Optional[Tuple[Any, Any]]) -> Any:
+    """A region met while dynamo traces (``torch.compile``): lowered to torch's own checkpoint.
+
+    memsave's saved-tensor hooks and recompute run Python that dynamo cannot put in a graph. torch's non-reentrant
+    checkpoint is what dynamo understands: it becomes a tagged subgraph, and AOTAutograd's partitioner recomputes
+    that subgraph's activations in the compiled backward instead of saving them. Buffer updates (BatchNorm) happen
+    once, in the forward graph, since the compiled backward recomputes only the pure operations.
+    """
+    region = functools.partial(fn, **kwargs) if kwargs else fn
+    determinism_check = "default" if check_metadata else "none"
+    if contexts is None:
+        return torch_checkpoint.checkpoint(region, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
+                                           determinism_check=determinism_check)
+    pair = contexts
+    return torch_checkpoint.checkpoint(region, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
+                                       determinism_check=determinism_check, context_fn=lambda: pair)
 
 
 _DETERMINISM_CHECKS = ("default", "none")

@@ -9,10 +9,10 @@ model, and :func:`unwrap` restores the plain eager model exactly.
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
-import types
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from torch import nn
@@ -56,11 +56,14 @@ class CheckpointedForward:
         self.previous = previous
         self.preserve_rng_state = preserve_rng_state
         self.strict = strict
+        # Read once here: dynamo (torch.compile) cannot trace inspect.signature inside the call.
+        self.parameter_names = _parameter_names(self.original())
 
     def original(self) -> Callable[..., Any]:
         if self.previous is not None:
             return self.previous
-        return types.MethodType(type(self.module).forward, self.module)
+        # A partial rather than types.MethodType: dynamo (torch.compile) traces partials, not MethodType calls.
+        return functools.partial(type(self.module).forward, self.module)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module
@@ -70,7 +73,7 @@ class CheckpointedForward:
         if not torch.is_grad_enabled() or getattr(module, "inplace", False) is True:
             return forward(*args, **kwargs)
         if getattr(type(module), "_can_checkpoint_with_cache", None) is False:
-            args, kwargs = _without_kv_cache(forward, args, kwargs)
+            args, kwargs = _without_kv_cache(self.parameter_names, args, kwargs)
         if (isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
                 and self.previous is None and len(args) == 1 and not kwargs):
             # Leading in-place children (a VGG block starting with ReLU(inplace=True)) run before the region.
@@ -91,7 +94,14 @@ class CheckpointedForward:
 _KV_CACHE_ARGS = ("past_key_values", "layer_past")
 
 
-def _without_kv_cache(forward: Callable[..., Any], args: Tuple[Any, ...],
+def _parameter_names(forward: Callable[..., Any]) -> Tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(forward).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+def _without_kv_cache(names: Sequence[str], args: Tuple[Any, ...],
                       kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     """The arguments of a Hugging Face layer that writes to the key/value cache it is given, without the cache.
 
@@ -101,10 +111,6 @@ def _without_kv_cache(forward: Callable[..., Any], args: Tuple[Any, ...],
     arguments become ``None`` and ``use_cache`` ``False``, passed positionally (GPT-2's blocks take
     ``past_key_values`` second) or by keyword.
     """
-    try:
-        names = list(inspect.signature(forward).parameters)
-    except (TypeError, ValueError):
-        names = []
     new_args, new_kwargs = list(args), dict(kwargs)
     for name in (*_KV_CACHE_ARGS, "use_cache"):
         off: Any = False if name == "use_cache" else None  # an empty cache may be falsy: compare with None
