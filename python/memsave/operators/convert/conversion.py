@@ -9,6 +9,12 @@ Two kinds of rewrite, both extensible:
 * **Sequential patterns** (with ``fuse=True``) — consecutive children of an ``nn.Sequential`` replaced together
   (fused operators, e.g. BatchNorm -> activation). Registered with :func:`register_sequential_pattern`; tried before
   module swaps, highest priority first.
+* **Module rules** (with ``fuse=True``) — modules of known model-zoo classes rewritten inside (``model_zoo.py``,
+  ``causal_lm.py``): Hugging Face Llama / Mistral / Qwen2 / Qwen3 decoder layers (RMSNorm -> q/k/v and gate/up
+  fused, the MLP a GatedMLP), GPT-2's and BERT's MLPs (activation -> Linear), timm's ViT Mlp and Block
+  (activation -> fc2, LayerNorm -> qkv/fc1), and a causal LM's loss (with ``labels``, ``linear_cross_entropy`` from
+  the last hidden state: the logits are never built and ``.logits`` is an empty ``[batch, seq, 0]`` tensor). A rule
+  is applied to a module before its children are visited; what it does not replace is visited as usual.
 
 Lossless by default
 -------------------
@@ -45,8 +51,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 from torch import nn
 
 from .registry import (
-    DEPENDS, NO_GAIN, PAYS, SKIPPED, TRANSPARENT, ModuleSwap, element_matches, module_swap_for, ordered_patterns,
-    sequential_patterns,
+    DEPENDS, NO_GAIN, PAYS, SKIPPED, TRANSPARENT, ModuleRule, ModuleSwap, element_matches, module_rule_for,
+    module_swap_for, ordered_patterns, sequential_patterns,
 )
 
 __all__ = ["ConvertEntry", "ConvertReport", "convert", "plan_convert"]
@@ -85,7 +91,8 @@ class ConvertReport:
     def summary(self) -> str:
         """A plain-text table: module, swap, verdict and why."""
         if not self.entries:
-            return "memsave.convert: nothing to convert (no nn.ReLU, nn.LeakyReLU, nn.Dropout or nn.MaxPool2d)."
+            return ("memsave.convert: nothing to convert (no nn.ReLU, nn.LeakyReLU, nn.Dropout or nn.MaxPool2d; with "
+                    "fuse=True, no fusable nn.Sequential run and no module of a known model-zoo class).")
         rows = [(e.name or "(root)", f"{e.old} -> {e.new}" if e.new else e.old, e.verdict, e.detail)
                 for e in self.entries]
         w0 = max(len(r[0]) for r in rows)
@@ -144,13 +151,22 @@ def _qualify(prefix: str, child: str) -> str:
     return f"{prefix}.{child}" if prefix else child
 
 
+Install = Tuple[nn.Module, Callable[[nn.Module], None]]
+
+
 def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional[List[Selector]],
-          build: bool, fuse: bool = False, dropout: bool = False) -> Tuple[List[_Planned], ConvertReport]:
-    """Decide every swap; with build=False (a dry run) Sequential patterns are matched but not built."""
+          build: bool, fuse: bool = False, dropout: bool = False,
+          ) -> Tuple[List[_Planned], ConvertReport, List[Install]]:
+    """Decide every swap; with build=False (a dry run) Sequential patterns are matched but not built.
+
+    Returns the planned swaps, the report, and the installs of module rules (module, install) to run after them.
+    """
     opted_in = {"dropout": dropout}
     report = ConvertReport()
     planned: List[_Planned] = []
+    installs: List[Install] = []
     done: Dict[int, Optional[nn.Module]] = {}  # shared modules are swapped once, to one replacement
+    placed = set()  # (id(parent), child name) slots a module rule filled: not visited again
 
     def candidate(name: str, module: nn.Module) -> bool:
         if include is not None and not _selected(include, name, module):
@@ -167,6 +183,49 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
                 return m
             j += step
         return None
+
+    def apply_rule(prefix: str, module: nn.Module, rule: ModuleRule, parent: Optional[nn.Module],
+                   slot: str) -> bool:
+        """Plan ``rule`` on ``module`` (at ``prefix``, the child ``slot`` of ``parent``); True if it replaced
+        ``module`` itself (then there is nothing left inside it to visit)."""
+        rewrite = rule.rewrite(module)
+        targets = []
+        for r in rewrite.replacements:
+            if r.path:
+                owner_path, _, attr = r.path.rpartition(".")
+                owner = module.get_submodule(owner_path) if owner_path else module
+                targets.append((_qualify(prefix, r.path), owner, attr, r))
+            elif parent is None:
+                raise ValueError(f"memsave.convert: module rule {rule.name!r} cannot replace the root model itself")
+            else:
+                targets.append((prefix, parent, slot, r))
+        olds = [getattr(owner, attr) for _, owner, attr, _ in targets]
+        excluded = [qn for (qn, _, _, _), old in zip(targets, olds) if _selected(exclude, qn, old)]
+        if _selected(exclude, prefix, module):
+            excluded.insert(0, prefix or "(root)")
+        not_included = include is not None and not _selected(include, prefix, module) and not all(
+            _selected(include, qn, old) for (qn, _, _, _), old in zip(targets, olds))
+        if targets and (excluded or not_included):
+            why = f"excluded ({', '.join(excluded)})" if excluded else "not all of its modules are included"
+            report.entries.append(ConvertEntry(
+                prefix, type(module).__name__, "", SKIPPED,
+                f"{rule.name}: not applied, {why}; its replacements only work together"))
+            return False
+        for (qn, owner, attr, r), old in zip(targets, olds):
+            if build:
+                planned.append(_Planned(owner, attr, qn, old, r.new))
+            placed.add((id(owner), attr))
+            done[id(old)] = r.new
+            report.entries.append(ConvertEntry(qn, type(old).__name__, f"memsave.{type(r.new).__name__}" if
+                                               type(r.new).__module__.startswith("memsave") else
+                                               type(r.new).__name__, r.verdict, f"{rule.name}: {r.detail}"))
+        for path, reason in rewrite.skipped:
+            qn = _qualify(prefix, path)
+            old = module.get_submodule(path) if path else module
+            report.entries.append(ConvertEntry(qn, type(old).__name__, "", SKIPPED, f"{rule.name}: {reason}"))
+        if rewrite.install is not None and targets:
+            installs.append((module, rewrite.install))
+        return any(not r.path for r in rewrite.replacements)
 
     def visit(prefix: str, module: nn.Module) -> None:
         # every child slot, a module registered twice included (named_children() lists it once)
@@ -215,9 +274,17 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
                 if not matched:
                     i += 1
         for i, (c, child) in enumerate(children):
-            if i in consumed:
+            if i in consumed or (id(module), c) in placed:
                 continue
             qn = _qualify(prefix, c)
+            rule = module_rule_for(child) if fuse else None
+            if rule is not None:
+                if id(child) in done:  # registered twice: the same replacement in this slot too
+                    if build and done[id(child)] is not None:
+                        planned.append(_Planned(module, c, qn, child, done[id(child)]))
+                elif not apply_rule(qn, child, rule, module, c):
+                    visit(qn, child)
+                continue
             swap = module_swap_for(type(child))
             if swap is not None and swap.opt_in is not None and not opted_in.get(swap.opt_in, False):
                 swap = None
@@ -252,10 +319,13 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
             new_name = f"memsave.{type(new).__name__}"
             report.entries.append(ConvertEntry(_qualify(prefix, c), type(child).__name__, new_name, verdict, detail))
 
+    root_rule = module_rule_for(model) if fuse else None
+    if root_rule is not None:
+        apply_rule("", model, root_rule, None, "")
     visit("", model)
     order = {name: k for k, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
     report.entries.sort(key=lambda e: order.get(e.name, len(order)))
-    return planned, report
+    return planned, report, installs
 
 
 def plan_convert(
@@ -280,8 +350,8 @@ def plan_convert(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.plan_convert expects an nn.Module, got {type(model).__name__}")
-    _, report = _plan(model, _as_selectors(include, "include"), _as_selectors(exclude, "exclude"), build=False,
-                      fuse=fuse, dropout=dropout)
+    _, report, _ = _plan(model, _as_selectors(include, "include"), _as_selectors(exclude, "exclude"), build=False,
+                         fuse=fuse, dropout=dropout)
     return report
 
 
@@ -310,7 +380,9 @@ def convert(
         exclude: modules matching one of these (same forms) are left alone, and patterns touching them skipped.
         verbose: print the :class:`ConvertReport`: each swap and whether its mask pays.
         fuse: also apply the fused Sequential patterns (BatchNorm -> activation, LayerNorm -> Linear,
-            Linear -> activation -> Linear, ...): gradients equal up to float rounding, not bitwise.
+            Linear -> activation -> Linear, ...) and the model-zoo rules (Hugging Face Llama family, GPT-2, BERT,
+            timm ViT; a causal LM's loss without logits, see the module docstring): gradients equal up to float
+            rounding, not bitwise. Parts a rule does not support are left alone and reported as skipped, with why.
         dropout: also swap ``nn.Dropout``: same keep probability and scaling, other random bits than torch's.
 
     Returns:
@@ -322,12 +394,14 @@ def convert(
 
     Example:
         >>> model = memsave.convert(torchvision.models.vgg16(), verbose=True)
+        >>> llama = memsave.convert(transformers.LlamaForCausalLM(config), fuse=True)
+        >>> llama(input_ids, labels=input_ids).loss.backward()         # no logits built; .logits is [batch, seq, 0]
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.convert expects an nn.Module, got {type(model).__name__}")
     keys_before = set(model.state_dict().keys())
-    planned, report = _plan(model, _as_selectors(include, "include"), _as_selectors(exclude, "exclude"), build=True,
-                            fuse=fuse, dropout=dropout)
+    planned, report, installs = _plan(model, _as_selectors(include, "include"), _as_selectors(exclude, "exclude"),
+                                      build=True, fuse=fuse, dropout=dropout)
     for p in planned:
         setattr(p.parent, p.child, p.new)
     keys_after = set(model.state_dict().keys())
@@ -340,6 +414,8 @@ def convert(
             f"registered Sequential pattern must return one module per position keeping that position's keys "
             f"(patterns: {sequential_patterns()})"
         )
+    for module, install in installs:
+        install(module)
     if verbose:
         print(report.summary())
     return model

@@ -1,9 +1,18 @@
 """The rewrite registry of :func:`memsave.convert`: one-for-one module swaps and nn.Sequential patterns, with the
 verdicts convert reports (does a swap pay on its own, given what its neighbours keep for backward?).
 
+Three kinds of entry:
+
+* module swaps: one module of an exact type for one memsave module;
+* Sequential patterns: runs of consecutive ``nn.Sequential`` children replaced together;
+* module rules (``fuse=True``): a module of a known class -- a Hugging Face decoder layer, a timm ``Mlp``, a causal
+  language model -- whose ``forward`` memsave knows, rewritten inside (its children replaced, hooks installed).
+  Rules match classes by qualified name (``"transformers.models.llama.modeling_llama.LlamaMLP"``), so memsave never
+  imports the libraries they come from.
+
 Built-in entries register themselves: the mask and pooling swaps in ``mask_swaps.py``, the fused operators'
-patterns in ``fused_patterns.py``. Users add theirs with :func:`register_module_swap` and
-:func:`register_sequential_pattern`.
+patterns in ``fused_patterns.py``, the model-zoo rules in ``model_zoo.py`` and ``causal_lm.py``. Users add swaps
+and patterns with :func:`register_module_swap` and :func:`register_sequential_pattern`.
 """
 from __future__ import annotations
 
@@ -13,9 +22,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 __all__ = [
-    "DEPENDS", "NO_GAIN", "PAYS", "SKIPPED", "TRANSPARENT", "ModuleSwap", "SequentialPattern", "add_module_swap", "element_matches", "keeps_input",
-    "keeps_output", "module_kind", "module_swap_for", "ordered_patterns", "register_module_swap",
-    "register_sequential_pattern", "sequential_patterns", "unregister_sequential_pattern",
+    "DEPENDS", "NO_GAIN", "PAYS", "SKIPPED", "TRANSPARENT", "ModuleRule", "ModuleSwap", "Replacement", "Rewrite",
+    "SequentialPattern", "add_module_rule", "add_module_swap", "element_matches", "keeps_input", "keeps_output",
+    "module_kind", "module_rule_for", "module_swap_for", "ordered_patterns", "qualified_class_name",
+    "register_module_swap", "register_sequential_pattern", "sequential_patterns", "unregister_sequential_pattern",
 ]
 
 ElementMatcher = Union[type, Tuple[type, ...], Callable[[nn.Module], bool]]
@@ -226,3 +236,101 @@ def add_module_swap(swap: ModuleSwap) -> None:
     """Register a fully specified :class:`ModuleSwap` (the built-in swaps use it for their verdict functions)."""
     _SWAPS[swap.torch_type] = swap
 
+
+
+# ---- module rules (fuse=True): known model classes rewritten inside ---------------------------------------------
+
+
+def qualified_class_name(module: nn.Module) -> str:
+    """``module``'s class as ``"package.module.Class"``, the key module rules match on.
+
+    Args:
+        module: any module.
+
+    Returns:
+        The qualified class name, e.g. ``"transformers.models.llama.modeling_llama.LlamaMLP"``.
+
+    Example:
+        >>> qualified_class_name(torch.nn.ReLU())
+        'torch.nn.modules.activation.ReLU'
+    """
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One module a :class:`ModuleRule` puts into the model.
+
+    Attributes:
+        path: where, relative to the rewritten module (dotted, e.g. ``"mlp"`` or ``"self_attn.q_proj"``; ``""`` is
+            the rewritten module itself). The new module must keep the old one's state_dict keys.
+        new: the replacement (sharing the old module's parameters).
+        detail: one line for the report: what it keeps for backward instead of what.
+        verdict: the report's verdict (``PAYS`` unless the replacement only serves another one).
+    """
+
+    path: str
+    new: nn.Module
+    detail: str
+    verdict: str = PAYS
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """What a :class:`ModuleRule` does to one module: replacements, reasons for what it left, and hooks.
+
+    Attributes:
+        replacements: the modules to put in (applied together; all or nothing with the rest of ``convert``).
+        skipped: ``(path, reason)`` for parts the rule left as they were, reported as skipped.
+        install: optional ``install(module)``, run by :func:`memsave.convert` once the replacements are in place
+            and the state_dict keys checked (never by a dry run): hooks or attributes the rewrite needs besides
+            modules.
+    """
+
+    replacements: Tuple[Replacement, ...] = ()
+    skipped: Tuple[Tuple[str, str], ...] = ()
+    install: Optional[Callable[[nn.Module], None]] = None
+
+
+@dataclass(frozen=True)
+class ModuleRule:
+    """A rewrite ``convert(fuse=True)`` applies inside modules of known classes.
+
+    Attributes:
+        name: unique name (for messages).
+        class_names: the qualified class names (see :func:`qualified_class_name`) of the exact classes it rewrites.
+        rewrite: ``rewrite(module) -> Rewrite``; a rule that leaves a module entirely alone returns a Rewrite with
+            no replacements and a reason in ``skipped``. Modules inside the rewritten one that it did not replace
+            are still visited (and may be converted by other rules and swaps).
+    """
+
+    name: str
+    class_names: Tuple[str, ...]
+    rewrite: Callable[[nn.Module], Rewrite]
+
+
+_RULES: Dict[str, ModuleRule] = {}
+
+
+def add_module_rule(rule: ModuleRule) -> None:
+    """Register a :class:`ModuleRule` for each of its class names (a later rule for a class replaces an earlier).
+
+    Args:
+        rule: the rule.
+
+    Raises:
+        TypeError: a class name that is not a dotted ``"package.module.Class"`` string.
+
+    Example:
+        >>> add_module_rule(ModuleRule("my_mlp", ("mypkg.model.MyMLP",), rewrite_my_mlp))
+    """
+    for name in rule.class_names:
+        if not isinstance(name, str) or "." not in name:
+            raise TypeError(f"add_module_rule({rule.name!r}): class names are 'package.module.Class', got {name!r}")
+        _RULES[name] = rule
+
+
+def module_rule_for(module: nn.Module) -> Optional[ModuleRule]:
+    """The registered :class:`ModuleRule` for ``module``'s exact class, or None."""
+    return _RULES.get(qualified_class_name(module))

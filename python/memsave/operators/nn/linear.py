@@ -219,6 +219,7 @@ class ActLinear(nn.Module):
         self.act, self.act_param = F.resolve_activation(act, act_param)
         linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.in_features, self.out_features = in_features, out_features
+        self.weight_transposed = False
         self.weight = linear.weight
         self.bias = linear.bias
 
@@ -242,13 +243,56 @@ class ActLinear(nn.Module):
         nn.Module.__init__(fused)
         fused.act, fused.act_param = F.resolve_activation(act, act_param)
         fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused.weight_transposed = False
         fused.weight = linear.weight
         fused.bias = linear.bias
         return fused
 
+    @classmethod
+    def from_conv1d(cls, conv: nn.Module, act: str = "gelu", act_param: Optional[float] = None) -> "ActLinear":
+        """An ActLinear sharing the parameters of a GPT-2-style ``Conv1D`` (a Linear whose weight is stored
+        ``[in_features, out_features]``, as in Hugging Face's ``transformers.pytorch_utils.Conv1D``).
+
+        The weight keeps its layout and its state_dict key (``weight``, shape ``[in, out]``); forward passes its
+        transpose (a view) to the fused operator.
+
+        Args:
+            conv: a module with ``weight [in_features, out_features]`` and ``bias [out_features]`` (or None) whose
+                forward is ``x @ weight + bias``.
+            act, act_param: the activation applied before it (see the class).
+
+        Returns:
+            The fused module.
+
+        Raises:
+            TypeError: ``conv`` has no 2-D weight or a bias of the wrong shape.
+
+        Example:
+            >>> mlp = gpt2.transformer.h[0].mlp                    # c_fc -> act -> c_proj, Conv1D layers
+            >>> mlp.act, mlp.c_proj = torch.nn.Identity(), memsave.nn.ActLinear.from_conv1d(mlp.c_proj, "gelu_tanh")
+        """
+        weight, bias = getattr(conv, "weight", None), getattr(conv, "bias", None)
+        if not isinstance(weight, Tensor) or weight.dim() != 2 or (
+                bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (weight.shape[1],))):
+            raise TypeError(
+                f"ActLinear.from_conv1d expects a Conv1D-style module (weight [in, out], bias [out]), got "
+                f"{type(conv).__name__}"
+            )
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.act, fused.act_param = F.resolve_activation(act, act_param)
+        fused.in_features, fused.out_features = weight.shape[0], weight.shape[1]
+        fused.weight_transposed = True
+        fused.weight = weight
+        fused.bias = bias
+        return fused
+
     def forward(self, input: Tensor) -> Tensor:
-        return F.act_linear(input, self.weight, self.bias, self.act, self.act_param)
+        weight = self.weight.t() if self.weight_transposed else self.weight
+        return F.act_linear(input, weight, self.bias, self.act, self.act_param)
 
     def extra_repr(self) -> str:
         act = self.act if self.act_param == 0.0 else f"{self.act}({self.act_param})"
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, act={act}"
+        layout = ", weight stored [in, out] (Conv1D)" if self.weight_transposed else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"act={act}{layout}")
