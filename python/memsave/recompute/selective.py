@@ -1,0 +1,84 @@
+"""Selective recompute: keep the outputs of the expensive operators of a region, recompute only the cheap ones.
+
+A region run with a selective ``context_fn`` (torch's ``create_selective_checkpoint_contexts`` semantics) keeps, in
+forward, the outputs of the operators its policy marks saved, and in backward its recompute reads them back instead of
+running those operators again; every other operator is recomputed as in a whole region. Matrix products and
+convolutions are most of a transformer's or CNN's compute but a small share of its activation bytes (norms,
+activations, dropout masks, softmax and residual sums are the rest), so saving only their outputs keeps most of a
+checkpoint's memory saving for a fraction of its recompute time.
+
+:func:`selective` builds such a ``context_fn`` from operator classes (:data:`OPERATOR_CLASSES`); torch's own
+policies (``create_selective_checkpoint_contexts(policy_fn)``) work the same way with :func:`memsave.checkpoint`
+and :func:`memsave.wrap`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+from torch.utils import checkpoint as torch_checkpoint
+
+__all__ = ["OPERATOR_CLASSES", "selective"]
+
+_aten = torch.ops.aten
+
+# Operator classes by the ATen operators a training step dispatches for them (dense CPU and CUDA kernels; a
+# composite such as F.linear or torch.matmul reaches the dispatcher as one of these).
+OPERATOR_CLASSES: Dict[str, Tuple[str, ...]] = {
+    "matmul": ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation"),
+    "conv": ("convolution", "_convolution", "convolution_overrideable"),
+    "attention": ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                  "_flash_attention_forward", "_efficient_attention_forward"),
+}
+
+
+def _overloads(operator_class: str) -> Tuple[Any, ...]:
+    ops: List[Any] = []
+    for op_name in OPERATOR_CLASSES[operator_class]:
+        packet = getattr(_aten, op_name, None)
+        if packet is not None:  # None: an operator this torch build does not have
+            ops.extend(getattr(packet, overload) for overload in packet.overloads())
+    return tuple(ops)
+
+
+# Resolved once at import, so that selective() called inside a compiled function only reads constants.
+_OVERLOADS: Dict[str, Tuple[Any, ...]] = {name: _overloads(name) for name in OPERATOR_CLASSES}
+
+
+def selective(*operator_classes: str) -> Callable[[], Tuple[Any, Any]]:
+    """A ``context_fn`` that keeps the outputs of the given operator classes and recomputes everything else.
+
+    Pass it wherever torch's ``context_fn`` goes: :func:`memsave.checkpoint`, :func:`memsave.wrap`, or
+    ``torch.utils.checkpoint.checkpoint``. It is torch's ``create_selective_checkpoint_contexts`` with the operators
+    of the classes marked ``MUST_SAVE`` and all others ``PREFER_RECOMPUTE``, so it also works under
+    ``torch.compile``. Gradients, buffers and the RNG stream stay bitwise eager's: a kept output is the forward's
+    own value. As in torch, a region recomputed with a selective context may be backpropagated through once (a
+    second backward with ``retain_graph=True`` raises torch's ``RuntimeError``).
+
+    Args:
+        *operator_classes: names from :data:`OPERATOR_CLASSES`: ``"matmul"`` (``mm``, ``addmm``, ``bmm``, ...: every
+            ``nn.Linear`` and attention score product), ``"conv"`` (every convolution), ``"attention"`` (fused
+            scaled-dot-product attention kernels). At least one.
+
+    Returns:
+        A function returning ``(forward context, recompute context)``, new ones on each call.
+
+    Raises:
+        ValueError: no class, or an unknown class name.
+
+    Example:
+        >>> keep_matmuls = memsave.selective("matmul", "attention")
+        >>> y = memsave.checkpoint(block, x, use_reentrant=False, context_fn=keep_matmuls)
+        >>> memsave.wrap(model, context_fn=keep_matmuls)      # every block: recompute only the cheap operators
+    """
+    if not operator_classes:
+        raise ValueError(f"memsave.selective: name at least one operator class to keep: {', '.join(OPERATOR_CLASSES)}")
+    unknown = [c for c in operator_classes if c not in OPERATOR_CLASSES]
+    if unknown:
+        raise ValueError(f"memsave.selective: unknown operator class {unknown[0]!r}; the classes are "
+                         f"{', '.join(OPERATOR_CLASSES)}")
+    # A partial of torch's own function: dynamo (torch.compile) recognises it and calls it at compile time.
+    ops = [op for name in dict.fromkeys(operator_classes) for op in _OVERLOADS[name]]
+    return functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, ops)
