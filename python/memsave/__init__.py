@@ -4,8 +4,8 @@ Three levers and one instrument, one subpackage each:
 
 ==================  ============================================================================================
 ``recompute/``      recompute in backward: :func:`checkpoint`, :func:`checkpointed`, :func:`checkpoint_sequential`,
-                    :func:`wrap`, :func:`unwrap`, :func:`find_blocks`, :func:`plan` (a budget-driven plan solved
-                    in C++)
+                    :func:`wrap`, :func:`unwrap`, :func:`find_blocks`, :func:`selective` (keep chosen operators'
+                    outputs), :func:`plan` (a budget-driven plan solved in C++)
 ``operators/``      memory-efficient operators (``torch.ops.memsave.*``): :mod:`memsave.functional`,
                     :mod:`memsave.nn`, :func:`convert`
 ``amp/``            mixed precision: :class:`memsave.amp.GradScaler`, :func:`accumulate`
@@ -51,6 +51,7 @@ from .recompute import (  # noqa: E402
     checkpointed,
     find_blocks,
     plan,
+    selective,
     unwrap,
     wrap,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "wrap",
     "unwrap",
     "find_blocks",
+    "selective",
     "plan",
     "Plan",
     # memory-efficient operators

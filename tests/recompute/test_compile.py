@@ -101,7 +101,8 @@ def test_compiled_wrap_batchnorm_cnn_updates_statistics_once() -> None:
     assert int(wrapped.layer1[0].bn1.num_batches_tracked) == 1
 
 
-def test_checkpoint_inside_compiled_function_passes_keywords_through() -> None:
+@pytest.mark.parametrize("selective", [False, True], ids=["whole", "selective"])
+def test_checkpoint_inside_compiled_function_passes_keywords_through(selective: bool) -> None:
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(16, 32, bias=False), nn.BatchNorm1d(32), nn.GELU(), nn.Linear(32, 16))
     copied = copy.deepcopy(block)
@@ -111,7 +112,9 @@ def test_checkpoint_inside_compiled_function_passes_keywords_through() -> None:
         return block(x) * scale
 
     def step(x: torch.Tensor) -> torch.Tensor:
-        return memsave.checkpoint(region, x, use_reentrant=False, name="caller's", scale=0.5).sum()
+        context_fn = memsave.selective("matmul") if selective else None  # torch's SAC under compile
+        return memsave.checkpoint(region, x, use_reentrant=False, context_fn=context_fn, name="caller's",
+                                  scale=0.5).sum()
 
     x = torch.randn(8, 16)
     want = _step(copied, lambda m: (m(x) * 0.5).sum())

@@ -5,6 +5,7 @@
 ``state.py``       what a region replays in its recompute: module buffers and ``training`` flags, autocast
 ``wrapping.py``    :func:`wrap` / :func:`unwrap`: chosen submodules become regions, in place, state_dict unchanged
 ``blocks.py``      :func:`find_blocks`: a model's repeated blocks, what :func:`wrap` with no policy checkpoints
+``selective.py``   :func:`selective`: a ``context_fn`` keeping the outputs of chosen operator classes (matmul, ...)
 ``planning/``      :func:`plan`: which regions fit a memory budget with the least recompute (C++ solver in
                    ``csrc/planner``)
 ``strategies.py``  the ``checkpoint:<policy>`` and ``plan:<budget>`` strategies of :func:`memsave.compare`
@@ -14,10 +15,12 @@ from . import strategies  # noqa: F401  (registers the checkpoint:* and plan:* s
 from .blocks import find_blocks
 from .planning import Plan, plan
 from .region import checkpoint, checkpoint_sequential, checkpointed
+from .selective import OPERATOR_CLASSES, selective
 from .strategies import resolve_checkpoint_policy
 from .wrapping import RegionPlan, is_wrapped, unwrap, wrap
 
 __all__ = [
+    "OPERATOR_CLASSES",
     "Plan",
     "RegionPlan",
     "checkpoint",
@@ -27,6 +30,7 @@ __all__ = [
     "is_wrapped",
     "plan",
     "resolve_checkpoint_policy",
+    "selective",
     "unwrap",
     "wrap",
 ]

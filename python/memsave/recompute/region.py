@@ -65,8 +65,10 @@ outside its inner regions).
 **torch.utils.checkpoint's keywords** (``use_reentrant``, ``preserve_rng_state``, ``context_fn``,
 ``determinism_check``, ``debug``, ``early_stop``, and the global ``set_checkpoint_early_stop`` /
 ``set_checkpoint_debug_enabled`` switches) are taken by :func:`checkpoint` with torch's meaning; see its docstring.
-Not supported: selective checkpointing contexts (``create_selective_checkpoint_contexts``, raises
-``NotImplementedError``); a region's forward hooks run again during the recompute.
+Selective checkpointing contexts (``create_selective_checkpoint_contexts``, :func:`memsave.selective`) work with
+torch's semantics: the operators the policy saves keep their forward outputs, which the recompute reads back instead
+of running them again (one backward per forward, as in torch). Not supported: a region's forward hooks run again
+during the recompute.
 
 **torch.compile.** While dynamo traces (``torch.compile(memsave.wrap(model))``, or :func:`checkpoint` inside a
 compiled function, ``fullgraph=True`` included), a region lowers to ``torch.utils.checkpoint.checkpoint(...,
@@ -578,7 +580,7 @@ def _check_callable(fn: Any, where: str) -> None:
 def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], *, name: str,
                preserve_rng_state: bool, strict: bool, watch: Sequence[nn.Module] = (), early_stop: bool = True,
                check_metadata: bool = True, debug: bool = False,
-               contexts: Optional[Tuple[Any, Any]] = None) -> Any:
+               context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> Any:
     """Run ``fn(*args, **kwargs)`` as a checkpointed region (the common path of every public entry point).
 
     Args:
@@ -591,7 +593,8 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
         check_metadata: compare shapes, dtypes and devices of the recomputed saved tensors with the forward's
             (``determinism_check="default"``).
         debug: keep a list of the saved tensors' producers for mismatch errors.
-        contexts: ``(forward context, recompute context)`` from a ``context_fn``, or ``None``.
+        context_fn: returns ``(forward context, recompute context)`` for this call (torch's ``context_fn``), or
+            ``None``; checked by :func:`_torch_options` (or :func:`check_context_fn`) beforehand.
 
     Returns:
         Whatever ``fn`` returns.
@@ -600,8 +603,8 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
         return _compiled_region(fn, args, kwargs, preserve_rng_state=preserve_rng_state,
-                                check_metadata=check_metadata, contexts=contexts)
-    forward_context, recompute_context = contexts if contexts is not None else (None, None)
+                                check_metadata=check_metadata, context_fn=context_fn)
+    forward_context, recompute_context = _open_contexts(name, context_fn)
     frame = _Frame(fn, args, kwargs, name, preserve_rng_state=preserve_rng_state, strict=strict,
                    early_stop=early_stop, check_metadata=check_metadata, debug=debug,
                    recompute_context=recompute_context)
@@ -645,7 +648,8 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
 
 
 def _compiled_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], *,
-                     preserve_rng_state: bool, check_metadata: bool, contexts: Optional[Tuple[Any, Any]]) -> Any:
+                     preserve_rng_state: bool, check_metadata: bool,
+                     context_fn: Optional[Callable[[], Tuple[Any, Any]]]) -> Any:
     """A region met while dynamo traces (``torch.compile``): lowered to torch's own checkpoint.
 
     memsave's saved-tensor hooks and recompute run Python that dynamo cannot put in a graph. torch's non-reentrant
@@ -655,20 +659,15 @@ def _compiled_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict
     """
     region = functools.partial(fn, **kwargs) if kwargs else fn
     determinism_check = "default" if check_metadata else "none"
-    if contexts is None:
+    if context_fn is None:  # torch's default context_fn is a function dynamo would try to trace
         return torch_checkpoint.checkpoint(region, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
                                            determinism_check=determinism_check)
-    pair = contexts
+    # dynamo calls context_fn itself, at compile time: it must be the caller's function or partial, not a closure.
     return torch_checkpoint.checkpoint(region, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
-                                       determinism_check=determinism_check, context_fn=lambda: pair)
+                                       determinism_check=determinism_check, context_fn=context_fn)
 
 
 _DETERMINISM_CHECKS = ("default", "none")
-
-
-def _selective_checkpoint_modes() -> Tuple[type, ...]:
-    names = ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")
-    return tuple(c for c in (getattr(torch_checkpoint, n, None) for n in names) if isinstance(c, type))
 
 
 def _is_noop_context_fn(context_fn: Any) -> bool:
@@ -677,11 +676,11 @@ def _is_noop_context_fn(context_fn: Any) -> bool:
 
 def _torch_options(where: str, use_reentrant: Optional[bool], context_fn: Optional[Callable[[], Any]],
                    determinism_check: str, debug: bool,
-                   early_stop: bool) -> Tuple[Optional[Tuple[Any, Any]], bool, bool, bool]:
+                   early_stop: bool) -> Tuple[Optional[Callable[[], Tuple[Any, Any]]], bool, bool, bool]:
     """Check torch.utils.checkpoint's keyword arguments as :func:`checkpoint` takes them (see its docstring).
 
     Returns:
-        ``(contexts, check_metadata, debug, early_stop)`` for :func:`run_region`, torch's global switches
+        ``(context_fn, check_metadata, debug, early_stop)`` for :func:`run_region`, torch's global switches
         (``set_checkpoint_early_stop``, ``set_checkpoint_debug_enabled``) applied.
     """
     if use_reentrant:
@@ -700,24 +699,34 @@ def _torch_options(where: str, use_reentrant: Optional[bool], context_fn: Option
     global_debug = getattr(torch_checkpoint, "_checkpoint_debug_enabled", None)
     if global_debug is not None:
         debug = bool(global_debug)
-    contexts: Optional[Tuple[Any, Any]] = None
-    if not _is_noop_context_fn(context_fn):
-        if not callable(context_fn):
-            raise TypeError(f"memsave.{where}: context_fn must be a function returning two context managers, got "
-                            f"{type(context_fn).__name__}")
-        pair = context_fn()
-        if not (isinstance(pair, tuple) and len(pair) == 2
-                and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)):
-            raise TypeError(f"memsave.{where}: context_fn must return a tuple of two context managers (forward, "
-                            f"recompute), got {pair!r}")
-        if any(isinstance(c, _selective_checkpoint_modes()) for c in pair):
-            raise NotImplementedError(
-                f"memsave.{where}: context_fn returned torch's selective checkpointing contexts "
-                f"(create_selective_checkpoint_contexts), which memsave does not support yet: it recomputes every "
-                f"operation of a region. Leave context_fn out, or use torch.utils.checkpoint.checkpoint for selective "
-                f"recompute.")
-        contexts = (pair[0], pair[1])
-    return contexts, determinism_check == "default", debug, early_stop
+    context_fn = check_context_fn(where, context_fn)
+    return context_fn, determinism_check == "default", debug, early_stop
+
+
+def check_context_fn(where: str, context_fn: Any) -> Optional[Callable[[], Tuple[Any, Any]]]:
+    """``context_fn`` as :func:`run_region` takes it: ``None`` for none (torch's ``noop_context_fn`` included).
+
+    Raises:
+        TypeError: ``context_fn`` is not callable.
+    """
+    if _is_noop_context_fn(context_fn):
+        return None
+    if not callable(context_fn):
+        raise TypeError(f"memsave.{where}: context_fn must be a function returning two context managers (forward, "
+                        f"recompute), as for torch.utils.checkpoint; got {type(context_fn).__name__}")
+    return context_fn
+
+
+def _open_contexts(name: str, context_fn: Optional[Callable[[], Tuple[Any, Any]]]) -> Tuple[Any, Any]:
+    """One call's ``(forward, recompute)`` context managers from ``context_fn``: ``(None, None)`` without one."""
+    if context_fn is None:
+        return None, None
+    pair = context_fn()
+    if not (isinstance(pair, tuple) and len(pair) == 2
+            and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)):
+        raise TypeError(f"memsave: context_fn of checkpointed region '{name}' must return a tuple of two context "
+                        f"managers (forward, recompute), got {pair!r}")
+    return pair[0], pair[1]
 
 
 def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: Optional[bool] = None,
@@ -752,9 +761,9 @@ def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: Optional[bool]
         preserve_rng_state: replay the CPU and CUDA RNG states of the forward in the recompute, so random
             operations (dropout) draw the same numbers. ``False`` saves a little time but is not lossless.
         context_fn: a function returning two context managers; the forward runs inside the first, every
-            recompute inside the second (as in torch). ``None`` or torch's ``noop_context_fn``: none. torch's
-            selective checkpointing contexts (``create_selective_checkpoint_contexts``) raise
-            ``NotImplementedError``.
+            recompute inside the second (as in torch). ``None`` or torch's ``noop_context_fn``: none. Selective
+            recompute: :func:`memsave.selective` or torch's ``create_selective_checkpoint_contexts`` (the
+            operators the policy saves are not run again in backward).
         determinism_check: ``"default"``: compare the shapes, dtypes and devices of the recomputed saved tensors
             with the forward's (:class:`~memsave.errors.RecomputeMismatchError` naming the region); ``"none"``: skip
             that comparison (the count of saved tensors and in-place checks stay).
@@ -772,7 +781,6 @@ def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: Optional[bool]
         TypeError: ``fn`` is not callable, ``debug``/``early_stop`` are not bools, or ``context_fn`` does not return
             two context managers.
         ValueError: an unknown ``determinism_check``.
-        NotImplementedError: ``context_fn`` returns torch's selective checkpointing contexts.
         RecomputeMismatchError: (in backward) the recompute saved tensors of other shapes/dtypes/devices.
         InplaceModificationError: ``fn`` modified one of its tensor arguments in place (at forward), or an
             argument / tensor the region saved was modified in place before backward (at backward).
@@ -787,15 +795,16 @@ def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: Optional[bool]
         >>> y.sum().backward()
     """
     _check_callable(fn, "checkpoint")
-    contexts, check_metadata, debug, early_stop = _torch_options("checkpoint", use_reentrant, context_fn,
+    context_fn, check_metadata, debug, early_stop = _torch_options("checkpoint", use_reentrant, context_fn,
                                                                  determinism_check, debug, early_stop)
     return run_region(fn, args, kwargs, name=_region_name(fn, None), preserve_rng_state=preserve_rng_state,
                       strict=False, watch=_watched_modules(fn), early_stop=early_stop, check_metadata=check_metadata,
-                      debug=debug, contexts=contexts)
+                      debug=debug, context_fn=context_fn)
 
 
 def checkpointed(fn: Optional[F] = None, *, name: Optional[str] = None, strict: bool = False,
-                 preserve_rng_state: bool = True, early_stop: bool = True) -> Union[F, Callable[[F], F]]:
+                 preserve_rng_state: bool = True, early_stop: bool = True,
+                 context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> Union[F, Callable[[F], F]]:
     """Decorator: every call of the function (or ``forward`` method) runs as a :func:`checkpoint` region.
 
     Usable bare (``@checkpointed``), with options (``@checkpointed(strict=True)``), or for one call with region
@@ -809,14 +818,15 @@ def checkpointed(fn: Optional[F] = None, *, name: Optional[str] = None, strict: 
         strict: also keep the tensors the forward saved and compare the recompute's with them bitwise
             (:class:`~memsave.errors.RecomputeMismatchError` on a difference). For debugging only: it uses as much
             memory as not checkpointing.
-        preserve_rng_state, early_stop: as for :func:`checkpoint`.
+        preserve_rng_state, early_stop, context_fn: as for :func:`checkpoint` (``context_fn`` is called once per
+            call of the region).
 
     Returns:
         The wrapped function (``functools.wraps`` keeps its name and docstring), or a decorator when ``fn`` is
         omitted.
 
     Raises:
-        TypeError: ``fn`` is not callable.
+        TypeError: ``fn`` or ``context_fn`` is not callable.
 
     Example:
         >>> class Block(nn.Module):
@@ -828,9 +838,10 @@ def checkpointed(fn: Optional[F] = None, *, name: Optional[str] = None, strict: 
     if fn is None:
         def decorate(f: F) -> F:
             return checkpointed(f, name=name, strict=strict, preserve_rng_state=preserve_rng_state,  # type: ignore
-                                early_stop=early_stop)
+                                early_stop=early_stop, context_fn=context_fn)
         return decorate
     _check_callable(fn, "checkpointed")
+    context_fn = check_context_fn("checkpointed", context_fn)
     region = _region_name(fn, name)
     fixed_watch = _watched_modules(fn)
 
@@ -839,7 +850,7 @@ def checkpointed(fn: Optional[F] = None, *, name: Optional[str] = None, strict: 
         # For a method, args[0] is the module: its __call__ (and the global pre-hook) ran before the region.
         watch = (args[0],) if args and isinstance(args[0], nn.Module) else fixed_watch
         return run_region(fn, args, kwargs, name=region, preserve_rng_state=preserve_rng_state, strict=strict,
-                          watch=watch, early_stop=early_stop)
+                          watch=watch, early_stop=early_stop, context_fn=context_fn)
 
     wrapper.__memsave_checkpointed__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import MemsaveWarning
 from .blocks import find_blocks
-from .region import ModuleChain, count_leading_inplace, run_region
+from .region import ModuleChain, check_context_fn, count_leading_inplace, run_region
 
 __all__ = ["CheckpointedForward", "RegionPlan", "WrappedRepr", "is_wrapped", "unwrap", "unwrap_module", "wrap",
            "wrap_module"]
@@ -50,12 +50,14 @@ class CheckpointedForward:
     """
 
     def __init__(self, module: nn.Module, name: str, previous: Optional[Callable[..., Any]],
-                 preserve_rng_state: bool = True, strict: bool = False) -> None:
+                 preserve_rng_state: bool = True, strict: bool = False,
+                 context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> None:
         self.module = module
         self.name = name
         self.previous = previous
         self.preserve_rng_state = preserve_rng_state
         self.strict = strict
+        self.context_fn = context_fn
         # Read once here: dynamo (torch.compile) cannot trace inspect.signature inside the call.
         self.parameter_names = _parameter_names(self.original())
 
@@ -86,9 +88,10 @@ class CheckpointedForward:
                 if skip == len(children):
                     return x
                 return run_region(ModuleChain(children[skip:]), (x,), {}, name=self.name,
-                                   preserve_rng_state=self.preserve_rng_state, strict=self.strict, watch=(module,))
+                                   preserve_rng_state=self.preserve_rng_state, strict=self.strict, watch=(module,),
+                                   context_fn=self.context_fn)
         return run_region(forward, args, kwargs, name=self.name, preserve_rng_state=self.preserve_rng_state,
-                           strict=self.strict, watch=(module,))
+                           strict=self.strict, watch=(module,), context_fn=self.context_fn)
 
 
 _KV_CACHE_ARGS = ("past_key_values", "layer_past")
@@ -146,7 +149,8 @@ def is_wrapped(module: nn.Module) -> bool:
     return isinstance(module.__dict__.get("forward"), CheckpointedForward)
 
 
-def wrap_module(module: nn.Module, name: str, *, preserve_rng_state: bool = True, strict: bool = False) -> bool:
+def wrap_module(module: nn.Module, name: str, *, preserve_rng_state: bool = True, strict: bool = False,
+                context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> bool:
     """Make ``module`` a checkpointed region named ``name``, in place. Returns False if it already was one.
 
     The building block of :func:`wrap`; a planner that picked its modules by name calls it directly.
@@ -155,7 +159,8 @@ def wrap_module(module: nn.Module, name: str, *, preserve_rng_state: bool = True
         return False
     previous_forward = module.__dict__.get("forward")
     previous_repr = module.__dict__.get("extra_repr")
-    module.__dict__["forward"] = CheckpointedForward(module, name, previous_forward, preserve_rng_state, strict)
+    module.__dict__["forward"] = CheckpointedForward(module, name, previous_forward, preserve_rng_state, strict,
+                                                     context_fn)
     module.__dict__["extra_repr"] = WrappedRepr(module, previous_repr)
     return True
 
@@ -201,7 +206,7 @@ def _resolve_policy(policy: Any) -> Callable[[str, nn.Module], bool]:
 
 
 def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *, preserve_rng_state: bool = True,
-         strict: bool = False) -> nn.Module:
+         strict: bool = False, context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> nn.Module:
     """Checkpoint, in place, every submodule of ``model`` (the model itself included) that ``policy`` selects;
     with no policy, the model's repeated blocks (:func:`memsave.find_blocks`).
 
@@ -219,12 +224,16 @@ def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *
             subclass, a tuple of subclasses, a predicate ``(qualified_name, module) -> bool`` (the root's qualified
             name is ``""``), or a :class:`memsave.Plan` made for this model by :func:`memsave.plan`.
         preserve_rng_state, strict: as for :func:`memsave.checkpoint`, for every region created here.
+        context_fn: as for :func:`memsave.checkpoint`, called once per call of each region: e.g.
+            :func:`memsave.selective` (keep the matrix products' outputs, recompute the rest) or torch's
+            ``functools.partial(create_selective_checkpoint_contexts, policy_fn)``. Not with a plan.
 
     Returns:
         ``model`` itself.
 
     Raises:
-        TypeError: ``policy`` is not one of the accepted forms (e.g. a module instance instead of its class).
+        TypeError: ``policy`` is not one of the accepted forms (e.g. a module instance instead of its class), or
+            ``context_fn`` is not callable or is combined with a plan.
 
     Warns:
         MemsaveWarning: the policy selected no module, or with no policy the model has no repeated blocks, so
@@ -234,10 +243,15 @@ def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *
         >>> memsave.wrap(model)                                # recompute each of its blocks in backward
         >>> memsave.wrap(model, nn.TransformerEncoderLayer)   # recompute each layer of this class
         >>> memsave.wrap(model, lambda name, m: name.startswith("encoder.blocks."))
+        >>> memsave.wrap(model, context_fn=memsave.selective("matmul"))   # selective recompute in each block
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.wrap: model must be an nn.Module, got {type(model).__name__}.")
+    context_fn = check_context_fn("wrap", context_fn)
     if isinstance(policy, RegionPlan):
+        if context_fn is not None:
+            raise TypeError("memsave.wrap: a plan's regions recompute whole segments, as it measured them; apply the "
+                            "plan without context_fn, or wrap with a module policy and context_fn instead.")
         return policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict)
     if policy is None:
         blocks = set(find_blocks(model))
@@ -257,7 +271,7 @@ def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *
         if select(qualified_name, module):
             matched += 1
             wrap_module(module, qualified_name or type(module).__name__,
-                         preserve_rng_state=preserve_rng_state, strict=strict)
+                         preserve_rng_state=preserve_rng_state, strict=strict, context_fn=context_fn)
     if matched == 0:
         warnings.warn(
             f"memsave.wrap: policy {policy!r} selected no module of {type(model).__name__}, so nothing is "
