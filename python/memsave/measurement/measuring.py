@@ -248,6 +248,9 @@ def measure(
     that requires grad. ``measure`` runs ``warmup`` steps, ``steps`` timed steps, one step for the peak (CUDA
     allocator statistics, or the CPU profiler's allocation events) and one under the live-tensor tracker for the
     activation bytes and their per-module attribution. The model runs in whatever mode it is in (train/eval).
+    For a ``torch.compile``-d model, ``peak_bytes`` and the times are those of the compiled step, but
+    ``activation_bytes`` are those of its eager run: the tracker is a dispatch mode, and under one dynamo runs the
+    step operator by operator. Compare compiled variants by ``peak_bytes``.
 
     State is left as it was: buffers (BatchNorm running statistics change during the steps) are copied back in
     place; each parameter's ``.grad`` (and that of leaf inputs requiring grad) is put back as the same tensor object
