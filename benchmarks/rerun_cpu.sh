@@ -16,3 +16,4 @@ run benchmarks/run.py --models unet gpt2 --size cpu --steps 9 --plugins benchmar
     --strategies eager plan:sqrt plan_range:25% plan_range:50% plan_range:75% torch_checkpoint_sequential:2 --name plan_cpu
 run benchmarks/plan_benefit.py
 run benchmarks/estimate_accuracy.py --device cpu --size cpu
+run benchmarks/convert_zoo.py

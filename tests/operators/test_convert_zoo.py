@@ -74,7 +74,10 @@ def _check_grads(ours: nn.Module, eager: nn.Module) -> None:
     pairs = list(zip(ours.named_parameters(), eager.named_parameters()))
     assert len(pairs) == len(list(eager.parameters()))
     for (name, p), (name_e, q) in pairs:
-        assert name == name_e
+        assert name == name_e and p.requires_grad == q.requires_grad
+        if not q.requires_grad:  # frozen (a LoRA base)
+            assert p.grad is None and q.grad is None, name
+            continue
         assert p.grad is not None and q.grad is not None, name
         err = (p.grad - q.grad).abs().max().item()
         assert err <= GRAD_RTOL * q.grad.abs().max().item() + 1e-12, (name, err)
@@ -245,6 +248,29 @@ def test_custom_loss_function_and_softcapping_are_not_fused():
     assert type(model.lm_head) is nn.Linear
     report = plan_convert(_llama_family("Llama")(), fuse=True, include=["model.layers.*"])
     assert "lm_head" not in {e.name for e in report.entries}
+
+
+def test_lora_adapters_added_before_convert_stay_exact_and_after_convert_are_refused():
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    eager = peft.get_peft_model(_llama_family("Llama")(), peft.LoraConfig(
+        r=4, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False))
+    ours = copy.deepcopy(eager)
+    report = plan_convert(ours, fuse=True)
+    details = {e.name: e.detail for e in report.entries}
+    # the adapters must see the norm's output: the norm is not fused with them
+    assert "not fused with q/k/v_proj" in details["base_model.model.model.layers.0.input_layernorm"]
+    memsave.convert(ours, fuse=True)
+    assert list(ours.state_dict()) == list(eager.state_dict())
+    ids = _ids()
+    loss, loss_eager = ours(input_ids=ids, labels=ids).loss, eager(input_ids=ids, labels=ids).loss
+    assert abs(loss.item() - loss_eager.item()) <= LOSS_RTOL * abs(loss_eager.item())
+    loss.backward()
+    loss_eager.backward()
+    _check_grads(ours, eager)
+    converted = memsave.convert(_llama_family("Llama")(), fuse=True)
+    with pytest.raises(ValueError, match="RMSNormLinear"):  # PEFT refuses memsave's fused modules
+        peft.get_peft_model(converted, peft.LoraConfig(r=4, target_modules=["q_proj"]))
 
 
 def test_timm_mlp_with_dropout_is_skipped():

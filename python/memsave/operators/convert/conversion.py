@@ -345,7 +345,7 @@ def plan_convert(
         A :class:`ConvertReport`; ``print(report)`` shows the table.
 
     Example:
-        >>> from memsave.convert import plan_convert
+        >>> from memsave.operators.convert import plan_convert
         >>> print(plan_convert(model))
     """
     if not isinstance(model, nn.Module):

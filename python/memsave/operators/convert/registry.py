@@ -120,7 +120,7 @@ def register_module_swap(
         refuse: optional ``refuse(old) -> reason or None``; a reason leaves ``old`` in place, reported as skipped.
 
     Example:
-        >>> from memsave.convert import register_module_swap
+        >>> from memsave.operators.convert import register_module_swap
         >>> register_module_swap(nn.GELU, lambda m: MyGELU(m.approximate), "keeps the input only")
     """
     if not isinstance(torch_type, type) or not issubclass(torch_type, nn.Module):
@@ -153,7 +153,7 @@ def register_sequential_pattern(
         priority: patterns are tried highest priority first, then in registration order.
 
     Example:
-        >>> from memsave.convert import register_sequential_pattern
+        >>> from memsave.operators.convert import register_sequential_pattern
         >>> register_sequential_pattern(
         ...     "bn_relu", (nn.BatchNorm2d, nn.ReLU),
         ...     lambda ms: [BatchNormAct2d.from_batchnorm(ms[0], "relu"), nn.Identity()],

@@ -1,0 +1,303 @@
+"""End to end on Hugging Face language models: eager against ``memsave.convert(model, fuse=True)``, ``memsave.wrap``
+and both, one training step (forward with ``labels``, backward).
+
+Models (``MODELS``; transformers definitions from configs, random weights, seed 0, float32, dropout off so that
+gradients compare without RNG):
+
+=======  ================================================================================================
+model    config
+=======  ================================================================================================
+llama    LlamaForCausalLM: 2 layers, hidden 256, MLP 688, 4 heads, vocabulary 32,000, batch 2 x 256 tokens --
+         issue 13's anchor (eager peaks at ~209 MiB on CPU)
+gpt2     GPT2LMHeadModel: 2 layers, hidden 256, 4 heads, vocabulary 50,257 (GPT-2's), batch 2 x 256 tokens
+=======  ================================================================================================
+
+Variants: ``eager``; ``convert`` = ``memsave.convert(model, fuse=True)`` (fused norms and MLPs, the loss by
+``linear_cross_entropy``: no logits); ``wrap`` = ``memsave.wrap(model)`` (one checkpoint region per decoder layer,
+memsave.find_blocks); ``convert+wrap``.
+
+Per model and variant: ``peak`` = allocator-level peak of one step above its start (CPU: the profiler's allocation
+events, memsave.measurement.allocator; CUDA: max_memory_allocated); ``activations`` = memsave.measure's live-tensor
+tracker, bytes created in forward and alive at its end; ``time`` = median of ``--repeats`` steps, the variants
+stepped interleaved (A B C D D C B A ...) so that load changing during the run hits all alike, as a ratio to eager;
+``loss err`` = |loss - eager's| / |eager's|; ``grad err`` = max over parameters of max |grad - eager's| / max |eager's|.
+
+    python3 benchmarks/convert_zoo.py                          # CPU, both models (~1.5 minutes on 2 cores)
+    python3 benchmarks/convert_zoo.py --models llama --no-save # the acceptance model only
+    python3 benchmarks/convert_zoo.py --tiny --no-save         # seconds: a smoke test
+    python3 benchmarks/convert_zoo.py --markdown-from benchmarks/results/convert_zoo_cpu.json
+
+Writes ``benchmarks/results/convert_zoo_<device>.json`` and ``.md`` with the machine, torch, transformers, memsave's
+version and build, thread count, load average at the start and the end, and what convert swapped.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+from torch import nn
+
+import memsave
+from memsave.measurement.allocator import step_peak_bytes
+from memsave.operators.convert import plan_convert
+
+VARIANTS = ("eager", "convert", "wrap", "convert+wrap")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - the test extras install it
+        raise SystemExit("convert_zoo: needs transformers (pip install transformers)") from e
+    return transformers
+
+
+def build_llama(vocab: int, hidden: int, layers: int) -> nn.Module:
+    tf = _transformers()
+    cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.6875),
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=1024, use_cache=False)
+    return tf.LlamaForCausalLM(cfg)
+
+
+def build_gpt2(vocab: int, hidden: int, layers: int) -> nn.Module:
+    tf = _transformers()
+    cfg = tf.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=1024, use_cache=False,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return tf.GPT2LMHeadModel(cfg)
+
+
+#: name -> (builder(vocab, hidden, layers), vocabulary at the CPU size)
+MODELS: Dict[str, Tuple[Callable[[int, int, int], nn.Module], int]] = {
+    "llama": (build_llama, 32000),
+    "gpt2": (build_gpt2, 50257),
+}
+
+
+class LossOf(nn.Module):
+    """``lm(ids, labels=ids).loss`` as a module (what memsave.measure and memsave.wrap step)."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(ids, labels=ids).loss
+
+
+def variants(model: nn.Module) -> Dict[str, nn.Module]:
+    """The four variants, each its own copy of ``model``'s weights."""
+    out = {"eager": model}
+    out["convert"] = memsave.convert(copy.deepcopy(model), fuse=True)
+    out["wrap"] = memsave.wrap(copy.deepcopy(model))
+    out["convert+wrap"] = memsave.wrap(memsave.convert(copy.deepcopy(model), fuse=True))
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    scale = b.detach().double().abs().max().item()
+    return (a.detach().double() - b.detach().double()).abs().max().item() / (scale or 1.0)
+
+
+def bench_model(name: str, vocab: int, hidden: int, layers: int, batch: int, seq: int, device: torch.device,
+                repeats: int, log: Callable[[str], None]) -> dict:
+    build = MODELS[name][0]
+    torch.manual_seed(0)
+    base = build(vocab, hidden, layers).to(device)
+    report = plan_convert(base, fuse=True)
+    models = {k: LossOf(m) for k, m in variants(base).items()}
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def make_step(m: nn.Module) -> Callable[[], None]:
+        def step() -> None:
+            m.zero_grad(set_to_none=True)
+            m(ids).backward()
+        return step
+
+    steps = {k: make_step(m) for k, m in models.items()}
+    losses, grads, rows = {}, {}, {}
+    for k, m in models.items():
+        m.zero_grad(set_to_none=True)
+        loss = m(ids)
+        loss.backward()  # warm-up, and the values compared below
+        losses[k] = loss.detach()
+        grads[k] = [p.grad.detach().clone() for p in m.parameters()]
+        m.zero_grad(set_to_none=True)
+        peak = step_peak_bytes(steps[k], device)
+        m.zero_grad(set_to_none=True)
+        acts = memsave.measure(m, ids, loss_fn=lambda loss: loss, steps=1, warmup=0).activation_bytes
+        rows[k] = dict(peak_bytes=peak, activation_bytes=acts)
+        log(f"  {k}: peak {peak / 2**20:.1f} MiB, activations {acts / 2**20:.1f} MiB")
+    for k in models:
+        rows[k]["loss"] = losses[k].item()
+        rows[k]["loss_rel_err"] = abs(losses[k].item() - losses["eager"].item()) / abs(losses["eager"].item())
+        rows[k]["grad_rel_err"] = max(_rel(g, e) for g, e in zip(grads[k], grads["eager"]))
+    del grads
+    times: Dict[str, List[float]] = {k: [] for k in models}
+    for i in range(repeats):
+        order = VARIANTS if i % 2 == 0 else tuple(reversed(VARIANTS))  # A B C D D C B A ...
+        for k in order:
+            _sync(device)
+            t0 = time.perf_counter()
+            steps[k]()
+            _sync(device)
+            times[k].append(time.perf_counter() - t0)
+    for k in models:
+        models[k].zero_grad(set_to_none=True)
+        r = rows[k]
+        r["step_s"] = statistics.median(times[k])
+        r["times_s"] = times[k]
+    for k in models:
+        r = rows[k]
+        r["peak_ratio"] = r["peak_bytes"] / rows["eager"]["peak_bytes"]
+        r["activation_ratio"] = r["activation_bytes"] / rows["eager"]["activation_bytes"]
+        r["time_ratio"] = r["step_s"] / rows["eager"]["step_s"]
+    swapped = [dict(module=e.name, old=e.old, new=e.new, verdict=e.verdict) for e in report.entries]
+    return dict(model=name, vocab=vocab, hidden=hidden, layers=layers, batch=batch, seq=seq,
+                parameters=sum(p.numel() for p in base.parameters()), variants=rows, converted=swapped)
+
+
+HEADER = (f"{'model':<6} {'variant':<13} {'peak':>9} {'ratio':>6} {'activations':>11} {'ratio':>6} {'step s':>7} "
+          f"{'ratio':>6} {'loss err':>9} {'grad err':>9}")
+
+
+def format_rows(res: dict) -> List[str]:
+    mib = 2.0**20
+    out = []
+    for k in VARIANTS:
+        r = res["variants"][k]
+        out.append(f"{res['model']:<6} {k:<13} {r['peak_bytes'] / mib:>7.1f}Mi {r['peak_ratio']:>6.2f} "
+                   f"{r['activation_bytes'] / mib:>9.1f}Mi {r['activation_ratio']:>6.2f} {r['step_s']:>7.3f} "
+                   f"{r['time_ratio']:>6.2f} {r['loss_rel_err']:>9.1e} {r['grad_rel_err']:>9.1e}")
+    return out
+
+
+def markdown(meta: dict, results: List[dict]) -> str:
+    mib = 2.0**20
+    lines = [
+        "# convert(fuse=True) and wrap end to end on Hugging Face language models, one training step",
+        "",
+        f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
+        f"{meta['torch']}, transformers {meta['transformers']}, memsave {meta['memsave_version']}, {meta['date']}; "
+        f"load average (1 / 5 / 15 min) at the start {_load(meta['load_average_start'])}, at the end "
+        f"{_load(meta['load_average_end'])}. float32, random weights, dropout off. Peak: allocator-level, above the "
+        f"step's start. Activations: live-tensor tracker, bytes alive "
+        f"after forward. Step time: median of {meta['repeats']} interleaved steps, as a ratio to eager. Errors: "
+        "relative to eager's loss and to each gradient's largest value (max over parameters).",
+        "",
+        "| model | variant | peak | peak / eager | activations | act. / eager | step s | time / eager | loss err | "
+        "grad err |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        desc = (f"{res['model']} ({res['layers']} layers, hidden {res['hidden']}, vocab {res['vocab']:,}, "
+                f"{res['batch']} x {res['seq']} tokens)")
+        for k in VARIANTS:
+            r = res["variants"][k]
+            lines.append(
+                f"| {desc} | {k} | {r['peak_bytes'] / mib:.1f} MiB | {r['peak_ratio']:.2f} | "
+                f"{r['activation_bytes'] / mib:.1f} MiB | {r['activation_ratio']:.2f} | {r['step_s']:.3f} | "
+                f"{r['time_ratio']:.2f} | {r['loss_rel_err']:.1e} | {r['grad_rel_err']:.1e} |")
+    lines += ["", "What `convert(fuse=True)` swapped:", ""]
+    for res in results:
+        kinds: Dict[str, int] = {}
+        for e in res["converted"]:
+            key = f"{e['old']} -> {e['new'] or '(skipped)'}"
+            kinds[key] = kinds.get(key, 0) + 1
+        lines.append(f"- {res['model']}: " + ", ".join(f"{n} x {k}" for k, n in kinds.items()))
+    return "\n".join(lines) + "\n"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform's processor or machine."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _load(avg) -> str:
+    return "n/a" if avg is None else " / ".join(f"{v:.2f}" for v in avg)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=None, help="default: each model's (32,000 Llama, 50,257 GPT-2)")
+    p.add_argument("--repeats", type=int, default=12)
+    p.add_argument("--tiny", action="store_true", help="hidden 32, vocabulary 512, 2 x 16 tokens: a smoke test")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/convert_zoo_<device>.json)")
+    p.add_argument("--no-save", action="store_true")
+    p.add_argument("--markdown-from", default=None, help="only write the .md of this results JSON again")
+    args = p.parse_args(argv)
+    if args.markdown_from:
+        with open(args.markdown_from) as f:
+            data = json.load(f)
+        with open(os.path.splitext(args.markdown_from)[0] + ".md", "w") as f:
+            f.write(markdown(data["meta"], data["results"]))
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("convert_zoo: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
+        return 2
+    if args.tiny:
+        args.hidden, args.seq, args.vocab = 32, 16, args.vocab or 512
+    device = torch.device(args.device)
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {args.repeats} "
+          f"interleaved steps; ratios to eager", flush=True)
+    results = []
+    for name in args.models:
+        vocab = args.vocab or MODELS[name][1]
+        print(f"{name} ...", flush=True)
+        results.append(bench_model(name, vocab, args.hidden, args.layers, args.batch, args.seq, device, args.repeats,
+                                   log=lambda s: print(s, flush=True)))
+    print(HEADER)
+    for res in results:
+        print("\n".join(format_rows(res)))
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"load average at the start: {_load(load_start)}, at the end: {_load(load)}")
+    if not args.no_save:
+        out = args.out or os.path.join(os.path.dirname(__file__), "results", f"convert_zoo_{args.device}.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        meta = dict(device=args.device, torch=torch.__version__, transformers=_transformers().__version__,
+                    memsave_version=memsave.__version__, memsave=memsave.build_info(),
+                    threads=torch.get_num_threads(), cpu=cpu_model(),
+                    cpu_count=os.cpu_count(), load_average_start=load_start, load_average_end=load,
+                    date=time.strftime("%Y-%m-%d %H:%M:%S"), repeats=args.repeats,
+                    command=" ".join(["python3 benchmarks/convert_zoo.py",
+                                      *(argv if argv is not None else sys.argv[1:])]))
+        if args.device == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name()
+            meta["cuda"] = torch.version.cuda
+        with open(out, "w") as f:
+            json.dump(dict(meta=meta, results=results), f, indent=2)
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write(markdown(meta, results))
+        print(f"wrote {out} and its .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
