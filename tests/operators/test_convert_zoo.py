@@ -339,3 +339,28 @@ def test_timm_vit_mlp_and_norms_fused():
     kept = _activation_bytes(ours, x)
     kept_eager = _activation_bytes(eager, x)
     assert kept < 0.9 * kept_eager, (kept, kept_eager)
+
+
+def test_llama_anchor_peak_is_at_most_half_of_eager():
+    """Issue 13's acceptance model: 2 layers, hidden 256, vocabulary 32,000, 2 x 256 tokens, float32 (allocator-level
+    peak of one training step; benchmarks/convert_zoo.py measures 0.33)."""
+    from memsave.measurement.allocator import step_peak_bytes
+
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, use_cache=False)
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(cfg)
+    ours = memsave.convert(copy.deepcopy(eager), fuse=True)
+    ids = torch.randint(0, 32000, (2, 256), generator=torch.Generator().manual_seed(1))
+    peaks, losses = {}, {}
+    for name, model in (("eager", eager), ("convert", ours)):
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            loss = model(ids, labels=ids).loss
+            losses[name] = loss.item()
+            loss.backward()
+        step()
+        model.zero_grad(set_to_none=True)
+        peaks[name] = step_peak_bytes(step, torch.device("cpu"))
+    assert abs(losses["convert"] - losses["eager"]) <= LOSS_RTOL * abs(losses["eager"])
+    assert peaks["convert"] <= 0.5 * peaks["eager"], peaks

@@ -100,11 +100,14 @@ class ConvertReport:
         w2 = max(len(r[2]) for r in rows)
         lines = [f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]:<{w2}}  {r[3]}" for r in rows]
         converted = len(self.entries) - self.count(SKIPPED)
+        mask_note = (
+            " A mask pays where the consumer does not keep its input (pooling with memsave MaxPool2d, addition, a "
+            "checkpointed region), not where the next Linear/Conv keeps the output anyway."
+            if self.count(NO_GAIN) or self.count(DEPENDS) else ""
+        )
         lines.append(
             f"memsave.convert: {converted} converted ({self.count(PAYS)} pay, {self.count(NO_GAIN)} no gain alone, "
-            f"{self.count(DEPENDS)} depend on their consumer), {self.count(SKIPPED)} skipped. A mask pays where the "
-            f"consumer does not keep its input (pooling with memsave MaxPool2d, addition, a checkpointed region), "
-            f"not where the next Linear/Conv keeps the output anyway."
+            f"{self.count(DEPENDS)} depend on their consumer), {self.count(SKIPPED)} skipped.{mask_note}"
         )
         return "\n".join(lines)
 
