@@ -332,5 +332,16 @@ def add_module_rule(rule: ModuleRule) -> None:
 
 
 def module_rule_for(module: nn.Module) -> Optional[ModuleRule]:
-    """The registered :class:`ModuleRule` for ``module``'s exact class, or None."""
+    """The registered :class:`ModuleRule` for ``module``'s exact class, or None.
+
+    Args:
+        module: any module.
+
+    Returns:
+        The rule :func:`memsave.convert` applies to it with ``fuse=True``, or None (subclasses have none).
+
+    Example:
+        >>> module_rule_for(llama.model.layers[0]).name
+        'llama_decoder_layer'
+    """
     return _RULES.get(qualified_class_name(module))
