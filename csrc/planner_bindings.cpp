@@ -72,7 +72,8 @@ Stage parse_stage(const py::handle& obj, int i) {
              {"name", "fwd_time", "bwd_time", "input_bytes", "output_bytes", "input_passing_bytes",
              "output_passing_bytes", "input_grad_bytes", "output_grad_bytes",
               "saved_bytes", "transient_bytes", "fwd_transient_bytes", "bwd_transient_bytes", "param_grad_bytes",
-              "checkpoint_bytes", "recomputable", "joins_previous"},
+              "checkpoint_bytes", "checkpoint_kept_bytes", "selective_fwd_time", "selective_kept_bytes",
+              "recomputable", "joins_previous"},
              where);
   auto field = [&](const char* k) { return where + "['" + k + "']"; };
   auto opt_int = [&](const char* k, std::int64_t dflt) { return d.contains(k) ? as_int(d[k], field(k)) : dflt; };
@@ -92,13 +93,33 @@ Stage parse_stage(const py::handle& obj, int i) {
   s.bwd_transient_bytes = opt_int("bwd_transient_bytes", transient);
   s.param_grad_bytes = opt_int("param_grad_bytes", 0);
   s.checkpoint_bytes = opt_int("checkpoint_bytes", 0);
+  s.checkpoint_kept_bytes = opt_int("checkpoint_kept_bytes", 0);
+  auto list = [&](const char* k) {
+    const py::object v = d[k];
+    if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) {
+      throw py::type_error(field(k) + " must be a list");
+    }
+    return py::reinterpret_borrow<py::sequence>(v);
+  };
+  if (d.contains("selective_fwd_time")) {
+    int k = 0;
+    for (const py::handle& v : list("selective_fwd_time")) {
+      s.selective_fwd_time.push_back(as_float(v, field("selective_fwd_time") + "[" + std::to_string(k++) + "]"));
+    }
+  }
+  if (d.contains("selective_kept_bytes")) {
+    int k = 0;
+    for (const py::handle& v : list("selective_kept_bytes")) {
+      s.selective_kept_bytes.push_back(as_int(v, field("selective_kept_bytes") + "[" + std::to_string(k++) + "]"));
+    }
+  }
   if (d.contains("recomputable")) s.recomputable = as_bool(d["recomputable"], field("recomputable"));
   if (d.contains("joins_previous")) s.joins_previous = as_bool(d["joins_previous"], field("joins_previous"));
   return s;
 }
 
 Chain parse_chain(const py::dict& d) {
-  check_keys(d, {"stages", "skips", "base_bytes", "segment_bytes", "recompute_bytes"}, "chain");
+  check_keys(d, {"stages", "skips", "base_bytes", "segment_bytes", "recompute_bytes", "policies"}, "chain");
   const py::object stages = required(d, "stages", "chain");
   if (!py::isinstance<py::sequence>(stages) || py::isinstance<py::str>(stages)) {
     throw py::type_error("chain['stages'] must be a list of dicts");
@@ -124,6 +145,9 @@ Chain parse_chain(const py::dict& d) {
   if (d.contains("base_bytes")) c.base_bytes = as_int(d["base_bytes"], "chain['base_bytes']");
   if (d.contains("segment_bytes")) c.segment_bytes = as_int(d["segment_bytes"], "chain['segment_bytes']");
   if (d.contains("recompute_bytes")) c.recompute_bytes = as_int(d["recompute_bytes"], "chain['recompute_bytes']");
+  if (d.contains("policies")) {
+    for (const py::handle& name : d["policies"]) c.policies.push_back(py::str(name));
+  }
   c.validate();
   return c;
 }
@@ -134,9 +158,10 @@ Schedule parse_segments(const py::handle& obj) {
   for (const py::handle& item : obj) {
     const std::string where = "segments[" + std::to_string(k++) + "]";
     const py::tuple t = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-    if (t.size() != 3) throw py::value_error(where + " must be (begin, end, recompute)");
+    if (t.size() != 3 && t.size() != 4) throw py::value_error(where + " must be (begin, end, recompute[, policy])");
+    const int policy = t.size() == 4 && !t[3].is_none() ? static_cast<int>(as_int(t[3], where + "[3]")) : -1;
     s.push_back(Segment{static_cast<int>(as_int(t[0], where + "[0]")), static_cast<int>(as_int(t[1], where + "[1]")),
-                        as_bool(t[2], where + "[2]")});
+                        as_bool(t[2], where + "[2]"), policy});
   }
   return s;
 }
@@ -147,11 +172,19 @@ py::list segments_to_py(const Schedule& s) {
   return out;
 }
 
+// Per segment: the selective policy's index in chain['policies'], or None (kept, or recomputed whole).
+py::list policies_to_py(const Schedule& s) {
+  py::list out;
+  for (const Segment& seg : s) out.append(seg.policy >= 0 ? py::object(py::int_(seg.policy)) : py::object(py::none()));
+  return out;
+}
+
 py::dict plan_to_py(const planner::PlanResult& r) {
   py::dict d;
   d["strategy"] = r.strategy;
   d["chosen_from"] = r.chosen_from;
   d["segments"] = segments_to_py(r.segments);
+  d["segment_policies"] = policies_to_py(r.segments);
   d["feasible"] = r.feasible;
   d["budget_bytes"] = r.budget_bytes == planner::kNoBudget ? py::object(py::none()) : py::int_(r.budget_bytes);
   d["predicted_peak_bytes"] = r.predicted_peak_bytes;
@@ -205,6 +238,7 @@ py::dict min_peak(const py::dict& chain_dict) {
   const planner::MinPeakResult r = planner::min_peak(chain);
   py::dict d;
   d["segments"] = segments_to_py(r.segments);
+  d["segment_policies"] = policies_to_py(r.segments);
   d["peak_bytes"] = r.peak_bytes;
   d["extra_time"] = r.extra_time;
   return d;
@@ -223,8 +257,12 @@ Args:
         input_bytes, output_bytes (ints) and optionally name, saved_bytes, transient_bytes (or
         fwd_transient_bytes / bwd_transient_bytes), input_passing_bytes, output_passing_bytes (boundary bytes no
         neighbour keeps for backward), input_grad_bytes, output_grad_bytes (default: the boundary sizes),
-        param_grad_bytes, checkpoint_bytes (held while the stage is checkpointed), recomputable, joins_previous.
-        segment_bytes are held by each checkpointed segment, recompute_bytes while it is recomputed.
+        param_grad_bytes, checkpoint_bytes (held while the stage is checkpointed), checkpoint_kept_bytes (held by
+        a checkpointed stage from its forward until its recompute), recomputable, joins_previous, and its
+        selective variants: selective_fwd_time and selective_kept_bytes, lists with one entry per policy (or
+        empty). segment_bytes are held by each checkpointed segment, recompute_bytes while it is recomputed.
+        policies: names of the selective policies (a selective segment of policy k keeps the outputs its stages'
+        variant k keeps and recomputes the rest in selective_fwd_time[k]).
         A stage's output boundary is the next stage's input: output_bytes[i] must equal input_bytes[i+1].
         A skip is {"producer": i, "consumer": j, "bytes": n, "grad_bytes": n (optional)} with i < j.
         See csrc/planner/chain.h for the exact memory model.
@@ -233,7 +271,8 @@ Args:
     slots: memory slots of the optimal solver's dynamic program (more = closer to exact, slower).
 
 Returns:
-    dict with segments (list of (begin, end_exclusive, recompute)), feasible, predicted_peak_bytes,
+    dict with segments (list of (begin, end_exclusive, recompute)), segment_policies (per segment the index of
+    its selective policy, or None: kept or recomputed whole), feasible, predicted_peak_bytes,
     predicted_extra_time, eager_time, min_feasible_bytes (smallest peak any schedule reaches),
     no_checkpoint_peak_bytes, budget_bytes, strategy, chosen_from, slots, slot_bytes.
     When no schedule fits, feasible is False and segments is the minimum-peak schedule.
@@ -248,7 +287,8 @@ Example:
 
 Args:
     chain: as for planner_solve.
-    segments: list of (begin, end_exclusive, recompute) covering all stages in order.
+    segments: list of (begin, end_exclusive, recompute) or (begin, end_exclusive, recompute, policy) covering all
+        stages in order; policy: index of a selective policy of the chain, or None / -1 for none.
     timeline: also return every moment as (phase, stage, live_bytes).
 
 Returns:
@@ -266,7 +306,7 @@ Args:
     chain: as for planner_solve.
 
 Returns:
-    dict with peak_bytes, segments (a schedule reaching it) and extra_time (its recompute time).
+    dict with peak_bytes, segments (a schedule reaching it), segment_policies and extra_time (its recompute time).
 
 Example:
     >>> memsave._C.planner_min_peak({"stages": [stage] * 4})["peak_bytes"]

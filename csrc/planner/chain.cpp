@@ -55,6 +55,18 @@ void Chain::validate() const {
     check_bytes(*this, i, "bwd_transient_bytes", s.bwd_transient_bytes);
     check_bytes(*this, i, "param_grad_bytes", s.param_grad_bytes);
     check_bytes(*this, i, "checkpoint_bytes", s.checkpoint_bytes);
+    check_bytes(*this, i, "checkpoint_kept_bytes", s.checkpoint_kept_bytes);
+    const std::size_t nv = s.selective_fwd_time.size();
+    if (nv != s.selective_kept_bytes.size() || (nv != 0 && nv != policies.size())) {
+      std::ostringstream os;
+      os << stage_label(*this, i) << " has " << nv << " selective_fwd_time and " << s.selective_kept_bytes.size()
+         << " selective_kept_bytes entries; give none, or one of each per policy (" << policies.size() << ")";
+      throw std::invalid_argument(os.str());
+    }
+    for (std::size_t k = 0; k < nv; ++k) {
+      check_time(*this, i, "selective_fwd_time", s.selective_fwd_time[k]);
+      check_bytes(*this, i, "selective_kept_bytes", s.selective_kept_bytes[k]);
+    }
     if (i + 1 < L) {
       const Stage& n = stages[i + 1];
       if (s.output_bytes != n.input_bytes || s.output_grad_bytes != n.input_grad_bytes ||
@@ -113,6 +125,20 @@ void validate_schedule(const Chain& chain, const Schedule& schedule) {
          << "start at stage " << next << ", be non-empty and end at most at " << L;
       throw std::invalid_argument(os.str());
     }
+    if (seg.policy != -1) {
+      if (!seg.recompute || seg.policy < 0 || seg.policy >= chain.num_policies()) {
+        throw std::invalid_argument("schedule segment " + std::to_string(k) + " has policy " +
+                                    std::to_string(seg.policy) + "; a selective segment is checkpointed and names "
+                                    "one of the chain's " + std::to_string(chain.num_policies()) +
+                                    " policies (-1: none)");
+      }
+      for (int i = seg.begin; i < seg.end; ++i) {
+        if (!chain.has_variant(i, seg.policy)) {
+          throw std::invalid_argument("schedule segment " + std::to_string(k) + " recomputes " +
+                                      stage_label(chain, i) + " selectively, but it has no selective variant");
+        }
+      }
+    }
     if (seg.recompute) {
       for (int i = seg.begin; i < seg.end; ++i) {
         if (!chain.stages[i].recomputable) {
@@ -162,11 +188,54 @@ StageAssignment assign_stages(const Chain& chain, const Schedule& schedule) {
   return a;
 }
 
+bool has_selective(const Schedule& schedule) {
+  for (const Segment& seg : schedule) {
+    if (seg.policy >= 0) return true;
+  }
+  return false;
+}
+
+namespace {
+
+void use_variant(Stage& s, int k) {
+  s.fwd_time = s.selective_fwd_time[k];
+  s.checkpoint_kept_bytes += s.selective_kept_bytes[k];
+}
+
+}  // namespace
+
+Chain materialize(const Chain& chain, const Schedule& schedule) {
+  Chain out = chain;
+  for (const Segment& seg : schedule) {
+    if (seg.policy < 0) continue;
+    for (int i = seg.begin; i < seg.end; ++i) use_variant(out.stages[i], seg.policy);
+  }
+  return out;
+}
+
+Chain selective_chain(const Chain& chain, int k) {
+  Chain out = chain;
+  for (int i = 0; i < out.size(); ++i) {
+    Stage& s = out.stages[i];
+    if (chain.has_variant(i, k)) {
+      use_variant(s, k);
+    } else {
+      s.recomputable = false;
+    }
+    s.selective_fwd_time.clear();
+    s.selective_kept_bytes.clear();
+  }
+  out.policies.clear();
+  return out;
+}
+
 double extra_time(const Chain& chain, const Schedule& schedule) {
   double t = 0.0;
   for (const Segment& seg : schedule) {
     if (!seg.recompute) continue;
-    for (int i = seg.begin; i < seg.end; ++i) t += chain.stages[i].fwd_time;
+    for (int i = seg.begin; i < seg.end; ++i) {
+      t += seg.policy >= 0 ? chain.stages[i].selective_fwd_time[seg.policy] : chain.stages[i].fwd_time;
+    }
   }
   return t;
 }

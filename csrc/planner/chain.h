@@ -20,6 +20,15 @@
 //     `Chain::segment_bytes` per segment plus `checkpoint_bytes` of each stage in it, held from the segment's forward
 //     until the backward of its first stage has finished. While the segment is recomputed the runtime needs that
 //     state a second time (fresh copies swapped in): `recompute_bytes` + the stages' checkpoint_bytes on top.
+//   * `checkpoint_kept_bytes` are held by a checkpointed segment from the stage's forward until the stage is
+//     recomputed, where they become part of the stage's saved bytes (not a second copy): a selective region keeps
+//     the outputs of its expensive operators in forward and its recompute reads them back instead of running them.
+//   * Selective recompute: `Chain::policies` names P policies (sets of operators whose outputs a selective region
+//     keeps). A stage may carry one *selective variant* per policy: `selective_fwd_time[k]` (the forward time of the
+//     operators policy k recomputes) and `selective_kept_bytes[k]` (the bytes of the outputs it keeps). A segment
+//     with `policy == k` is a checkpointed segment run on the variants: materialize() replaces each of its stages'
+//     fwd_time by selective_fwd_time[k] and adds selective_kept_bytes[k] to its checkpoint_kept_bytes, and every
+//     rule above then applies unchanged (one set of lifetime rules for whole and selective regions).
 //   * A Skip is a tensor made by stage `producer` and read by stage `consumer` > producer that is not part of the
 //     boundaries in between (a residual or UNet skip connection); its gradient lives from the consumer's backward to
 //     the producer's backward.
@@ -49,6 +58,10 @@ struct Stage {
   std::int64_t bwd_transient_bytes = 0;
   std::int64_t param_grad_bytes = 0;
   std::int64_t checkpoint_bytes = 0;  // extra bytes while the stage is in a checkpointed segment
+  std::int64_t checkpoint_kept_bytes = 0;  // held from its forward until its recompute (see above)
+  // Selective variants, one per Chain::policies entry, or none (the stage then cannot be in a selective segment).
+  std::vector<double> selective_fwd_time;
+  std::vector<std::int64_t> selective_kept_bytes;
   bool recomputable = true;    // may be placed in a checkpointed segment
   bool joins_previous = true;  // may share a checkpointed segment with the stage before it
 };
@@ -66,13 +79,21 @@ struct Chain {
   std::int64_t base_bytes = 0;     // live for the whole step on top of everything the model describes
   std::int64_t segment_bytes = 0;    // held by each checkpointed segment (see above)
   std::int64_t recompute_bytes = 0;  // extra while a segment is recomputed (see above)
+  std::vector<std::string> policies;  // names of the selective policies (e.g. "matmul+attention"), may be empty
 
   int size() const { return static_cast<int>(stages.size()); }
 
   // Throws std::invalid_argument with a message naming the offending stage/field when the chain is empty, a size
   // or time is negative or not finite, neighbouring boundaries disagree (stage i's output vs stage i+1's input,
-  // bytes or gradient bytes), or a skip's indices are out of range or not increasing.
+  // bytes or gradient bytes), a skip's indices are out of range or not increasing, or a stage's selective variants
+  // are neither absent nor one per policy.
   void validate() const;
+
+  int num_policies() const { return static_cast<int>(policies.size()); }
+  // Whether stage i has a selective variant for policy k.
+  bool has_variant(int i, int k) const {
+    return k >= 0 && k < static_cast<int>(stages[i].selective_fwd_time.size());
+  }
 
   // Bytes of boundary j (0..L): kept part, passing part, gradient.
   std::int64_t boundary_bytes(int j) const;
@@ -84,13 +105,16 @@ struct Chain {
 };
 
 // A contiguous run of stages [begin, end) that is either kept (run normally) or checkpointed (recompute == true:
-// forward keeps only the segment's input, backward re-runs the segment once before its backward).
+// forward keeps only the segment's input, backward re-runs the segment once before its backward). A checkpointed
+// segment with policy k >= 0 is selective: it also keeps the outputs of policy k's operators and re-runs only the
+// others (its stages' selective variants); policy -1 recomputes the whole segment.
 struct Segment {
   int begin = 0;
   int end = 0;  // exclusive
   bool recompute = false;
+  int policy = -1;
   bool operator==(const Segment& o) const {
-    return begin == o.begin && end == o.end && recompute == o.recompute;
+    return begin == o.begin && end == o.end && recompute == o.recompute && policy == o.policy;
   }
 };
 
@@ -98,8 +122,21 @@ using Schedule = std::vector<Segment>;
 
 // Throws std::invalid_argument unless the segments cover stages 0..L-1 exactly once, in order, with no empty
 // segment, and every checkpointed segment contains only recomputable stages and no stage that refuses to join its
-// predecessor (except at the segment's start).
+// predecessor (except at the segment's start), and a selective segment (policy >= 0) is checkpointed, names a policy
+// of the chain and has only stages with a variant for it.
 void validate_schedule(const Chain& chain, const Schedule& schedule);
+
+// True when some segment of the schedule is selective.
+bool has_selective(const Schedule& schedule);
+
+// The chain as the schedule runs it: the stages of each selective segment replaced by their variants (fwd_time =
+// selective_fwd_time[k], checkpoint_kept_bytes += selective_kept_bytes[k]), so that the segment is an ordinary
+// checkpointed one. Call validate_schedule first.
+Chain materialize(const Chain& chain, const Schedule& schedule);
+
+// Every stage replaced by its variant for policy k (stages without one become not recomputable), without policies:
+// the chain whose checkpointed segments are the selective segments of policy k.
+Chain selective_chain(const Chain& chain, int k);
 
 // The same schedule with consecutive kept segments merged and each checkpointed segment left as it is; the
 // canonical form the solvers return.
@@ -114,7 +151,8 @@ struct StageAssignment {
 };
 StageAssignment assign_stages(const Chain& chain, const Schedule& schedule);
 
-// Sum of fwd_time over the stages in checkpointed segments: the extra compute of one step.
+// Sum of fwd_time over the stages in checkpointed segments (selective_fwd_time in selective ones): the extra compute
+// of one step.
 double extra_time(const Chain& chain, const Schedule& schedule);
 
 }  // namespace planner

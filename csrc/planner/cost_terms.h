@@ -11,10 +11,15 @@
 //
 // with peak_offset and held_delta computed below; moments between segments are never higher. evaluate_peak() applies
 // this formula; the tests check it against simulate() on every schedule of many random chains.
+//
+// A selective segment of policy k is a checkpointed segment of selective_chain(chain, k) (simulate() runs it the
+// same way, on materialize()): CostTerms keeps one CostTerms of that chain per policy and hands its checkpointed
+// terms out for policy k, so the formula below exists once.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "planner/chain.h"
@@ -43,19 +48,26 @@ class CostTerms {
   void for_each_kept_run(int begin, Fn&& fn) const;
 
   // Calls fn(end, terms) for every checkpointed segment [begin, end) with end = begin+1, begin+2, ..., stopping at
-  // the first stage that cannot be recomputed or cannot join its predecessor. fn returns false to stop early.
-  // O(L - begin + number of skips) in all.
+  // the first stage that cannot be recomputed or cannot join its predecessor (or, for policy k >= 0, has no
+  // selective variant k). fn returns false to stop early. O(L - begin + number of skips) in all.
   template <typename Fn>
-  void for_each_checkpointed(int begin, Fn&& fn) const;
+  void for_each_checkpointed(int begin, Fn&& fn, int policy = -1) const;
 
-  // Terms of one checkpointed segment [begin, end); throws std::invalid_argument if it is not allowed.
-  SegmentTerms checkpointed(int begin, int end) const;
+  // Terms of one checkpointed segment [begin, end) (selective with policy k >= 0); throws std::invalid_argument if
+  // it is not allowed.
+  SegmentTerms checkpointed(int begin, int end, int policy = -1) const;
 
   const Chain& chain() const { return chain_; }
+  int num_policies() const { return static_cast<int>(selective_.size()); }
 
  private:
+  template <typename Fn>
+  void for_each_whole(int begin, Fn&& fn) const;
+
   const Chain& chain_;
   int L_;
+  std::vector<std::unique_ptr<const Chain>> selective_chains_;  // selective_chain(chain, k)
+  std::vector<std::unique_ptr<const CostTerms>> selective_;      // their terms
   std::vector<std::int64_t> A_, T_, G_;      // boundary bytes (kept, passing) and gradient bytes, 0..L
   std::vector<std::int64_t> born_;           // skip bytes produced by stage i
   std::vector<std::int64_t> bwd_const_;      // backward of stage j minus held, segment-independent part
@@ -81,13 +93,25 @@ void CostTerms::for_each_kept_run(int b, Fn&& fn) const {
 }
 
 template <typename Fn>
-void CostTerms::for_each_checkpointed(int b, Fn&& fn) const {
+void CostTerms::for_each_checkpointed(int b, Fn&& fn, int policy) const {
+  if (policy < 0) {
+    for_each_whole(b, fn);
+  } else {
+    selective_.at(static_cast<std::size_t>(policy))->for_each_whole(b, fn);
+  }
+}
+
+template <typename Fn>
+void CostTerms::for_each_whole(int b, Fn&& fn) const {
   const Chain& c = chain_;
   const std::int64_t base = c.base_bytes + A_[b] + T_[b];
   std::int64_t sfwd = 0;    // skips produced in [b, j] still to be read at stage >= j
   std::int64_t srec = 0;    // skips produced in [b, j]
   std::int64_t esc = 0;     // skips produced in [b, e] read after e
   std::int64_t cum = 0;     // sum over k in [b, j) of saved_k + A_{k+1}
+  std::int64_t kept = 0;    // sum over k in [b, j] of checkpoint_kept_bytes (held until stage k is recomputed)
+  // rec_inner_max: the highest recompute moment minus the kept bytes still held then (those of the segment's
+  // stages after it, so it is found once the segment's end is known: + kept).
   std::int64_t fwd_max = INT64_MIN, rec_inner_max = INT64_MIN, bwd_max = INT64_MIN;
   std::int64_t overhead = c.segment_bytes;  // held by the segment during all of its moments
   double cost = 0.0;
@@ -106,9 +130,10 @@ void CostTerms::for_each_checkpointed(int b, Fn&& fn) const {
     srec += born_[j];
     esc += born_[j];
     const std::int64_t in = j > b ? A_[j] + T_[j] : 0;  // the segment's own input is in `base`
-    const std::int64_t fwd = in + A_[j + 1] + T_[j + 1] + s.fwd_transient_bytes + sfwd;
-    const std::int64_t rec =
-        cum + s.saved_bytes + A_[j + 1] + T_[j + 1] + (j > b ? T_[j] : 0) + srec + s.fwd_transient_bytes;
+    kept += s.checkpoint_kept_bytes;
+    const std::int64_t fwd = in + A_[j + 1] + T_[j + 1] + s.fwd_transient_bytes + sfwd + kept;
+    const std::int64_t rec = cum + s.saved_bytes + A_[j + 1] + T_[j + 1] + (j > b ? T_[j] : 0) + srec +
+                             s.fwd_transient_bytes - kept;
     cum += s.saved_bytes + A_[j + 1];
     const std::int64_t bwd = cum + srec + bwd_const_[j];
     fwd_max = std::max(fwd_max, fwd);
@@ -121,8 +146,8 @@ void CostTerms::for_each_checkpointed(int b, Fn&& fn) const {
     // recompute_bytes.
     const std::int64_t rec_state = c.recompute_bytes + overhead - c.segment_bytes;
     t.peak_offset =
-        base + overhead + std::max(fwd_max, std::max(rec_const_[j] + rec_state + rec_inner_max, bwd_max));
-    t.held_delta = A_[b] + T_[b] + esc + overhead;
+        base + overhead + std::max(fwd_max, std::max(rec_const_[j] + rec_state + rec_inner_max + kept, bwd_max));
+    t.held_delta = A_[b] + T_[b] + esc + overhead + kept;
     t.cost = cost;
     if (!fn(j + 1, static_cast<const SegmentTerms&>(t))) return;
   }

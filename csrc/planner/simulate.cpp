@@ -27,7 +27,7 @@ namespace {
 // the simulator itself, reported as std::logic_error.
 enum Kind {
   kBase, kAct, kActCopy, kPass, kPassCopy, kSaved, kGrad, kParamGrad, kSkipAct, kSkipActCopy, kSkipGrad, kSegment,
-  kRecompute, kNumKinds
+  kRecompute, kKeptOut, kNumKinds
 };
 
 class Memory {
@@ -57,9 +57,12 @@ class Memory {
 
 }  // namespace
 
-SimResult simulate(const Chain& chain, const Schedule& schedule, bool keep_timeline) {
-  chain.validate();
-  validate_schedule(chain, schedule);
+SimResult simulate(const Chain& given, const Schedule& schedule, bool keep_timeline) {
+  given.validate();
+  validate_schedule(given, schedule);
+  // Selective segments are checkpointed segments over their stages' variants: one set of rules for both.
+  const Chain materialized = has_selective(schedule) ? materialize(given, schedule) : Chain();
+  const Chain& chain = has_selective(schedule) ? materialized : given;
   const int L = chain.size();
   const StageAssignment a = assign_stages(chain, schedule);
   const int n_skips = static_cast<int>(chain.skips.size());
@@ -101,6 +104,7 @@ SimResult simulate(const Chain& chain, const Schedule& schedule, bool keep_timel
     mem.alloc(kPass, i + 1, chain.boundary_passing_bytes(i + 1));
     for (int k : produced[i]) mem.alloc(kSkipAct, k, chain.skips[k].bytes);
     if (!a.recompute[i]) mem.alloc(kSaved, i, s.saved_bytes);
+    if (a.recompute[i]) mem.alloc(kKeptOut, i, s.checkpoint_kept_bytes);
     moment(Phase::kForward, i, s.fwd_transient_bytes);
     if (!a.recompute[i]) mem.free(kPass, i);
     if (a.recompute[i]) {
@@ -133,6 +137,7 @@ SimResult simulate(const Chain& chain, const Schedule& schedule, bool keep_timel
       for (int j = b; j <= i; ++j) rec_state += chain.stages[j].checkpoint_bytes;
       mem.alloc(kRecompute, b, rec_state);
       for (int j = b; j <= i; ++j) {
+        mem.free(kKeptOut, j);  // the recompute reads them back: from here on they are part of the saved bytes
         mem.alloc(kSaved, j, chain.stages[j].saved_bytes);
         mem.alloc(kActCopy, j + 1, chain.boundary_bytes(j + 1));
         mem.alloc(kPassCopy, j + 1, chain.boundary_passing_bytes(j + 1));
@@ -168,7 +173,7 @@ SimResult simulate(const Chain& chain, const Schedule& schedule, bool keep_timel
     throw std::logic_error("simulator: " + std::to_string(r.end_bytes) + " bytes live after the step, expected " +
                            std::to_string(expected_end));
   }
-  r.extra_time = extra_time(chain, schedule);
+  r.extra_time = extra_time(given, schedule);
   return r;
 }
 

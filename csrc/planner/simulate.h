@@ -6,7 +6,8 @@
 // Forward, stage i in order: the first stage of a checkpointed segment first allocates the segment's own overhead
 //   (segment_bytes + the checkpoint_bytes of its stages, freed after the backward of that first stage). Then the
 //   stage's output boundary (kept and passing parts) and the skips it produces are allocated, plus its saved bytes
-//   if it is kept; the moment "forward i" adds fwd_transient_bytes. Then a kept stage frees the passing part of its
+//   if it is kept or its checkpoint_kept_bytes if it is checkpointed; the moment "forward i" adds
+//   fwd_transient_bytes. Then a kept stage frees the passing part of its
 //   input; a stage inside a checkpointed segment other than its first frees its whole input boundary and the skips
 //   it consumes that were produced in the same checkpointed segment (the first stage keeps its input). After the
 //   last stage, the passing part of boundary L is freed.
@@ -14,7 +15,8 @@
 //   stage was checkpointed. Stages then run in reverse. On reaching the last stage e of a
 //   checkpointed segment [b, e]: skips produced in it and read after it are freed (their originals), the
 //   recompute's own state is allocated (recompute_bytes + the segment's checkpoint_bytes, freed when the re-run
-//   ends), stages b..e are re-run in order, each allocating its saved bytes, a new copy of its output boundary and
+//   ends), stages b..e are re-run in order, each freeing its checkpoint_kept_bytes (read back, they become part of
+//   its saved bytes) and allocating its saved bytes, a new copy of its output boundary and
 //   of the skips it produces; moment "recompute j" adds fwd_transient_bytes; then stage j frees the copy of its
 //   input's passing part (j > b); the passing part of the last output copy is freed when the re-run ends.
 //   The backward of stage i (kept or recomputed) allocates the gradients of the skips it consumes, the gradient of
@@ -23,6 +25,8 @@
 //   the stage before it ends a checkpointed segment, the passing part of its input if it starts a checkpointed
 //   segment, the skips it produced and their gradients. The chain input, its gradient and all parameter gradients
 //   stay to the end.
+// A selective segment (policy k) is simulated as a checkpointed segment of materialize(chain, schedule): its stages'
+//   fwd_time and checkpoint_kept_bytes are those of their selective variants.
 #pragma once
 
 #include <cstdint>

@@ -33,7 +33,7 @@ std::int64_t peak_from_terms(const CostTerms& terms, const Schedule& schedule) {
   std::int64_t held = 0, peak = std::numeric_limits<std::int64_t>::min();
   for (const Segment& seg : schedule) {
     if (seg.recompute) {
-      const SegmentTerms t = terms.checkpointed(seg.begin, seg.end);
+      const SegmentTerms t = terms.checkpointed(seg.begin, seg.end, seg.policy);
       peak = std::max(peak, held + t.peak_offset);
       held += t.held_delta;
     } else {
@@ -63,6 +63,7 @@ MinPeakResult min_peak(const Chain& chain) {
   std::vector<std::int64_t> best(L + 1, 0);
   std::vector<double> time(L + 1, 0.0);
   std::vector<int> choice(L, kKeep);
+  std::vector<int> choice_policy(L, -1);
   auto value = [&](const SegmentTerms& t, int next) {
     return next == L ? t.peak_offset : std::max(t.peak_offset, t.held_delta + best[next]);
   };
@@ -70,16 +71,19 @@ MinPeakResult min_peak(const Chain& chain) {
     best[i] = value(terms.kept(i), i + 1);
     time[i] = time[i + 1];
     choice[i] = kKeep;
-    terms.for_each_checkpointed(i, [&](int end, const SegmentTerms& t) {
-      const std::int64_t v = value(t, end);
-      const double tt = t.cost + time[end];
-      if (v < best[i] || (v == best[i] && tt < time[i])) {
-        best[i] = v;
-        time[i] = tt;
-        choice[i] = end;
-      }
-      return true;
-    });
+    for (int policy = -1; policy < terms.num_policies(); ++policy) {
+      terms.for_each_checkpointed(i, [&](int end, const SegmentTerms& t) {
+        const std::int64_t v = value(t, end);
+        const double tt = t.cost + time[end];
+        if (v < best[i] || (v == best[i] && tt < time[i])) {
+          best[i] = v;
+          time[i] = tt;
+          choice[i] = end;
+          choice_policy[i] = policy;
+        }
+        return true;
+      }, policy);
+    }
   }
   MinPeakResult r;
   for (int i = 0; i < L;) {
@@ -87,7 +91,7 @@ MinPeakResult min_peak(const Chain& chain) {
       r.segments.push_back(Segment{i, i + 1, false});
       ++i;
     } else {
-      r.segments.push_back(Segment{i, choice[i], true});
+      r.segments.push_back(Segment{i, choice[i], true, choice_policy[i]});
       i = choice[i];
     }
   }
@@ -104,8 +108,18 @@ DpResult solve_dp(const Chain& chain, std::int64_t budget_bytes, int slots) {
 
   const std::int64_t q = slot_size(terms, slots);
   auto to_slots = [q](std::int64_t bytes) { return (bytes + q - 1) / q; };
-  std::int64_t max_slots = 0;  // no schedule holds more slots than this (see solver.h)
-  for (int i = 0; i < L; ++i) max_slots += to_slots(terms.kept(i).held_delta);
+  // No schedule holds more slots than the sum over stages i of the most that a segment starting at i holds.
+  std::int64_t max_slots = 0;
+  for (int i = 0; i < L; ++i) {
+    std::int64_t most = to_slots(terms.kept(i).held_delta);
+    for (int policy = -1; policy < terms.num_policies(); ++policy) {
+      terms.for_each_checkpointed(i, [&](int, const SegmentTerms& t) {
+        most = std::max(most, to_slots(t.held_delta));
+        return true;
+      }, policy);
+    }
+    max_slots += most;
+  }
   const std::int64_t width64 = std::min(max_slots, budget_bytes / q) + 1;
   constexpr std::int64_t kMaxTableEntries = std::int64_t{1} << 26;  // ~0.8 GB of costs and choices
   if (width64 * (L + 1) > kMaxTableEntries) {
@@ -146,17 +160,20 @@ DpResult solve_dp(const Chain& chain, std::int64_t budget_bytes, int slots) {
     }
   };
 
-  // Choice codes: +end for a checkpointed segment [i, end), -end for a run of kept stages [i, end). A kept run is
-  // one transition so that its held bytes are rounded up once, not once per stage.
+  // Choice codes: -end for a run of kept stages [i, end), (policy + 1) * (L + 1) + end > 0 for a checkpointed
+  // segment [i, end) (policy -1: whole, k >= 0: selective). A kept run is one transition so that its held bytes are
+  // rounded up once, not once per stage.
   for (int i = L - 1; i >= 0; --i) {
     terms.for_each_kept_run(i, [&](int end, const SegmentTerms& t) {
       relax(i, t, end, -end);
       return t.peak_offset <= budget_bytes;  // a kept run's offset only grows with its end
     });
-    terms.for_each_checkpointed(i, [&](int end, const SegmentTerms& t) {
-      relax(i, t, end, end);
-      return true;
-    });
+    for (int policy = -1; policy < terms.num_policies(); ++policy) {
+      terms.for_each_checkpointed(i, [&](int end, const SegmentTerms& t) {
+        relax(i, t, end, (policy + 1) * (L + 1) + end);
+        return true;
+      }, policy);
+    }
   }
 
   DpResult r;
@@ -174,9 +191,10 @@ DpResult solve_dp(const Chain& chain, std::int64_t budget_bytes, int slots) {
       m += to_slots(held);
       i = -c;
     } else {
-      r.segments.push_back(Segment{i, c, true});
-      m += to_slots(terms.checkpointed(i, c).held_delta);
-      i = c;
+      const int end = c % (L + 1), policy = c / (L + 1) - 1;
+      r.segments.push_back(Segment{i, end, true, policy});
+      m += to_slots(terms.checkpointed(i, end, policy).held_delta);
+      i = end;
     }
     if (m >= W) m = W - 1;  // only reachable when i == L (see relax)
   }

@@ -153,6 +153,51 @@ TEST(Simulate, SegmentOverheadIsHeldUntilTheSegmentsBackward) {
   }
 }
 
+// uniform3 with one selective policy: stage 0 keeps 6 bytes of operator outputs and recomputes in 0.25 time units,
+// stage 1 keeps 4 and recomputes in 0.5 (stage 2 has no variant).
+Chain uniform3_selective() {
+  Chain c = uniform3();
+  c.policies = {"keep"};
+  c.stages[0].selective_fwd_time = {0.25};
+  c.stages[0].selective_kept_bytes = {6};
+  c.stages[1].selective_fwd_time = {0.5};
+  c.stages[1].selective_kept_bytes = {4};
+  return c;
+}
+
+TEST(Simulate, SelectiveSegmentByHand) {
+  const Chain c = uniform3_selective();
+  const SimResult whole = simulate(c, {{0, 2, true}, {2, 3, false}}, true);
+  const SimResult sel = simulate(c, {{0, 2, true, 0}, {2, 3, false}}, true);
+  // The kept outputs are held from each stage's forward until it is recomputed, then they are its saved bytes.
+  // Moments: fwd0, fwd1, fwd2, backward start, bwd2, recompute 0, recompute 1, bwd1, bwd0.
+  const std::vector<std::int64_t> extra = {6, 10, 10, 10, 10, 4, 0, 0, 0};
+  ASSERT_EQ(sel.timeline.size(), extra.size());
+  for (std::size_t k = 0; k < extra.size(); ++k) {
+    EXPECT_EQ(sel.timeline[k].live_bytes, whole.timeline[k].live_bytes + extra[k]) << k;
+  }
+  EXPECT_DOUBLE_EQ(whole.extra_time, 2.0);
+  EXPECT_DOUBLE_EQ(sel.extra_time, 0.75);
+  EXPECT_EQ(sel.end_bytes, whole.end_bytes);
+  EXPECT_EQ(evaluate_peak(c, {{0, 2, true, 0}, {2, 3, false}}), sel.peak_bytes);
+  // The same as a whole segment of the materialized chain.
+  const Chain m = materialize(c, {{0, 2, true, 0}, {2, 3, false}});
+  EXPECT_EQ(m.stages[0].fwd_time, 0.25);
+  EXPECT_EQ(m.stages[1].checkpoint_kept_bytes, 4);
+  EXPECT_EQ(m.stages[2].fwd_time, 1.0);
+  EXPECT_EQ(simulate(m, {{0, 2, true}, {2, 3, false}}).peak_bytes, sel.peak_bytes);
+}
+
+TEST(Simulate, InvalidSelectiveScheduleThrows) {
+  const Chain c = uniform3_selective();
+  EXPECT_THROW(simulate(c, {{0, 2, false, 0}, {2, 3, false}}), std::invalid_argument);  // kept, not selective
+  EXPECT_THROW(simulate(c, {{0, 2, true, 1}, {2, 3, false}}), std::invalid_argument);   // no policy 1
+  EXPECT_THROW(simulate(c, {{0, 2, true, -2}, {2, 3, false}}), std::invalid_argument);
+  EXPECT_THROW(simulate(c, {{0, 3, true, 0}}), std::invalid_argument);  // stage 2 has no variant
+  EXPECT_NO_THROW(simulate(c, {{0, 3, true}}));
+  EXPECT_THROW(simulate(uniform3(), {{0, 3, true, 0}}), std::invalid_argument);  // a chain without policies
+}
+
 TEST(Simulate, InvalidScheduleThrows) {
   Chain c = uniform3();
   EXPECT_THROW(simulate(c, {{0, 2, true}}), std::invalid_argument);
@@ -162,18 +207,20 @@ TEST(Simulate, InvalidScheduleThrows) {
 
 TEST(CostTerms, FormulaEqualsSimulatorOnEverySchedule) {
   std::mt19937 rng(1234);
-  int checked = 0;
+  int checked = 0, selective = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const int L = 1 + trial % 7;
     testing_util::RandomChainOptions opt;
     opt.max_skips = 4;
-    const Chain c = testing_util::random_chain(rng, L, opt);
+    const Chain c = testing_util::random_chain(rng, L, testing_util::exhaustive_options(L, opt));
     testing_util::for_each_schedule(c, [&](const Schedule& s) {
       ASSERT_EQ(evaluate_peak(c, s), simulate(c, s).peak_bytes) << "trial " << trial;
       ++checked;
+      selective += has_selective(s);
     });
   }
   EXPECT_GT(checked, 10000);
+  EXPECT_GT(selective, 5000);  // schedules with selective segments are a large part of the check
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ TEST(Solver, DynamicProgramEqualsExhaustiveSearch) {
     const int L = 1 + trial % 10;
     RandomChainOptions opt;
     opt.max_skips = trial % 3 == 0 ? 6 : 3;
-    const Chain c = random_chain(rng, L, opt);
+    const Chain c = random_chain(rng, L, testing_util::exhaustive_options(L, opt));
     const std::vector<Scored> all = score_all(c);
     for (std::int64_t budget : interesting_budgets(all)) {
       if (budget < 0) continue;
@@ -97,7 +97,7 @@ TEST(Solver, MinPeakEqualsExhaustiveSearch) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 150; ++trial) {
     const int L = 1 + trial % 10;
-    const Chain c = random_chain(rng, L);
+    const Chain c = random_chain(rng, L, testing_util::exhaustive_options(L));
     std::int64_t best = std::numeric_limits<std::int64_t>::max();
     for (const Scored& s : score_all(c)) best = std::min(best, s.peak);
     const MinPeakResult mp = min_peak(c);
@@ -110,7 +110,7 @@ TEST(Solver, CoarseSlotsNeverBreakTheBudget) {
   std::mt19937 rng(99);
   for (int trial = 0; trial < 80; ++trial) {
     const int L = 2 + trial % 9;
-    const Chain c = random_chain(rng, L);
+    const Chain c = random_chain(rng, L, testing_util::exhaustive_options(L));
     const std::vector<Scored> all = score_all(c);
     const std::int64_t min_feasible = min_peak(c).peak_bytes;
     for (std::int64_t budget : interesting_budgets(all, 15)) {
@@ -233,6 +233,44 @@ TEST(Solver, OptimalBeatsSqrtOnAHeterogeneousChain) {
   const PlanResult opt = plan_optimal(c, sq.peak_bytes, 500);
   ASSERT_TRUE(opt.feasible);
   EXPECT_LT(opt.predicted_extra_time, sq.extra_time);
+}
+
+// Transformer-like blocks: most activation bytes come from cheap operators, most forward time from a few expensive
+// ones whose outputs are small. Between the whole-checkpoint peak and the eager peak, keeping those outputs and
+// recomputing the rest meets the budget at a fraction of whole recompute's time.
+TEST(Solver, SelectiveSegmentsWinWhenCheapOperatorsHoldTheBytes) {
+  Chain c;
+  c.policies = {"matmul"};
+  const int L = 8;
+  for (int i = 0; i < L; ++i) {
+    Stage s;
+    s.input_bytes = s.output_bytes = s.input_grad_bytes = s.output_grad_bytes = 10;
+    s.saved_bytes = 100;
+    s.fwd_time = 10.0;
+    s.bwd_time = 20.0;
+    s.selective_fwd_time = {2.0};    // the cheap operators: a fifth of the time
+    s.selective_kept_bytes = {25};   // the expensive operators' outputs: a quarter of the bytes
+    c.stages.push_back(s);
+  }
+  Chain whole_only = c;
+  whole_only.policies.clear();
+  for (Stage& s : whole_only.stages) {
+    s.selective_fwd_time.clear();
+    s.selective_kept_bytes.clear();
+  }
+  const std::int64_t lo = simulate(c, schedule_all(c)).peak_bytes;
+  const std::int64_t hi = simulate(c, schedule_none(c)).peak_bytes;
+  const std::int64_t budget = (lo + hi) / 2;
+  const PlanResult sel = plan_optimal(c, budget, kExactSlots);
+  const PlanResult whole = plan_optimal(whole_only, budget, kExactSlots);
+  ASSERT_TRUE(sel.feasible);
+  ASSERT_TRUE(whole.feasible);
+  EXPECT_LE(sel.predicted_peak_bytes, budget);
+  EXPECT_TRUE(has_selective(sel.segments));
+  EXPECT_LE(2 * sel.predicted_extra_time, whole.predicted_extra_time);
+  EXPECT_EQ(simulate(c, sel.segments).peak_bytes, sel.predicted_peak_bytes);
+  // Without policies the chain plans exactly as before.
+  EXPECT_FALSE(has_selective(whole.segments));
 }
 
 TEST(Solver, LongChainWithSkipsStaysWithinBudget) {
