@@ -17,9 +17,13 @@ How a plan is made:
    outlive the step. Working memory is fitted so that the model's predicted timeline of the eager step is never
    below the allocator-level one measured in the same step, and a remaining difference between the eager peak
    (measured again without the log) and the prediction, if positive, is added to all moments. What a checkpointed
-   region itself holds (the saved RNG state, snapshots of module buffers) is part of the model.
+   region itself holds (the saved RNG state, snapshots of module buffers) is part of the model. With
+   ``selective`` (default), a few more forwards measure, per piece and operator class (matmul, conv, attention), the
+   bytes of the outputs a selective region would keep and the time of the operators it would not recompute
+   (:mod:`.operators`): the chain's selective policies and each stage's variants.
 3. **Solve** with the C++ planner (``memsave._C.planner_solve``): the least recompute time whose predicted peak fits
-   the budget (or a baseline strategy). Several consecutive pieces can share one checkpointed region only when they
+   the budget (or a baseline strategy), each region recomputed whole or selectively (keeping the outputs of one of
+   the policies' operator classes). Several consecutive pieces can share one checkpointed region only when they
    are consecutive children of one plain ``nn.Sequential``.
 4. **Verify** (default): apply the plan to the model, measure one step's peak with the allocator-level measure, and
    if it exceeds the budget tighten the solver's budget by the error and solve again. The returned plan's measured
@@ -31,7 +35,7 @@ allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -42,7 +46,9 @@ from ...measurement.allocator import step_peak_bytes
 from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
 from ...measurement.units import Budget, format_bytes, parse_budget
 from ..wrapping import is_wrapped, unwrap_module
+from ..selective import OPERATOR_CLASSES
 from .chain import build_chain
+from .operators import policy_classes, profile_operator_classes, selective_variants
 from .plan import Plan, apply_regions, fingerprint
 from .trace import time_steps, trace_step
 
@@ -54,9 +60,10 @@ _STRATEGIES = ("optimal", "sqrt", "none", "all", "min_memory")
 class _Stepper:
     """Runs steps of the model with gradients cleared first, and measures a step's allocator-level peak."""
 
-    def __init__(self, model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device: torch.device,
-                 state: SavedStepState) -> None:
-        self.model, self.inputs, self.loss_fn, self.device, self.state = model, inputs, loss_fn, device, state
+    def __init__(self, model: nn.Module, inputs: Sequence[Any], kwargs: Dict[str, Any], loss_fn: LossFn,
+                 device: torch.device, state: SavedStepState) -> None:
+        self.model, self.inputs, self.kwargs, self.loss_fn = model, inputs, kwargs, loss_fn
+        self.device, self.state = device, state
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -64,12 +71,9 @@ class _Stepper:
 
     def step(self) -> None:
         self.state.clear_grads()
-        out = self.model(*self.inputs)
+        out = self.model(*self.inputs, **self.kwargs)
         loss = self.loss_fn(out)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise TypeError(
-                f"memsave.plan: loss_fn must return a scalar tensor, got "
-                f"{type(loss).__name__ if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}")
+        _check_loss(out, loss)
         loss.backward()
 
     def peak(self) -> int:
@@ -77,6 +81,57 @@ class _Stepper:
             raise ValueError(f"memsave.plan: device type {self.device.type!r} is not supported; use 'cpu' or 'cuda'")
         self.state.clear_grads()
         return step_peak_bytes(self.step, self.device)
+
+
+def _check_loss(out: Any, loss: Any) -> None:
+    """Raise a TypeError saying what is wrong when ``loss`` is not a scalar tensor one can backpropagate."""
+    if loss is None and getattr(out, "loss", 0) is None:
+        raise TypeError(
+            f"memsave.plan: the loss is None: the model returned a {type(out).__name__} whose .loss is None (a Hugging "
+            f"Face model computes its loss only when called with labels=...); pass labels=... to memsave.plan, or a "
+            f"loss_fn that maps the output to a scalar loss")
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError(
+            f"memsave.plan: loss_fn must return a scalar tensor, got "
+            f"{type(loss).__name__ if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}")
+    if not loss.requires_grad:
+        raise TypeError(
+            "memsave.plan: the loss does not require grad (computed without autograd, or from nothing that requires "
+            "grad), so a training step has no backward to plan for")
+
+
+def _split_inputs(example_kwargs: Optional[Mapping[str, Any]], model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's keyword inputs: ``example_kwargs`` and the keywords :func:`plan` does not know, merged."""
+    if example_kwargs is None:
+        return dict(model_kwargs)
+    if not isinstance(example_kwargs, Mapping) or not all(isinstance(k, str) for k in example_kwargs):
+        raise TypeError(
+            f"memsave.plan: example_kwargs must be a dict of keyword name -> value for the model, got "
+            f"{type(example_kwargs).__name__}")
+    both = sorted(set(example_kwargs) & set(model_kwargs))
+    if both:
+        raise ValueError(
+            f"memsave.plan: keyword input(s) {', '.join(both)} given both in example_kwargs and as keywords; give "
+            f"each once")
+    return {**example_kwargs, **model_kwargs}
+
+
+def _selective_classes(selective: Union[bool, Sequence[str]]) -> Tuple[str, ...]:
+    """The operator classes :func:`plan` may keep in selective regions (empty: module-level plans only)."""
+    if selective is True:
+        return tuple(OPERATOR_CLASSES)
+    if selective is False:
+        return ()
+    if isinstance(selective, str) or not all(isinstance(c, str) for c in selective):
+        raise TypeError(
+            f"memsave.plan: selective must be True, False or a list of operator classes such as ['matmul'], got "
+            f"{selective!r}")
+    unknown = [c for c in selective if c not in OPERATOR_CLASSES]
+    if unknown or not selective:
+        raise ValueError(
+            f"memsave.plan: selective names {'no operator class' if not selective else repr(unknown[0])}; use "
+            f"True, False or classes among {', '.join(OPERATOR_CLASSES)}")
+    return tuple(dict.fromkeys(selective))
 
 
 def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
@@ -105,7 +160,7 @@ def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
                 break
             res = solve_min_memory()  # learn the model's error where it is tightest
         p = make(res)
-        key = tuple(p.segments)
+        key = (tuple(p.segments), tuple(p.selective))
         if key in seen:
             break
         seen.add(key)
@@ -126,12 +181,20 @@ def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
 
 def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None,
          loss_fn: Optional[LossFn] = None, strategy: str = "optimal", verbose: bool = False,
-         verify: bool = True, slots: int = 2000, timing_steps: int = 3) -> Plan:
+         verify: bool = True, slots: int = 2000, timing_steps: int = 3,
+         selective: Union[bool, Sequence[str]] = True,
+         example_kwargs: Optional[Mapping[str, Any]] = None, **model_kwargs: Any) -> Plan:
     """Choose what to recompute in backward so that a training step fits ``budget``, with the least recompute.
 
-    Profiles a few steps of ``model`` on ``example_inputs`` (and puts back parameters' gradients, buffers such as
+    Profiles a few steps of ``model`` on the example inputs (and puts back parameters' gradients, buffers such as
     BatchNorm statistics and the RNG state afterwards), builds the chain of candidate pieces from the module tree,
     and solves it with memsave's C++ planner. Apply the result with ``memsave.wrap(model, plan)``.
+
+    One profiled step is ``loss_fn(model(*example_inputs, **model_kwargs)).backward()``: keyword inputs work as in
+    training code (a Hugging Face model's ``input_ids=..., attention_mask=..., labels=...``), and the output may be
+    anything ``loss_fn`` takes (a tensor, tuples, dicts, a Hugging Face ``ModelOutput``). A Hugging Face model called
+    with ``labels`` returns its loss first, which is what the default loss then takes. The model must make the same
+    module calls in every step (no data-dependent branches between them).
 
     Args:
         model: the model (not wrapped: call :func:`memsave.unwrap` first).
@@ -139,8 +202,10 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         budget: peak bytes of one training step above what was allocated before it (DESIGN.md): an int, a
             string such as ``"512MiB"`` / ``"4GB"``, or a float fraction of the eager step's peak. Required for
             ``strategy="optimal"``; optional otherwise (then checked when given).
-        loss_fn: maps the model's output to a scalar loss; default: ``out.float().sum()`` of the first
-            floating-point output (:func:`memsave.measurement.default_loss`).
+        loss_fn: maps the model's output to a scalar loss (``lambda out: out.loss``,
+            ``lambda out: F.cross_entropy(out, y)``); default: ``out.float().sum()`` of the first floating-point
+            tensor of the output that requires grad (:func:`memsave.measurement.default_loss`) -- for a Hugging
+            Face model called with ``labels``, its loss.
         strategy: ``"optimal"`` (least recompute within the budget), ``"sqrt"`` (Chen et al.), ``"uniform:K"``,
             ``"none"``, ``"all"`` (every piece its own region) or ``"min_memory"``.
         verbose: print the plan's summary.
@@ -150,20 +215,32 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             cheapest such plan found.
         slots: memory slots of the solver's dynamic program (finer = closer to optimal, slower).
         timing_steps: steps timed to estimate each piece's forward and backward time.
+        selective: let the planner choose, per region, between recomputing it whole and *selective* recompute
+            (:func:`memsave.selective`: keep the outputs of its matrix products, convolutions and attention kernels,
+            recompute only the cheap operators), and which of those classes to keep, by the bytes and time each
+            class takes in each piece (profiled in a few extra forwards). ``True`` (default): all classes
+            (``"matmul"``, ``"conv"``, ``"attention"``); a sequence of class names: only those; ``False``:
+            module-level plans (every region recomputed whole). :meth:`Plan.summary` shows what each region keeps.
+        example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
+            the way to pass a model keyword named like one of this function's own parameters.
+        **model_kwargs: every other keyword is a keyword input of ``model`` for the step.
 
     Returns:
         a :class:`Plan`.
 
     Raises:
         InfeasibleBudgetError: no plan fits the budget; ``.min_bytes`` is the smallest budget that does.
-        ValueError: bad budget, unknown strategy, a wrapped model, no parameter or input needing gradients, or the
-            model failing on the example inputs.
-        TypeError: ``model`` is not an ``nn.Module`` or the budget has a wrong type.
+        ValueError: bad budget, unknown strategy, a wrapped model, no parameter or input needing gradients, the
+            model or ``loss_fn`` failing on the example inputs (the message names the error and the keyword inputs
+            given to the model), or a keyword input given twice.
+        TypeError: ``model`` is not an ``nn.Module``, the budget or ``example_kwargs`` has a wrong type.
 
     Example:
         >>> p = memsave.plan(model, x, budget="2GiB")
         >>> print(p.summary())
         >>> memsave.wrap(model, p)
+        >>> p = memsave.plan(gpt2, input_ids=ids, attention_mask=mask, labels=ids, budget=0.5)   # Hugging Face
+        >>> p = memsave.plan(vit, images, budget="1GiB", loss_fn=lambda out: F.cross_entropy(out, targets))
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.plan: model must be an nn.Module, got {type(model).__name__}")
@@ -176,6 +253,9 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         raise ValueError("memsave.plan: strategy='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
     if budget is not None:
         parse_budget(budget, eager_peak_bytes=1)  # fail early on a bad budget, before profiling
+    classes = _selective_classes(selective)
+    kwargs = _split_inputs(example_kwargs, model_kwargs)
+    everything = (example_inputs, kwargs)
     loss_fn = resolve_loss_fn(loss_fn, "memsave.plan")
     wrapped = [n for n, m in model.named_modules() if is_wrapped(m)]
     if wrapped:
@@ -183,15 +263,15 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             f"memsave.plan: the model already has checkpointed modules ({', '.join(wrapped[:3]) or '(root)'}); plan "
             f"profiles the plain model: call memsave.unwrap(model) first")
     if not any(p.requires_grad for p in model.parameters()) and not any(
-            t.requires_grad for t in tensors_in(example_inputs)):
+            t.requires_grad for t in tensors_in(everything)):
         raise ValueError(
             f"memsave.plan: {type(model).__name__} has no parameter that requires grad and no example input "
             f"requires grad, so a training step has no backward to plan for")
-    device = resolve_device(model, example_inputs, None)
+    device = resolve_device(model, everything, None)
 
-    state = SavedStepState(model, example_inputs)
-    stepper = _Stepper(model, example_inputs, loss_fn, device, state)
-    bar = progress_bar(5 + timing_steps, f"memsave.plan({type(model).__name__})")
+    state = SavedStepState(model, everything)
+    stepper = _Stepper(model, example_inputs, kwargs, loss_fn, device, state)
+    bar = progress_bar(5 + timing_steps + bool(classes), f"memsave.plan({type(model).__name__})")
 
     def tick(n: int = 1) -> None:
         if bar is not None:
@@ -201,19 +281,27 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         try:
             stepper.step()  # warm-up: lazy initialisation, allocator caches
         except Exception as e:
+            given = f"{len(example_inputs)} positional input(s)" + (
+                f" and the keyword input(s) {', '.join(kwargs)} (every keyword memsave.plan does not know goes to the "
+                f"model)" if kwargs else "")
             raise ValueError(
                 f"memsave.plan: one training step of {type(model).__name__} on the example inputs failed "
-                f"({type(e).__name__}: {e}); pass example inputs that model(*inputs) accepts and a loss_fn that maps "
-                f"its output to a scalar") from e
+                f"({type(e).__name__}: {e}); it was given {given}. Pass example inputs that "
+                f"model(*inputs, **kwargs) accepts and a loss_fn that maps its output to a scalar") from e
         tick()
         state.clear_grads()
-        trace = trace_step(model, example_inputs, loss_fn, device)
+        trace = trace_step(model, example_inputs, loss_fn, device, kwargs)
         tick()
-        timing = time_steps(model, example_inputs, loss_fn, len(trace.calls), timing_steps, stepper.sync)
+        timing = time_steps(model, example_inputs, loss_fn, len(trace.calls), timing_steps, stepper.sync, kwargs)
         tick(timing_steps)
         eager_peak = stepper.peak()
         tick()
         chain, pieces = build_chain(trace, model, timing)
+        if classes:
+            profile = profile_operator_classes(lambda: model(*example_inputs, **kwargs), model, pieces, classes,
+                                               timing_steps, stepper.sync)
+            selective_variants(chain, pieces, profile)
+            tick()
         n = len(pieces)
         none_peak = chain.simulate([(0, n, False)])["peak_bytes"]
         chain.base_bytes = max(0, eager_peak - none_peak)  # allocator-level memory the log cannot see
@@ -226,12 +314,14 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
                         eager_peak_bytes=int(eager_peak), min_feasible_bytes=int(res["min_feasible_bytes"]),
                         predicted_extra_seconds=float(res["predicted_extra_time"]), eager_step_seconds=eager_seconds,
                         segments=[tuple(s) for s in res["segments"]], pieces=pieces, chain=chain,
+                        selective=[policy_classes(chain.policies[k]) if k is not None else ()
+                                   for k in res["segment_policies"]],
                         model_class=type(model).__name__, fingerprint=fingerprint(model), device=str(device))
 
         measured_cache: Dict[Tuple, int] = {}
 
         def measure_plan(p: Plan) -> int:
-            key = tuple(p.segments)
+            key = (tuple(p.segments), tuple(p.selective))
             if key not in measured_cache:
                 if not any(r for _, _, r in p.segments):
                     measured_cache[key] = eager_peak

@@ -152,8 +152,11 @@ def _module_names(model: nn.Module) -> Dict[int, str]:
     return {id(m): name for name, m in model.named_modules()}
 
 
-def trace_step(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device: torch.device) -> Trace:
-    """Run one step recording the call tree, every allocation/free/use and when each tensor's gradient is ready."""
+def trace_step(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device: torch.device,
+               kwargs: Optional[Dict[str, Any]] = None) -> Trace:
+    """Run one step (``loss_fn(model(*inputs, **kwargs)).backward()``) recording the call tree, every
+    allocation/free/use and when each tensor's gradient is ready."""
+    kwargs = kwargs or {}
     tr = Trace(device)
     names = _module_names(model)
     log = _StorageEventLog(tr.events)
@@ -212,7 +215,7 @@ def trace_step(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device:
                 prof = stack_ctx.enter_context(cpu_allocation_profiler())
             stack_ctx.enter_context(log)
             tr.marker(("start",))
-            out = model(*inputs)
+            out = model(*inputs, **kwargs)
             loss = loss_fn(out)
             tr.bwd_pos = len(tr.events)
             tr.marker(("bwd",))
@@ -228,14 +231,15 @@ def trace_step(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device:
             h.remove()
     if prof is not None:
         tr.finish_cpu(prof)
-    tr.input_grad_bytes = sum(t.numel() * t.element_size() for t in tensors_in(inputs)
+    tr.input_grad_bytes = sum(t.numel() * t.element_size() for t in tensors_in((inputs, kwargs))
                               if t.requires_grad and t.is_leaf)
     return tr
 
 
 def time_steps(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, n_calls: int, steps: int,
-                sync: Callable[[], None]) -> List[Dict[str, Any]]:
+                sync: Callable[[], None], kwargs: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Time ``steps`` steps: start/end of every module call (in call order), forward, loss and backward."""
+    kwargs = kwargs or {}
     runs = []
     for _ in range(steps):
         t_call: List[float] = []
@@ -261,7 +265,7 @@ def time_steps(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, n_calls
                 p.grad = None
             sync()
             t0 = time.perf_counter()
-            out = model(*inputs)
+            out = model(*inputs, **kwargs)
             sync()
             t1 = time.perf_counter()
             loss = loss_fn(out)
