@@ -17,13 +17,9 @@ How a plan is made:
    outlive the step. Working memory is fitted so that the model's predicted timeline of the eager step is never
    below the allocator-level one measured in the same step, and a remaining difference between the eager peak
    (measured again without the log) and the prediction, if positive, is added to all moments. What a checkpointed
-   region itself holds (the saved RNG state, snapshots of module buffers) is part of the model. With
-   ``selective`` (default), a few more forwards measure, per piece and operator class (matmul, conv, attention), the
-   bytes of the outputs a selective region would keep and the time of the operators it would not recompute
-   (:mod:`.operators`): the chain's selective policies and each stage's variants.
+   region itself holds (the saved RNG state, snapshots of module buffers) is part of the model.
 3. **Solve** with the C++ planner (``memsave._C.planner_solve``): the least recompute time whose predicted peak fits
-   the budget (or a baseline strategy), each region recomputed whole or selectively (keeping the outputs of one of
-   the policies' operator classes). Several consecutive pieces can share one checkpointed region only when they
+   the budget (or a baseline strategy). Several consecutive pieces can share one checkpointed region only when they
    are consecutive children of one plain ``nn.Sequential``.
 4. **Verify** (default): apply the plan to the model, measure one step's peak with the allocator-level measure, and
    if it exceeds the budget tighten the solver's budget by the error and solve again. The returned plan's measured
@@ -35,7 +31,7 @@ allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -46,9 +42,7 @@ from ...measurement.allocator import step_peak_bytes
 from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
 from ...measurement.units import Budget, format_bytes, parse_budget
 from ..wrapping import is_wrapped, unwrap_module
-from ..selective import OPERATOR_CLASSES
 from .chain import build_chain
-from .operators import policy_classes, profile_operator_classes, selective_variants
 from .plan import Plan, apply_regions, fingerprint
 from .trace import time_steps, trace_step
 
@@ -116,24 +110,6 @@ def _split_inputs(example_kwargs: Optional[Mapping[str, Any]], model_kwargs: Dic
     return {**example_kwargs, **model_kwargs}
 
 
-def _selective_classes(selective: Union[bool, Sequence[str]]) -> Tuple[str, ...]:
-    """The operator classes :func:`plan` may keep in selective regions (empty: module-level plans only)."""
-    if selective is True:
-        return tuple(OPERATOR_CLASSES)
-    if selective is False:
-        return ()
-    if isinstance(selective, str) or not all(isinstance(c, str) for c in selective):
-        raise TypeError(
-            f"memsave.plan: selective must be True, False or a list of operator classes such as ['matmul'], got "
-            f"{selective!r}")
-    unknown = [c for c in selective if c not in OPERATOR_CLASSES]
-    if unknown or not selective:
-        raise ValueError(
-            f"memsave.plan: selective names {'no operator class' if not selective else repr(unknown[0])}; use "
-            f"True, False or classes among {', '.join(OPERATOR_CLASSES)}")
-    return tuple(dict.fromkeys(selective))
-
-
 def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
                     solve_min_memory: Callable[[], Dict[str, Any]], make: Callable[[Dict[str, Any]], "Plan"],
                     measure: Optional[Callable[["Plan"], int]], budget_bytes: int, rounds: int = 4
@@ -160,7 +136,7 @@ def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
                 break
             res = solve_min_memory()  # learn the model's error where it is tightest
         p = make(res)
-        key = (tuple(p.segments), tuple(p.selective))
+        key = tuple(p.segments)
         if key in seen:
             break
         seen.add(key)
@@ -182,7 +158,6 @@ def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
 def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None,
          loss_fn: Optional[LossFn] = None, strategy: str = "optimal", verbose: bool = False,
          verify: bool = True, slots: int = 2000, timing_steps: int = 3,
-         selective: Union[bool, Sequence[str]] = True,
          example_kwargs: Optional[Mapping[str, Any]] = None, **model_kwargs: Any) -> Plan:
     """Choose what to recompute in backward so that a training step fits ``budget``, with the least recompute.
 
@@ -215,12 +190,6 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             cheapest such plan found.
         slots: memory slots of the solver's dynamic program (finer = closer to optimal, slower).
         timing_steps: steps timed to estimate each piece's forward and backward time.
-        selective: let the planner choose, per region, between recomputing it whole and *selective* recompute
-            (:func:`memsave.selective`: keep the outputs of its matrix products, convolutions and attention kernels,
-            recompute only the cheap operators), and which of those classes to keep, by the bytes and time each
-            class takes in each piece (profiled in a few extra forwards). ``True`` (default): all classes
-            (``"matmul"``, ``"conv"``, ``"attention"``); a sequence of class names: only those; ``False``:
-            module-level plans (every region recomputed whole). :meth:`Plan.summary` shows what each region keeps.
         example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
             the way to pass a model keyword named like one of this function's own parameters.
         **model_kwargs: every other keyword is a keyword input of ``model`` for the step.
@@ -253,7 +222,6 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         raise ValueError("memsave.plan: strategy='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
     if budget is not None:
         parse_budget(budget, eager_peak_bytes=1)  # fail early on a bad budget, before profiling
-    classes = _selective_classes(selective)
     kwargs = _split_inputs(example_kwargs, model_kwargs)
     everything = (example_inputs, kwargs)
     loss_fn = resolve_loss_fn(loss_fn, "memsave.plan")
@@ -271,7 +239,7 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
 
     state = SavedStepState(model, everything)
     stepper = _Stepper(model, example_inputs, kwargs, loss_fn, device, state)
-    bar = progress_bar(5 + timing_steps + bool(classes), f"memsave.plan({type(model).__name__})")
+    bar = progress_bar(5 + timing_steps, f"memsave.plan({type(model).__name__})")
 
     def tick(n: int = 1) -> None:
         if bar is not None:
@@ -297,11 +265,6 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         eager_peak = stepper.peak()
         tick()
         chain, pieces = build_chain(trace, model, timing)
-        if classes:
-            profile = profile_operator_classes(lambda: model(*example_inputs, **kwargs), model, pieces, classes,
-                                               timing_steps, stepper.sync)
-            selective_variants(chain, pieces, profile)
-            tick()
         n = len(pieces)
         none_peak = chain.simulate([(0, n, False)])["peak_bytes"]
         chain.base_bytes = max(0, eager_peak - none_peak)  # allocator-level memory the log cannot see
@@ -314,14 +277,12 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
                         eager_peak_bytes=int(eager_peak), min_feasible_bytes=int(res["min_feasible_bytes"]),
                         predicted_extra_seconds=float(res["predicted_extra_time"]), eager_step_seconds=eager_seconds,
                         segments=[tuple(s) for s in res["segments"]], pieces=pieces, chain=chain,
-                        selective=[policy_classes(chain.policies[k]) if k is not None else ()
-                                   for k in res["segment_policies"]],
                         model_class=type(model).__name__, fingerprint=fingerprint(model), device=str(device))
 
         measured_cache: Dict[Tuple, int] = {}
 
         def measure_plan(p: Plan) -> int:
-            key = (tuple(p.segments), tuple(p.selective))
+            key = tuple(p.segments)
             if key not in measured_cache:
                 if not any(r for _, _, r in p.segments):
                     measured_cache[key] = eager_peak
