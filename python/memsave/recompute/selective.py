@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch.utils import checkpoint as torch_checkpoint
 
-__all__ = ["OPERATOR_CLASSES", "selective"]
+__all__ = ["OPERATOR_CLASSES", "operators_of", "selective"]
 
 _aten = torch.ops.aten
 
@@ -45,6 +45,28 @@ def _overloads(operator_class: str) -> Tuple[Any, ...]:
 
 # Resolved once at import, so that selective() called inside a compiled function only reads constants.
 _OVERLOADS: Dict[str, Tuple[Any, ...]] = {name: _overloads(name) for name in OPERATOR_CLASSES}
+
+
+def operators_of(operator_class: str) -> Tuple[Any, ...]:
+    """The ATen operator overloads of one class of :data:`OPERATOR_CLASSES` (what :func:`selective` keeps for it).
+
+    Args:
+        operator_class: ``"matmul"``, ``"conv"`` or ``"attention"``.
+
+    Returns:
+        A tuple of ``torch._ops.OpOverload`` (operators this torch build lacks are left out).
+
+    Raises:
+        ValueError: an unknown class name.
+
+    Example:
+        >>> torch.ops.aten.mm.default in memsave.recompute.selective.operators_of("matmul")
+        True
+    """
+    if operator_class not in _OVERLOADS:
+        raise ValueError(f"memsave.selective: unknown operator class {operator_class!r}; the classes are "
+                         f"{', '.join(OPERATOR_CLASSES)}")
+    return _OVERLOADS[operator_class]
 
 
 def selective(*operator_classes: str) -> Callable[[], Tuple[Any, Any]]:

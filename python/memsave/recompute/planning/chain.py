@@ -45,8 +45,13 @@ class Stage:
     bwd_transient_bytes: int = 0
     param_grad_bytes: int = 0
     checkpoint_bytes: int = 0
+    checkpoint_kept_bytes: int = 0
     recomputable: bool = True
     joins_previous: bool = True
+    # Selective variants, one per Chain.policies entry (or none): the forward time of the operators the policy
+    # recomputes, and the bytes of the operator outputs it keeps from forward until the recompute.
+    selective_fwd_time: List[float] = field(default_factory=list)
+    selective_kept_bytes: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -61,7 +66,8 @@ class Skip:
 
 @dataclass
 class Chain:
-    """The whole cost model (``planner::Chain``): the stages, the skips and the constant terms.
+    """The whole cost model (``planner::Chain``): the stages, the skips, the constant terms and the selective
+    policies (each a set of operator classes whose outputs a selective region keeps; see :mod:`.operators`).
 
     Example:
         >>> chain.simulate([(0, len(chain.stages), False)])["peak_bytes"]   # eager's predicted peak
@@ -72,6 +78,7 @@ class Chain:
     base_bytes: int = 0
     segment_bytes: int = 0
     recompute_bytes: int = 0
+    policies: List[str] = field(default_factory=list)  # selective policies: "+"-joined operator classes kept
 
     def to_dict(self) -> Dict[str, Any]:
         """The plain form ``memsave._C.planner_solve`` / ``planner_simulate`` read, and a plan's JSON stores."""
@@ -86,14 +93,17 @@ class Chain:
         """
         return cls(stages=[Stage(**s) for s in d["stages"]], skips=[Skip(**k) for k in d.get("skips", [])],
                    base_bytes=d.get("base_bytes", 0), segment_bytes=d.get("segment_bytes", 0),
-                   recompute_bytes=d.get("recompute_bytes", 0))
+                   recompute_bytes=d.get("recompute_bytes", 0), policies=list(d.get("policies", [])))
 
     def solve(self, budget_bytes: Optional[int], strategy: str, slots: int) -> Dict[str, Any]:
         """``memsave._C.planner_solve`` on this chain: the schedule of ``strategy`` within ``budget_bytes``."""
         return planner_solve(self.to_dict(), budget_bytes, strategy, slots)
 
-    def simulate(self, segments: Sequence[Tuple[int, int, bool]], timeline: bool = False) -> Dict[str, Any]:
-        """``memsave._C.planner_simulate`` on this chain: the predicted peak (and timeline) of a schedule."""
+    def simulate(self, segments: Sequence[Tuple[Any, ...]], timeline: bool = False) -> Dict[str, Any]:
+        """``memsave._C.planner_simulate`` on this chain: the predicted peak (and timeline) of a schedule.
+
+        ``segments``: ``(begin, end, recompute)`` or ``(begin, end, recompute, policy)`` with ``policy`` the index
+        of a selective policy in :attr:`policies` (or None)."""
         return planner_simulate(self.to_dict(), list(segments), timeline)
 
     def eager_seconds(self) -> float:

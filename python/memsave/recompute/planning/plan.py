@@ -2,14 +2,15 @@
 
 A plan is applied in place: a region of one module is :func:`memsave.wrap`'s instance-level forward on that module;
 a region of consecutive children of a plain ``nn.Sequential`` is :class:`_GroupedForward` on the Sequential (one
-region per run of children). :func:`memsave.unwrap` removes both.
+region per run of children). A selective region (:attr:`Plan.selective`) gets ``context_fn=memsave.selective(*its
+classes)``. :func:`memsave.unwrap` removes both.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from torch import nn
 from ...errors import PlanMismatchError
 from ...measurement.units import format_bytes
 from ..region import ModuleChain, run_region
+from ..selective import selective as selective_context
 from ..wrapping import CheckpointedForward, RegionPlan, WrappedRepr, is_wrapped, wrap_module
 from .chain import Chain, Piece
 
@@ -54,6 +56,10 @@ class Plan(RegionPlan):
         segments: ``(begin, end, recompute)`` over the pieces (end exclusive).
         pieces: per piece: kind (module or glue), module names, the ``nn.Sequential`` parent when it has one.
         chain: the cost model the solver used (:class:`memsave.recompute.planning.chain.Chain`).
+        selective: per segment, the operator classes (``"matmul"``, ``"conv"``, ``"attention"``) whose outputs the
+            segment's region keeps, recomputing only the other operators (:func:`memsave.selective`); empty for a
+            region recomputed whole and for a kept segment. An empty list (plans made with ``selective=False`` or
+            before selective plans existed): every region is recomputed whole.
     """
 
     strategy: str
@@ -70,6 +76,16 @@ class Plan(RegionPlan):
     model_class: str
     fingerprint: str
     device: str = "cpu"
+    selective: List[Tuple[str, ...]] = field(default_factory=list)
+
+    def keeps(self, k: int) -> Tuple[str, ...]:
+        """The operator classes whose outputs segment ``k``'s region keeps (empty: recomputed whole, or kept).
+
+        Example:
+            >>> [plan.keeps(k) for k in range(len(plan.segments))]
+            [(), ('matmul', 'attention'), ()]
+        """
+        return tuple(self.selective[k]) if k < len(self.selective) else ()
 
     @property
     def predicted_overhead(self) -> float:
@@ -100,16 +116,20 @@ class Plan(RegionPlan):
             if rec:
                 recomputed.update(range(b, e))
         region_of: Dict[int, int] = {}
+        keeps: Dict[int, Tuple[str, ...]] = {}
         r = 0
-        for b, e, rec in self.segments:
+        for k, (b, e, rec) in enumerate(self.segments):
             if rec:
                 for i in range(b, e):
                     region_of[i] = r
+                    keeps[i] = self.keeps(k)
                 r += 1
         rows = []
         for i, (pc, st) in enumerate(zip(self.pieces, self.chain.stages)):
             if pc.kind == "glue":
                 what = "glue"
+            elif i in recomputed and keeps[i]:
+                what = f"selective #{region_of[i]} (keeps {'+'.join(keeps[i])})"
             elif i in recomputed:
                 what = f"recompute #{region_of[i]}"
             else:
@@ -123,7 +143,8 @@ class Plan(RegionPlan):
         fmt = "  ".join("{:<%d}" % w for w in widths)
         lines = [
             f"memsave plan for {self.model_class} ({self.strategy}) on {self.device}: "
-            f"{len(self.regions())} checkpointed region(s) over {len(self.pieces)} pieces",
+            f"{len(self.regions())} checkpointed region(s) ({sum(1 for c in self.selective if c)} selective) over "
+            f"{len(self.pieces)} pieces",
             f"  budget {format_bytes(self.budget_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}, "
             f"measured peak {format_bytes(self.measured_peak_bytes)}, eager peak "
             f"{format_bytes(self.eager_peak_bytes)}, smallest feasible {format_bytes(self.min_feasible_bytes)}",
@@ -164,6 +185,7 @@ class Plan(RegionPlan):
             "model_class": self.model_class,
             "fingerprint": self.fingerprint,
             "device": self.device,
+            "selective": [list(c) for c in self.selective],
         }
         return json.dumps(d, indent=1, sort_keys=True)
 
@@ -199,7 +221,9 @@ class Plan(RegionPlan):
                 eager_peak_bytes=d["eager_peak_bytes"], min_feasible_bytes=d["min_feasible_bytes"],
                 predicted_extra_seconds=d["predicted_extra_seconds"], eager_step_seconds=d["eager_step_seconds"],
                 segments=[(int(b), int(e), bool(r)) for b, e, r in d["segments"]],
-                pieces=[Piece(**pc) for pc in d["pieces"]], chain=Chain.from_dict(d["chain"]), model_class=d["model_class"], fingerprint=d["fingerprint"], device=d["device"])
+                pieces=[Piece(**pc) for pc in d["pieces"]], chain=Chain.from_dict(d["chain"]),
+                model_class=d["model_class"], fingerprint=d["fingerprint"], device=d["device"],
+                selective=[tuple(str(c) for c in cs) for cs in d.get("selective", [])])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
 
@@ -210,9 +234,11 @@ class _GroupedForward(CheckpointedForward):
     regions (one region per run). A subclass of wrap's forward so that :func:`memsave.unwrap` removes it."""
 
     def __init__(self, module: nn.Sequential, name: str, groups: List[Tuple[int, int]],
-                 preserve_rng_state: bool = True, strict: bool = False) -> None:
+                 preserve_rng_state: bool = True, strict: bool = False,
+                 context_fns: Optional[Dict[Tuple[int, int], Callable[[], Tuple[Any, Any]]]] = None) -> None:
         super().__init__(module, name, None, preserve_rng_state, strict)
         self.groups = sorted(groups)
+        self.context_fns = dict(context_fns or {})  # group -> selective context_fn (none: recomputed whole)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module
@@ -225,7 +251,8 @@ class _GroupedForward(CheckpointedForward):
             for child in children[i:start]:
                 x = child(x)
             x = run_region(ModuleChain(children[start:end]), (x,), {}, name=f"{self.name}[{start}:{end}]",
-                           preserve_rng_state=self.preserve_rng_state, strict=self.strict)
+                           preserve_rng_state=self.preserve_rng_state, strict=self.strict,
+                           context_fn=self.context_fns.get((start, end)))
             i = end
         for child in children[i:]:
             x = child(x)
@@ -285,14 +312,18 @@ def apply_regions(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True,
     """Install the plan's regions; returns the modules given an instance-level forward (to undo them)."""
     modules = dict(model.named_modules())
     groups: Dict[str, List[Tuple[int, int]]] = {}
+    contexts: Dict[str, Dict[Tuple[int, int], Callable[[], Tuple[Any, Any]]]] = {}
     changed: List[nn.Module] = []
-    for b, e, rec in p.segments:
+    for k, (b, e, rec) in enumerate(p.segments):
         if not rec:
             continue
         pcs = p.pieces[b:e]
         names = [m for pc in pcs for m in pc.modules]
+        keeps = p.keeps(k)
+        context_fn = selective_context(*keeps) if keeps else None
         if len(names) == 1:
-            if wrap_module(modules[names[0]], names[0], preserve_rng_state=preserve_rng_state, strict=strict):
+            if wrap_module(modules[names[0]], names[0], preserve_rng_state=preserve_rng_state, strict=strict,
+                           context_fn=context_fn):
                 changed.append(modules[names[0]])
             continue
         parent = pcs[0].parent
@@ -302,11 +333,14 @@ def apply_regions(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True,
                 f"memsave: region {names} of the plan is not a run of consecutive children of one nn.Sequential; "
                 f"the plan is corrupt or was edited")
         groups.setdefault(parent, []).append((idx[0], idx[-1] + 1))
+        if context_fn is not None:
+            contexts.setdefault(parent, {})[(idx[0], idx[-1] + 1)] = context_fn
     for parent, gs in groups.items():
         mod = modules[parent]
         if is_wrapped(mod):
             continue
-        mod.__dict__["forward"] = _GroupedForward(mod, parent or type(mod).__name__, gs, preserve_rng_state, strict)
+        mod.__dict__["forward"] = _GroupedForward(mod, parent or type(mod).__name__, gs, preserve_rng_state, strict,
+                                                  contexts.get(parent))
         mod.__dict__["extra_repr"] = _GroupedRepr(mod, gs)
         changed.append(mod)
     return changed

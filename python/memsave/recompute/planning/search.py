@@ -17,9 +17,13 @@ How a plan is made:
    outlive the step. Working memory is fitted so that the model's predicted timeline of the eager step is never
    below the allocator-level one measured in the same step, and a remaining difference between the eager peak
    (measured again without the log) and the prediction, if positive, is added to all moments. What a checkpointed
-   region itself holds (the saved RNG state, snapshots of module buffers) is part of the model.
+   region itself holds (the saved RNG state, snapshots of module buffers) is part of the model. With
+   ``selective`` (default), a few more forwards measure, per piece and operator class (matmul, conv, attention), the
+   bytes of the outputs a selective region would keep and the time of the operators it would not recompute
+   (:mod:`.operators`): the chain's selective policies and each stage's variants.
 3. **Solve** with the C++ planner (``memsave._C.planner_solve``): the least recompute time whose predicted peak fits
-   the budget (or a baseline strategy). Several consecutive pieces can share one checkpointed region only when they
+   the budget (or a baseline strategy), each region recomputed whole or selectively (keeping the outputs of one of
+   the policies' operator classes). Several consecutive pieces can share one checkpointed region only when they
    are consecutive children of one plain ``nn.Sequential``.
 4. **Verify** (default): apply the plan to the model, measure one step's peak with the allocator-level measure, and
    if it exceeds the budget tighten the solver's budget by the error and solve again. The returned plan's measured
@@ -31,7 +35,7 @@ allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import nn
@@ -42,7 +46,9 @@ from ...measurement.allocator import step_peak_bytes
 from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
 from ...measurement.units import Budget, format_bytes, parse_budget
 from ..wrapping import is_wrapped, unwrap_module
+from ..selective import OPERATOR_CLASSES
 from .chain import build_chain
+from .operators import policy_classes, profile_operator_classes, selective_variants
 from .plan import Plan, apply_regions, fingerprint
 from .trace import time_steps, trace_step
 
@@ -110,6 +116,24 @@ def _split_inputs(example_kwargs: Optional[Mapping[str, Any]], model_kwargs: Dic
     return {**example_kwargs, **model_kwargs}
 
 
+def _selective_classes(selective: Union[bool, Sequence[str]]) -> Tuple[str, ...]:
+    """The operator classes :func:`plan` may keep in selective regions (empty: module-level plans only)."""
+    if selective is True:
+        return tuple(OPERATOR_CLASSES)
+    if selective is False:
+        return ()
+    if isinstance(selective, str) or not all(isinstance(c, str) for c in selective):
+        raise TypeError(
+            f"memsave.plan: selective must be True, False or a list of operator classes such as ['matmul'], got "
+            f"{selective!r}")
+    unknown = [c for c in selective if c not in OPERATOR_CLASSES]
+    if unknown or not selective:
+        raise ValueError(
+            f"memsave.plan: selective names {'no operator class' if not selective else repr(unknown[0])}; use "
+            f"True, False or classes among {', '.join(OPERATOR_CLASSES)}")
+    return tuple(dict.fromkeys(selective))
+
+
 def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
                     solve_min_memory: Callable[[], Dict[str, Any]], make: Callable[[Dict[str, Any]], "Plan"],
                     measure: Optional[Callable[["Plan"], int]], budget_bytes: int, rounds: int = 4
@@ -136,7 +160,7 @@ def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
                 break
             res = solve_min_memory()  # learn the model's error where it is tightest
         p = make(res)
-        key = tuple(p.segments)
+        key = (tuple(p.segments), tuple(getattr(p, "selective", ())))
         if key in seen:
             break
         seen.add(key)
@@ -158,6 +182,7 @@ def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
 def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None,
          loss_fn: Optional[LossFn] = None, strategy: str = "optimal", verbose: bool = False,
          verify: bool = True, slots: int = 2000, timing_steps: int = 3,
+         selective: Union[bool, Sequence[str]] = True,
          example_kwargs: Optional[Mapping[str, Any]] = None, **model_kwargs: Any) -> Plan:
     """Choose what to recompute in backward so that a training step fits ``budget``, with the least recompute.
 
@@ -190,6 +215,12 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             cheapest such plan found.
         slots: memory slots of the solver's dynamic program (finer = closer to optimal, slower).
         timing_steps: steps timed to estimate each piece's forward and backward time.
+        selective: let the planner choose, per region, between recomputing it whole and *selective* recompute
+            (:func:`memsave.selective`: keep the outputs of its matrix products, convolutions and attention kernels,
+            recompute only the cheap operators), and which of those classes to keep, by the bytes and time each
+            class takes in each piece (profiled in a few extra forwards). ``True`` (default): all classes
+            (``"matmul"``, ``"conv"``, ``"attention"``); a sequence of class names: only those; ``False``:
+            module-level plans (every region recomputed whole). :meth:`Plan.summary` shows what each region keeps.
         example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
             the way to pass a model keyword named like one of this function's own parameters.
         **model_kwargs: every other keyword is a keyword input of ``model`` for the step.
@@ -201,8 +232,9 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         InfeasibleBudgetError: no plan fits the budget; ``.min_bytes`` is the smallest budget that does.
         ValueError: bad budget, unknown strategy, a wrapped model, no parameter or input needing gradients, the
             model or ``loss_fn`` failing on the example inputs (the message names the error and the keyword inputs
-            given to the model), or a keyword input given twice.
-        TypeError: ``model`` is not an ``nn.Module``, the budget or ``example_kwargs`` has a wrong type.
+            given to the model), a keyword input given twice, or ``selective`` naming no or an unknown class.
+        TypeError: ``model`` is not an ``nn.Module``, the budget, ``example_kwargs`` or ``selective`` has a wrong
+            type.
 
     Example:
         >>> p = memsave.plan(model, x, budget="2GiB")
@@ -210,6 +242,7 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         >>> memsave.wrap(model, p)
         >>> p = memsave.plan(gpt2, input_ids=ids, attention_mask=mask, labels=ids, budget=0.5)   # Hugging Face
         >>> p = memsave.plan(vit, images, budget="1GiB", loss_fn=lambda out: F.cross_entropy(out, targets))
+        >>> p = memsave.plan(model, x, budget=0.5, selective=False)       # module-level: regions recomputed whole
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.plan: model must be an nn.Module, got {type(model).__name__}")
@@ -222,6 +255,7 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         raise ValueError("memsave.plan: strategy='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
     if budget is not None:
         parse_budget(budget, eager_peak_bytes=1)  # fail early on a bad budget, before profiling
+    classes = _selective_classes(selective)
     kwargs = _split_inputs(example_kwargs, model_kwargs)
     everything = (example_inputs, kwargs)
     loss_fn = resolve_loss_fn(loss_fn, "memsave.plan")
@@ -239,7 +273,7 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
 
     state = SavedStepState(model, everything)
     stepper = _Stepper(model, example_inputs, kwargs, loss_fn, device, state)
-    bar = progress_bar(5 + timing_steps, f"memsave.plan({type(model).__name__})")
+    bar = progress_bar(5 + timing_steps + bool(classes), f"memsave.plan({type(model).__name__})")
 
     def tick(n: int = 1) -> None:
         if bar is not None:
@@ -265,6 +299,20 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         eager_peak = stepper.peak()
         tick()
         chain, pieces = build_chain(trace, model, timing)
+        found: List[Set[str]] = [set() for _ in pieces]  # operator classes met in each piece
+        if classes:
+            profile = profile_operator_classes(lambda: model(*example_inputs, **kwargs), model, pieces, classes,
+                                               timing_steps, stepper.sync)
+            selective_variants(chain, pieces, profile)
+            found = [set(prof) for prof in profile]
+            tick()
+
+        def keeps(segment: Tuple[int, int, bool], policy: Optional[int]) -> Tuple[str, ...]:
+            """The classes a selective region keeps: its policy's, less those none of its pieces runs."""
+            if policy is None:
+                return ()
+            here = set().union(*found[segment[0]:segment[1]])
+            return tuple(c for c in policy_classes(chain.policies[policy]) if c in here)
         n = len(pieces)
         none_peak = chain.simulate([(0, n, False)])["peak_bytes"]
         chain.base_bytes = max(0, eager_peak - none_peak)  # allocator-level memory the log cannot see
@@ -277,12 +325,13 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
                         eager_peak_bytes=int(eager_peak), min_feasible_bytes=int(res["min_feasible_bytes"]),
                         predicted_extra_seconds=float(res["predicted_extra_time"]), eager_step_seconds=eager_seconds,
                         segments=[tuple(s) for s in res["segments"]], pieces=pieces, chain=chain,
+                        selective=[keeps(seg, k) for seg, k in zip(res["segments"], res["segment_policies"])],
                         model_class=type(model).__name__, fingerprint=fingerprint(model), device=str(device))
 
         measured_cache: Dict[Tuple, int] = {}
 
         def measure_plan(p: Plan) -> int:
-            key = tuple(p.segments)
+            key = (tuple(p.segments), tuple(p.selective))
             if key not in measured_cache:
                 if not any(r for _, _, r in p.segments):
                     measured_cache[key] = eager_peak

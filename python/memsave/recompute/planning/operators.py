@@ -1,0 +1,166 @@
+"""Step 2b of a plan: what selective recompute would keep and skip in each piece, per operator class.
+
+A selective region (:func:`memsave.selective`) keeps, in forward, the outputs of the operators of its classes
+(``matmul``, ``conv``, ``attention``: :data:`memsave.recompute.selective.OPERATOR_CLASSES`) and recomputes only the
+other operators in backward. To plan with it, each piece of the chain needs, per class, the bytes of those outputs
+(held from the forward until the recompute reads them back) and the forward time of those operators (the recompute
+time a selective region saves). :func:`profile_operator_classes` measures both in a few forward passes under a
+``TorchDispatchMode`` that times every operator of a class and sums the storage bytes it returns, attributed to the
+piece whose modules are running; :func:`selective_variants` turns them into the chain's policies and per-stage
+variants (``planner::Stage::selective_fwd_time`` / ``selective_kept_bytes``).
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..selective import OPERATOR_CLASSES, operators_of
+from .chain import Chain, Piece
+
+__all__ = ["ClassProfile", "policy_classes", "profile_operator_classes", "selective_variants"]
+
+# Per piece: operator class -> (bytes of the outputs its operators return, median seconds of those operators).
+ClassProfile = List[Dict[str, Tuple[int, float]]]
+
+
+class _ClassRecorder(TorchDispatchMode):
+    """Times the operators of the given classes and sums the bytes of the storages they return, per piece."""
+
+    def __init__(self, op_class: Dict[Any, str], sync: Callable[[], None]) -> None:
+        super().__init__()
+        self.op_class = op_class
+        self.sync = sync
+        self.piece: Optional[int] = None
+        self.bytes: Dict[Tuple[int, str], int] = {}
+        self.seconds: Dict[Tuple[int, str], float] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        cls = self.op_class.get(func) if self.piece is not None else None
+        if cls is None:
+            return func(*args, **kwargs)
+        self.sync()
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        self.sync()
+        dt = time.perf_counter() - t0
+        storages: Dict[Tuple[int, torch.device], int] = {}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                storages[(s.data_ptr(), t.device)] = s.nbytes()
+        key = (self.piece, cls)
+        self.bytes[key] = self.bytes.get(key, 0) + sum(storages.values())
+        self.seconds[key] = self.seconds.get(key, 0.0) + dt
+        return out
+
+
+def profile_operator_classes(forward: Callable[[], Any], model: nn.Module, pieces: Sequence[Piece],
+                             classes: Sequence[str], steps: int, sync: Callable[[], None]) -> ClassProfile:
+    """Bytes returned and time taken by each operator class in each recomputable piece, over ``steps`` forwards.
+
+    Args:
+        forward: runs the model's forward on the example inputs (with autograd on, as in training); its output is
+            dropped.
+        model: the model; ``pieces`` name its modules.
+        pieces: the chain's pieces (:func:`memsave.recompute.planning.chain.build_chain`); only recomputable
+            module pieces are profiled.
+        classes: operator class names from :data:`OPERATOR_CLASSES`.
+        steps: forward passes timed (>= 1); times are medians, bytes those of the last pass.
+        sync: waits for the device (``torch.cuda.synchronize`` on CUDA, a no-op on CPU).
+
+    Returns:
+        One dict per piece: class -> (bytes, seconds), classes without an operator in the piece left out.
+
+    Raises:
+        ValueError: an unknown class or ``steps < 1``.
+
+    Example:
+        >>> prof = profile_operator_classes(lambda: model(x), model, pieces, ["matmul"], 3, lambda: None)
+        >>> prof[3]["matmul"]       # (bytes of the outputs of piece 3's matrix products, their seconds)
+    """
+    unknown = [c for c in classes if c not in OPERATOR_CLASSES]
+    if unknown or steps < 1:
+        raise ValueError(f"profile_operator_classes: unknown classes {unknown} or steps {steps} < 1")
+    op_class = {op: c for c in classes for op in operators_of(c)}
+    modules = dict(model.named_modules())
+    rec = _ClassRecorder(op_class, sync)
+    stack: List[Optional[int]] = []
+    handles = []
+
+    def enter(i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            stack.append(rec.piece)
+            rec.piece = i
+        return hook
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        if stack:
+            rec.piece = stack.pop()
+
+    for i, pc in enumerate(pieces):
+        if pc.kind != "module" or not pc.recomputable:
+            continue
+        for name in pc.modules:
+            handles.append(modules[name].register_forward_pre_hook(enter(i)))
+            handles.append(modules[name].register_forward_hook(leave, always_call=True))
+    runs: List[Dict[Tuple[int, str], float]] = []
+    try:
+        for _ in range(steps):
+            rec.bytes, rec.seconds = {}, {}
+            with rec:
+                out = forward()
+            del out
+            runs.append(rec.seconds)
+    finally:
+        for h in handles:
+            h.remove()
+    result: ClassProfile = [{} for _ in pieces]
+    for (i, c), b in rec.bytes.items():
+        result[i][c] = (b, statistics.median(r.get((i, c), 0.0) for r in runs))
+    return result
+
+
+def policy_classes(policy: str) -> Tuple[str, ...]:
+    """The operator classes a policy name of the chain keeps (``"matmul+attention"`` -> ``("matmul", "attention")``).
+
+    Example:
+        >>> policy_classes("matmul+attention")
+        ('matmul', 'attention')
+    """
+    return tuple(policy.split("+"))
+
+
+def selective_variants(chain: Chain, pieces: Sequence[Piece], profile: ClassProfile) -> None:
+    """Give ``chain`` its selective policies and each recomputable stage one variant per policy, in place.
+
+    The policies are the non-empty sets of the operator classes found in some recomputable piece, largest first
+    (``"matmul+attention"``, ``"matmul"``, ``"attention"``): a selective region may keep every class or only some.
+    A stage's variant for a policy keeps the bytes of its classes' outputs and recomputes in its forward time less
+    their time. Stages that cannot be recomputed get no variant. A chain without any such operator gets no policy.
+
+    Args:
+        chain: the chain of the pieces (its stages in the same order).
+        pieces: the pieces.
+        profile: :func:`profile_operator_classes` of these pieces.
+
+    Example:
+        >>> selective_variants(chain, pieces, profile); chain.policies
+        ['matmul+attention', 'matmul', 'attention']
+    """
+    present = [c for c in OPERATOR_CLASSES if any(c in p for p in profile)]
+    policies = [combo for n in range(len(present), 0, -1) for combo in itertools.combinations(present, n)]
+    chain.policies = ["+".join(p) for p in policies]
+    for st, pc, prof in zip(chain.stages, pieces, profile):
+        if not (pc.kind == "module" and pc.recomputable) or not policies:
+            st.selective_fwd_time, st.selective_kept_bytes = [], []
+            continue
+        st.selective_kept_bytes = [sum(prof.get(c, (0, 0.0))[0] for c in p) for p in policies]
+        st.selective_fwd_time = [max(0.0, st.fwd_time - sum(prof.get(c, (0, 0.0))[1] for c in p)) for p in policies]

@@ -1,0 +1,174 @@
+"""Selective plans (issue 14, item 2): the planner chooses per segment among keep, recompute whole and selective
+recompute (keep the outputs of matmul / conv / attention operators, recompute the rest).
+
+Acceptance, on a Hugging Face GPT-2 and a timm ViT (small configs, CPU): at a budget halfway between per-block
+checkpoint's measured peak and eager's, the selective plan's measured peak meets the budget with at most half the
+recompute FLOPs (``FlopCounterMode`` over backward, minus eager's backward) of the module-level plan at the same
+budget, and its gradients are bitwise eager's. Plus: ``selective=False`` gives module-level plans, the summary and
+JSON show what each region keeps, older JSON loads, bad arguments are rejected, the binding takes policies.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import memsave
+from memsave._C import planner_simulate, planner_solve
+from memsave.recompute.selective import OPERATOR_CLASSES
+
+
+def _gpt2() -> Tuple[nn.Module, torch.Tensor, Callable[[Any], torch.Tensor]]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, n_positions=128, vocab_size=512,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    return model, torch.randint(0, 512, (4, 128)), lambda out: out.logits.float().sum()
+
+
+def _vit() -> Tuple[nn.Module, torch.Tensor, Callable[[Any], torch.Tensor]]:
+    vt = pytest.importorskip("timm.models.vision_transformer")
+    torch.manual_seed(0)
+    model = vt.VisionTransformer(img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=4, num_classes=10,
+                                 drop_rate=0.1, proj_drop_rate=0.1)
+    return model, torch.randn(16, 3, 64, 64), lambda out: out.float().sum()
+
+
+MODELS = {"gpt2": _gpt2, "vit": _vit}
+
+
+def _step(model: nn.Module, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor]) -> List[torch.Tensor]:
+    """One seeded training step: the parameters' gradients."""
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(123)
+    loss_fn(model(x)).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    return grads
+
+
+def _backward_flops(model: nn.Module, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor]) -> int:
+    """FLOPs of one backward (recompute included), counted by torch's FlopCounterMode."""
+    torch.manual_seed(123)
+    loss = loss_fn(model(x))
+    with FlopCounterMode(display=False) as counter:
+        loss.backward()
+    for p in model.parameters():
+        p.grad = None
+    return counter.get_total_flops()
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def planned(request: pytest.FixtureRequest) -> Dict[str, Any]:
+    """Both plans of one model at the halfway budget, and the eager references."""
+    model, x, loss_fn = MODELS[request.param]()
+    eager_peak = memsave.measure(model, x, loss_fn=loss_fn).peak_bytes
+    memsave.wrap(model)
+    block_peak = memsave.measure(model, x, loss_fn=loss_fn).peak_bytes
+    memsave.unwrap(model)
+    assert block_peak < 0.7 * eager_peak  # activations dominate at these sizes
+    budget = (eager_peak + block_peak) // 2
+    module_level = memsave.plan(model, x, budget=budget, loss_fn=loss_fn, selective=False)
+    selective = memsave.plan(model, x, budget=budget, loss_fn=loss_fn)  # selective=True is the default
+    return {"name": request.param, "model": model, "x": x, "loss_fn": loss_fn, "budget": budget,
+            "eager_peak": eager_peak, "module_level": module_level, "selective": selective,
+            "eager_grads": _step(model, x, loss_fn), "eager_flops": _backward_flops(model, x, loss_fn)}
+
+
+def test_selective_plan_meets_the_budget_with_at_most_half_the_recompute_flops(planned: Dict[str, Any]) -> None:
+    model, x, loss_fn, budget = planned["model"], planned["x"], planned["loss_fn"], planned["budget"]
+    recompute_flops = {}
+    for kind in ("module_level", "selective"):
+        p = planned[kind]
+        assert p.measured_peak_bytes is not None and p.measured_peak_bytes <= budget, (kind, p.summary())
+        memsave.wrap(model, p)
+        try:
+            measured = memsave.measure(model, x, loss_fn=loss_fn).peak_bytes
+            recompute_flops[kind] = _backward_flops(model, x, loss_fn) - planned["eager_flops"]
+            grads = _step(model, x, loss_fn)
+        finally:
+            memsave.unwrap(model)
+        assert measured <= budget, (kind, measured, budget)
+        assert all(torch.equal(a, b) for a, b in zip(grads, planned["eager_grads"])), kind
+    sel = planned["selective"]
+    assert any(sel.selective), sel.summary()  # at least one region is selective
+    assert recompute_flops["module_level"] > 0
+    assert recompute_flops["selective"] <= recompute_flops["module_level"] / 2, (recompute_flops, sel.summary())
+    assert sel.predicted_extra_seconds < planned["module_level"].predicted_extra_seconds
+
+
+def test_selective_false_gives_module_level_plans(planned: Dict[str, Any]) -> None:
+    p = planned["module_level"]
+    assert p.chain.policies == [] and not any(p.selective)
+    assert all(not st.selective_fwd_time for st in p.chain.stages)
+    assert "selective #" not in p.summary()
+
+
+def test_summary_and_json_show_what_each_region_keeps(planned: Dict[str, Any]) -> None:
+    p = planned["selective"]
+    assert len(p.selective) == len(p.segments)
+    text = p.summary()
+    for k, (b, e, rec) in enumerate(p.segments):
+        assert not p.keeps(k) or rec  # only checkpointed segments keep operator outputs
+        if p.keeps(k):
+            assert f"(keeps {'+'.join(p.keeps(k))})" in text
+            assert set(p.keeps(k)) <= set(OPERATOR_CLASSES)
+    q = memsave.Plan.from_json(p.to_json())
+    assert q == p and q.selective == p.selective and q.chain.policies == p.chain.policies
+    # A plan written before selective plans existed (no selective fields anywhere) still loads: regions whole.
+    d = json.loads(p.to_json())
+    del d["selective"]
+    del d["chain"]["policies"]
+    for st in d["chain"]["stages"]:
+        for key in ("selective_fwd_time", "selective_kept_bytes", "checkpoint_kept_bytes"):
+            del st[key]
+    old = memsave.Plan.from_json(json.dumps(d))
+    assert old.selective == [] and old.keeps(0) == () and old.segments == p.segments
+    assert "selective #" not in old.summary()
+
+
+def test_a_selective_plan_applies_and_unwraps(planned: Dict[str, Any]) -> None:
+    model, p = planned["model"], planned["selective"]
+    memsave.wrap(model, p)
+    assert "memsave.checkpoint" in repr(model)
+    memsave.unwrap(model)
+    assert "memsave.checkpoint" not in repr(model)
+
+
+def test_selective_classes_can_be_restricted_and_bad_values_are_rejected() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.Tanh())
+                            for _ in range(4)])
+    x = torch.randn(256, 64, requires_grad=True)
+    p = memsave.plan(model, x, budget=0.6, selective=["matmul"])
+    assert p.chain.policies == ["matmul"]
+    assert all(k in ((), ("matmul",)) for k in p.selective)
+    with pytest.raises(TypeError, match="selective"):
+        memsave.plan(model, x, budget=0.6, selective="matmul")
+    with pytest.raises(ValueError, match="bogus"):
+        memsave.plan(model, x, budget=0.6, selective=["bogus"])
+    with pytest.raises(ValueError, match="no operator class"):
+        memsave.plan(model, x, budget=0.6, selective=[])
+
+
+def test_binding_takes_policies_and_selective_segments() -> None:
+    stage = {"fwd_time": 1.0, "bwd_time": 2.0, "input_bytes": 10, "output_bytes": 10, "saved_bytes": 20,
+             "selective_fwd_time": [0.25], "selective_kept_bytes": [4]}
+    chain = {"stages": [stage] * 4, "policies": ["matmul"]}
+    whole = planner_simulate(chain, [(0, 2, True), (2, 4, False)])
+    sel = planner_simulate(chain, [(0, 2, True, 0), (2, 4, False)])
+    assert sel["extra_time"] == 0.5 and whole["extra_time"] == 2.0
+    assert sel["peak_bytes"] >= whole["peak_bytes"]  # the kept outputs are held until the recompute
+    assert planner_simulate(chain, [(0, 2, True, None), (2, 4, False)]) == whole
+    res = planner_solve(chain, sel["peak_bytes"], "optimal")
+    assert len(res["segment_policies"]) == len(res["segments"]) and 0 in res["segment_policies"]
+    with pytest.raises(ValueError, match="selective"):
+        planner_simulate({"stages": [dict(stage, selective_fwd_time=[])] * 4, "policies": ["matmul"]},
+                         [(0, 4, False)])
