@@ -17,3 +17,4 @@ run benchmarks/run.py --models unet gpt2 --size cpu --steps 9 --plugins benchmar
 run benchmarks/plan_benefit.py
 run benchmarks/estimate_accuracy.py --device cpu --size cpu
 run benchmarks/convert_zoo.py
+run benchmarks/real_models.py

@@ -1,0 +1,534 @@
+"""memsave on real model definitions (issue 12, item 7): Hugging Face GPT-2 and Llama, a timm ViT and torchvision's
+ResNet-50, one training step each, eager against every recompute strategy a user would reach for.
+
+Models (random weights from configs, seed 0, float32, training mode, dropout off so that ``torch.compile``'s rows
+compare gradients without RNG; nothing is downloaded):
+
+==========  =====================================================================================================
+model       ``cpu`` size (the committed run; ``--quick``: a tiny config of the same architecture)
+==========  =====================================================================================================
+gpt2        transformers GPT2LMHeadModel: 6 layers, d 256, 4 heads, vocabulary 8,192, batch 4 x 256 tokens, labels
+llama       transformers LlamaForCausalLM: 6 layers, hidden 256, MLP 688, 4 heads, vocabulary 8,192, 4 x 256, labels
+vit         timm vit_tiny_patch16_224 at 64 x 64 images with 8 x 8 patches (65 tokens), 12 blocks, d 192, batch 32
+resnet50    torchvision resnet50, batch 16, 3 x 128 x 128
+==========  =====================================================================================================
+
+The vocabulary is 8,192 rather than GPT-2's 50,257 so that the layers' activations, which recompute can free, and
+not the logits at the end, dominate the step (``convert_zoo.py`` covers the logits). The losses are the model's own
+(``labels``) for the language models and cross entropy over 10 classes for the vision models.
+
+Variants:
+
+* ``eager``.
+* ``torch blocks``: ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` around the forward of every
+  block ``memsave.find_blocks(model)`` returns (what a user writes by hand around each layer).
+* ``wrap``: ``memsave.wrap(model)`` -- the same blocks, memsave's regions.
+* ``plan 25% / 50% / 75%``: ``memsave.plan(model, **inputs, budget=B)`` applied with ``memsave.wrap``, with ``B``
+  25, 50 and 75% of the way from ``wrap``'s measured peak to eager's; the row says whether the measured peak is
+  within ``B``.
+* ``compile amb 0.5``: ``torch.compile(model)`` stepped under ``torch._functorch.config.activation_memory_budget =
+  0.5`` (inductor's own min-cut recompute). Its first step compiles (the time is in the row). Skipped, with the reason
+  in the row, by ``--no-compile`` or when compiling fails.
+
+Columns: ``peak`` = allocator-level peak of one step above its start (CPU: the profiler's allocation events,
+``memsave.measurement.allocator``; CUDA: ``max_memory_allocated``); ``activations`` = the live-tensor tracker's bytes
+created in forward and alive at its end (n/a for the compiled row: the tracker is a dispatch mode, under which dynamo
+does not run the compiled graph); ``time`` = median of ``--repeats`` steps stepped interleaved (A B C ... C B A ...)
+so that load changing during the run hits all alike, as a ratio to eager's median; ``grad err`` = max over
+parameters of max |grad - eager's| / max |eager's| after one step from the same seed (0 = bitwise equal).
+
+    python3 benchmarks/real_models.py                        # the committed CPU run (~10-15 minutes on 2 cores)
+    python3 benchmarks/real_models.py --models gpt2 --no-compile --no-save
+    python3 benchmarks/real_models.py --quick --no-compile   # tiny configs, seconds: a smoke test (not saved)
+    python3 benchmarks/real_models.py --markdown-from benchmarks/results/real_models_cpu.json
+
+Writes ``benchmarks/results/real_models_<device>.json`` and ``.md`` with the machine (CPU model, threads), torch,
+transformers, timm, torchvision and memsave versions, the git commit (and whether the package sources differed from
+it), and the load average at the start and the end.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import nn
+
+import memsave
+from memsave.measurement.allocator import step_peak_bytes
+from memsave.measurement.tracker import LiveTensorTracker
+
+HERE = Path(__file__).resolve().parent
+MODELS = ("gpt2", "llama", "vit", "resnet50")
+PLAN_FRACTIONS = (0.25, 0.5, 0.75)
+COMPILE_BUDGET = 0.5
+VARIANTS = ("eager", "torch blocks", "wrap", *(f"plan {int(f * 100)}%" for f in PLAN_FRACTIONS),
+            f"compile amb {COMPILE_BUDGET}")
+CLASSES = 10
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+@dataclass
+class Case:
+    """One model at one size: the module, its positional and keyword inputs, its loss, and a description."""
+
+    model: nn.Module
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    loss_fn: LossFn
+    description: str
+
+
+# ------------------------------------------------------------------------------------------------------ models
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - the test extras install it
+        raise SystemExit("real_models: needs transformers (pip install transformers)") from e
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _lm_case(model: nn.Module, vocab: int, batch: int, seq: int, description: str) -> Case:
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return Case(model, (), {"input_ids": ids, "labels": ids}, _hf_loss, description)
+
+
+def _hf_loss(out: Any) -> torch.Tensor:
+    return out.loss
+
+
+def _classification_case(model: nn.Module, batch: int, size: int, description: str) -> Case:
+    g = torch.Generator().manual_seed(1)
+    images = torch.randn(batch, 3, size, size, generator=g)
+    targets = torch.randint(0, CLASSES, (batch,), generator=g)
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, targets)
+
+    return Case(model, (images,), {}, loss_fn, description)
+
+
+def build(name: str, quick: bool = False) -> Case:
+    """The model ``name`` (one of :data:`MODELS`) at the CPU size, or a tiny config of it with ``quick``.
+
+    Args:
+        name: ``gpt2``, ``llama``, ``vit`` or ``resnet50``.
+        quick: a tiny config of the same architecture (seconds per step on a CPU core).
+
+    Returns:
+        a :class:`Case` with seeded weights (seed 0) and inputs (seed 1).
+
+    Raises:
+        ValueError: an unknown name.
+
+    Example:
+        >>> case = build("gpt2", quick=True)
+        >>> case.loss_fn(case.model(*case.args, **case.kwargs)).backward()
+    """
+    torch.manual_seed(0)
+    if name == "gpt2":
+        tf = _transformers()
+        layers, d, vocab, batch, seq = (2, 32, 128, 2, 16) if quick else (6, 256, 8192, 4, 256)
+        cfg = tf.GPT2Config(n_layer=layers, n_embd=d, n_head=4, vocab_size=vocab, n_positions=seq, use_cache=False,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        return _lm_case(tf.GPT2LMHeadModel(cfg).train(), vocab, batch, seq,
+                        f"GPT2LMHeadModel, {layers} layers, d {d}, vocab {vocab:,}, {batch} x {seq} tokens")
+    if name == "llama":
+        tf = _transformers()
+        layers, d, vocab, batch, seq = (2, 32, 128, 2, 16) if quick else (6, 256, 8192, 4, 256)
+        cfg = tf.LlamaConfig(num_hidden_layers=layers, hidden_size=d, intermediate_size=int(d * 2.6875),
+                             num_attention_heads=4, num_key_value_heads=4, vocab_size=vocab,
+                             max_position_embeddings=seq, use_cache=False, bos_token_id=0, eos_token_id=0)
+        return _lm_case(tf.LlamaForCausalLM(cfg).train(), vocab, batch, seq,
+                        f"LlamaForCausalLM, {layers} layers, hidden {d}, vocab {vocab:,}, {batch} x {seq} tokens")
+    if name == "vit":
+        import timm
+
+        depth, dim, heads, size, batch = (2, 32, 2, 32, 2) if quick else (12, 192, 3, 64, 32)
+        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=CLASSES, img_size=size,
+                                  patch_size=8, embed_dim=dim, depth=depth, num_heads=heads)
+        tokens = (size // 8) ** 2 + 1
+        return _classification_case(model.train(), batch, size,
+                                    f"timm ViT-tiny, {depth} blocks, d {dim}, {size}x{size} / patch 8 ({tokens} "
+                                    f"tokens), batch {batch}")
+    if name == "resnet50":
+        import torchvision
+
+        batch, size = (2, 32) if quick else (16, 128)
+        model = torchvision.models.resnet50(weights=None, num_classes=CLASSES)
+        return _classification_case(model.train(), batch, size, f"torchvision ResNet-50, batch {batch}, {size}x{size}")
+    raise ValueError(f"real_models: unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+# ---------------------------------------------------------------------------------------------------- variants
+def torch_checkpoint_blocks(model: nn.Module) -> List[str]:
+    """Wrap, in place, the forward of every block ``memsave.find_blocks(model)`` names in
+    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``; returns the block names."""
+    blocks = memsave.find_blocks(model)
+    for name in blocks:
+        block = model.get_submodule(name)
+        forward = block.forward
+
+        def checkpointed(*args: Any, _forward: Callable[..., Any] = forward, **kwargs: Any) -> Any:
+            return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        block.forward = checkpointed  # type: ignore[method-assign]
+    return blocks
+
+
+class Runner:
+    """One variant: a callable model and how to step it (gradients set to None, forward, loss, backward)."""
+
+    def __init__(self, name: str, model: nn.Module, call: Callable[..., Any], case: Case,
+                 context: Optional[Callable[[], Any]] = None) -> None:
+        self.name, self.model, self.call, self.case, self.context = name, model, call, case, context
+
+    def step(self) -> torch.Tensor:
+        self.model.zero_grad(set_to_none=True)
+        if self.context is not None:
+            with self.context():
+                loss = self.case.loss_fn(self.call(*self.case.args, **self.case.kwargs))
+                loss.backward()
+        else:
+            loss = self.case.loss_fn(self.call(*self.case.args, **self.case.kwargs))
+            loss.backward()
+        return loss.detach()
+
+
+def _grad_error(model: nn.Module, reference: Dict[str, torch.Tensor]) -> Tuple[float, float]:
+    """(max relative error, max absolute error) of ``model``'s gradients against ``reference``."""
+    rel, absolute = 0.0, 0.0
+    for n, p in model.named_parameters():
+        ref = reference.get(n)
+        if ref is None and p.grad is None:
+            continue
+        if ref is None or p.grad is None:
+            return float("inf"), float("inf")
+        diff = (p.grad.double() - ref.double()).abs().max().item()
+        scale = ref.double().abs().max().item() or 1.0
+        rel, absolute = max(rel, diff / scale), max(absolute, diff)
+    return rel, absolute
+
+
+def _activation_bytes(runner: Runner) -> int:
+    case = runner.case
+    runner.model.zero_grad(set_to_none=True)
+    with LiveTensorTracker() as tracker:
+        out = runner.call(*case.args, **case.kwargs)
+        live = tracker.live_bytes
+    case.loss_fn(out).backward()
+    del out
+    runner.model.zero_grad(set_to_none=True)
+    return int(live)
+
+
+def _peak(runner: Runner, device: torch.device) -> int:
+    runner.model.zero_grad(set_to_none=True)
+    peak = step_peak_bytes(runner.step, device)
+    runner.model.zero_grad(set_to_none=True)
+    return int(peak)
+
+
+def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_compile: bool,
+                log: Callable[[str], None]) -> dict:
+    """Every variant of one model: peak, activations, interleaved step time, gradient error.
+
+    Returns:
+        ``{"model", "description", "parameters", "blocks", "variants": {variant: row}}``; a row that could not run
+        has ``skipped`` (the reason) instead of measurements.
+    """
+    case = build(name, quick)
+    base = case.model.to(device)
+    case.args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.args)
+    case.kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.kwargs.items()}
+    blocks = memsave.find_blocks(base)
+    rows: Dict[str, dict] = {}
+    runners: Dict[str, Runner] = {}
+
+    # eager first: the reference gradients and the peak the plan budgets are placed against.
+    eager = Runner("eager", base, base, case)
+    torch.manual_seed(5)
+    eager.step()
+    reference = {n: p.grad.detach().clone() for n, p in base.named_parameters() if p.grad is not None}
+
+    def add(runner: Runner, **extra: Any) -> None:
+        t0 = time.perf_counter()
+        torch.manual_seed(5)
+        runner.step()  # warm-up (compiles a compiled variant), and the gradients compared with eager's
+        first = time.perf_counter() - t0
+        rel, absolute = _grad_error(runner.model, reference)
+        row = dict(grad_rel_err=rel, grad_abs_err=absolute, first_step_s=first, **extra)
+        row["peak_bytes"] = _peak(runner, device)
+        row["activation_bytes"] = None if runner.name.startswith("compile") else _activation_bytes(runner)
+        rows[runner.name] = row
+        runners[runner.name] = runner
+        acts = row["activation_bytes"]
+        log(f"  {runner.name}: peak {row['peak_bytes'] / 2**20:.1f} MiB, activations "
+            f"{'n/a' if acts is None else f'{acts / 2**20:.1f} MiB'}, grad err {rel:.1e}")
+
+    add(eager)
+    torch_model = copy.deepcopy(base)
+    torch_checkpoint_blocks(torch_model)
+    add(Runner("torch blocks", torch_model, torch_model, case))
+    wrapped = memsave.wrap(copy.deepcopy(base))
+    add(Runner("wrap", wrapped, wrapped, case))
+
+    eager_peak, wrap_peak = rows["eager"]["peak_bytes"], rows["wrap"]["peak_bytes"]
+    for frac in PLAN_FRACTIONS:
+        key = f"plan {int(frac * 100)}%"
+        budget = int(wrap_peak + frac * (eager_peak - wrap_peak))
+        model = copy.deepcopy(base)
+        t0 = time.perf_counter()
+        try:
+            p = memsave.plan(model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs)
+        except memsave.InfeasibleBudgetError as e:
+            rows[key] = dict(skipped=f"no plan fits {budget} bytes (smallest: {e.min_bytes})", budget_bytes=budget)
+            log(f"  {key}: {rows[key]['skipped']}")
+            continue
+        plan_s = time.perf_counter() - t0
+        memsave.wrap(model, p)
+        add(Runner(key, model, model, case), budget_bytes=budget, plan_seconds=plan_s, regions=len(p.regions()),
+            pieces=len(p.pieces), plan_measured_peak_bytes=p.measured_peak_bytes,
+            predicted_overhead=p.predicted_overhead)
+        rows[key]["within_budget"] = rows[key]["peak_bytes"] <= budget
+
+    key = VARIANTS[-1]
+    if not run_compile:
+        rows[key] = dict(skipped="not run (--no-compile)")
+    else:
+        compiled_base = copy.deepcopy(base)
+        compiled = torch.compile(compiled_base)
+
+        def budget_context() -> Any:
+            return torch._functorch.config.patch(activation_memory_budget=COMPILE_BUDGET)
+
+        try:
+            add(Runner(key, compiled_base, compiled, case, context=budget_context))
+            rows[key]["compile_seconds"] = rows[key]["first_step_s"]
+        except Exception as e:  # noqa: BLE001 - inductor's failures vary by machine; record why and go on
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            rows[key] = dict(skipped=f"torch.compile failed on this machine ({reason})")
+            log(f"  {key}: {rows[key]['skipped']}")
+
+    # Interleaved timing: A B C ... then ... C B A, `repeats` rounds.
+    order = [v for v in VARIANTS if v in runners]
+    times: Dict[str, List[float]] = {v: [] for v in order}
+    for i in range(repeats):
+        for v in (order if i % 2 == 0 else list(reversed(order))):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            runners[v].step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[v].append(time.perf_counter() - t0)
+    eager_s = statistics.median(times["eager"])
+    eager_acts = rows["eager"]["activation_bytes"]
+    for v in order:
+        r = rows[v]
+        r["step_s"] = statistics.median(times[v])
+        r["times_s"] = times[v]
+        r["time_ratio"] = r["step_s"] / eager_s
+        r["peak_ratio"] = r["peak_bytes"] / eager_peak
+        acts = r["activation_bytes"]
+        r["activation_ratio"] = None if acts is None else acts / eager_acts
+    for runner in runners.values():
+        runner.model.zero_grad(set_to_none=True)
+    return dict(model=name, description=case.description, parameters=sum(p.numel() for p in base.parameters()),
+                blocks=blocks, variants={v: rows[v] for v in VARIANTS if v in rows})
+
+
+# ------------------------------------------------------------------------------------------------------ output
+def _note(v: str, r: dict) -> str:
+    mib = 2.0**20
+    if "skipped" in r:
+        return r["skipped"]
+    if v.startswith("plan"):
+        ok = "within" if r["within_budget"] else "ABOVE"
+        return (f"budget {r['budget_bytes'] / mib:.1f} MiB: {ok}; {r['regions']} regions of {r['pieces']} pieces; "
+                f"planned in {r['plan_seconds']:.0f} s")
+    if v.startswith("compile"):
+        return f"first step (compiling) {r['compile_seconds']:.0f} s"
+    return ""
+
+
+def _fmt(x: Optional[float], spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+HEADER = (f"{'model':<9} {'variant':<16} {'peak MiB':>9} {'ratio':>6} {'act MiB':>8} {'ratio':>6} {'time':>6} "
+          f"{'grad err':>9}  note")
+
+
+def format_rows(res: dict) -> List[str]:
+    """The printed table's lines for one model."""
+    mib = 2.0**20
+    out = []
+    for v, r in res["variants"].items():
+        if "skipped" in r:
+            out.append(f"{res['model']:<9} {v:<16} {'-':>9} {'-':>6} {'-':>8} {'-':>6} {'-':>6} {'-':>9}  "
+                       f"{_note(v, r)}")
+            continue
+        acts = r["activation_bytes"]
+        out.append(f"{res['model']:<9} {v:<16} {r['peak_bytes'] / mib:>9.1f} {r['peak_ratio']:>6.2f} "
+                   f"{_fmt(None if acts is None else acts / mib, '.1f'):>8} {_fmt(r['activation_ratio'], '.2f'):>6} "
+                   f"{r['time_ratio']:>6.2f} {r['grad_rel_err']:>9.1e}  {_note(v, r)}")
+    return out
+
+
+def _load(avg: Optional[Sequence[float]]) -> str:
+    return "n/a" if avg is None else " / ".join(f"{v:.2f}" for v in avg)
+
+
+def markdown(meta: dict, results: List[dict]) -> str:
+    """The results as a markdown page (what ``--markdown-from`` writes again)."""
+    mib = 2.0**20
+    dirty = meta.get("git_dirty") or []
+    lines = [
+        "# memsave on real models: eager, torch per-block checkpoint, memsave.wrap, memsave.plan, torch.compile",
+        "",
+        f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
+        f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
+        f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
+        f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
+        f"(1 / 5 / 15 min) at the start {_load(meta['load_average_start'])}, at the end "
+        f"{_load(meta['load_average_end'])}; {meta['minutes']:.1f} minutes.",
+        "",
+        "One training step (gradients set to None, forward with the loss, backward), float32, random weights, "
+        "dropout off. Peak: allocator-level, above the step's start. Activations: live-tensor tracker, bytes created "
+        "in forward and alive at its end (n/a under torch.compile: the tracker is a dispatch mode). Time: median of "
+        f"{meta['repeats']} interleaved steps, as a ratio to eager's. Grad err: max over parameters of "
+        "max |grad - eager's| / max |eager's| (0 = bitwise). Plan budgets: 25 / 50 / 75% of the way from `wrap`'s "
+        f"peak to eager's. Compile: `torch._functorch.config.activation_memory_budget = {COMPILE_BUDGET}`.",
+        "",
+        "| model | variant | peak | peak / eager | activations | act. / eager | time / eager | grad err | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        for v, r in res["variants"].items():
+            if "skipped" in r:
+                lines.append(f"| {res['description']} | {v} | - | - | - | - | - | - | {_note(v, r)} |")
+                continue
+            acts = r["activation_bytes"]
+            lines.append(
+                f"| {res['description']} | {v} | {r['peak_bytes'] / mib:.1f} MiB | {r['peak_ratio']:.2f} | "
+                f"{_fmt(None if acts is None else acts / mib, '.1f')}{'' if acts is None else ' MiB'} | "
+                f"{_fmt(r['activation_ratio'], '.2f')} | {r['time_ratio']:.2f} | {r['grad_rel_err']:.1e} | "
+                f"{_note(v, r)} |")
+    return "\n".join(lines) + "\n"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform's processor or machine."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git(*args: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _versions() -> Dict[str, Optional[str]]:
+    out: Dict[str, Optional[str]] = {}
+    for mod in ("transformers", "timm", "torchvision"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            out[mod] = None
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the benchmark (see the module docstring); returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    p.add_argument("--repeats", type=int, default=None, help="interleaved timed steps per variant (default 9; "
+                   "--quick: 2)")
+    p.add_argument("--quick", action="store_true", help="tiny configs, 2 repeats, not saved unless --out: a smoke run")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile row (it compiles for minutes)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/real_models_<device>.json)")
+    p.add_argument("--no-save", action="store_true")
+    p.add_argument("--markdown-from", default=None, help="only write the .md of this results JSON again")
+    args = p.parse_args(argv)
+    if args.markdown_from:
+        with open(args.markdown_from) as f:
+            data = json.load(f)
+        with open(os.path.splitext(args.markdown_from)[0] + ".md", "w") as f:
+            f.write(markdown(data["meta"], data["results"]))
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("real_models: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats = args.repeats or (2 if args.quick else 9)
+    save = not args.no_save and (args.out is not None or not args.quick)
+    device = torch.device(args.device)
+    start = time.perf_counter()
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
+          f"steps; ratios to eager", flush=True)
+    results = []
+    for name in args.models:
+        print(f"{name} ...", flush=True)
+        results.append(bench_model(name, device, repeats, args.quick, not args.no_compile,
+                                   log=lambda s: print(s, flush=True)))
+    load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(HEADER)
+    for res in results:
+        print("\n".join(format_rows(res)))
+    print(f"load average at the start: {_load(load_start)}, at the end: {_load(load_end)}")
+    if save:
+        out = args.out or str(HERE / "results" / f"real_models_{args.device}.json")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        dirty = _git("status", "--porcelain", "--", "python", "csrc")
+        meta = dict(device=args.device, torch=torch.__version__, **_versions(),
+                    memsave_version=memsave.__version__, memsave=memsave.build_info(),
+                    git_commit=_git("rev-parse", "--short", "HEAD"),
+                    git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
+                    threads=torch.get_num_threads(), cpu=cpu_model(), cpu_count=os.cpu_count(),
+                    load_average_start=load_start, load_average_end=load_end,
+                    minutes=(time.perf_counter() - start) / 60,
+                    date=time.strftime("%Y-%m-%d %H:%M:%S"), repeats=repeats, quick=args.quick,
+                    compile_activation_memory_budget=COMPILE_BUDGET,
+                    command=" ".join(["python3 benchmarks/real_models.py",
+                                      *(argv if argv is not None else sys.argv[1:])]))
+        if args.device == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name()
+            meta["cuda"] = torch.version.cuda
+        with open(out, "w") as f:
+            json.dump(dict(meta=meta, results=results), f, indent=2)
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write(markdown(meta, results))
+        print(f"wrote {out} and its .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
