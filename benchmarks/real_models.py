@@ -49,6 +49,7 @@ it), and the load average at the start and the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -191,7 +192,9 @@ def torch_checkpoint_blocks(model: nn.Module) -> List[str]:
 
 
 class Runner:
-    """One variant: a callable model and how to step it (gradients set to None, forward, loss, backward)."""
+    """One variant: a callable model and how to step it: gradients set to None, ``out = model(...)``,
+    ``loss = loss_fn(out)``, ``loss.backward()`` -- with ``out`` alive during backward, as in a training loop and in
+    ``memsave.measure`` and ``memsave.plan`` (a language model's logits count in the peak)."""
 
     def __init__(self, name: str, model: nn.Module, call: Callable[..., Any], case: Case,
                  context: Optional[Callable[[], Any]] = None) -> None:
@@ -199,13 +202,11 @@ class Runner:
 
     def step(self) -> torch.Tensor:
         self.model.zero_grad(set_to_none=True)
-        if self.context is not None:
-            with self.context():
-                loss = self.case.loss_fn(self.call(*self.case.args, **self.case.kwargs))
-                loss.backward()
-        else:
-            loss = self.case.loss_fn(self.call(*self.case.args, **self.case.kwargs))
+        with self.context() if self.context is not None else contextlib.nullcontext():
+            out = self.call(*self.case.args, **self.case.kwargs)
+            loss = self.case.loss_fn(out)
             loss.backward()
+        del out
         return loss.detach()
 
 
@@ -222,6 +223,21 @@ def _grad_error(model: nn.Module, reference: Dict[str, torch.Tensor]) -> Tuple[f
         scale = ref.double().abs().max().item() or 1.0
         rel, absolute = max(rel, diff / scale), max(absolute, diff)
     return rel, absolute
+
+
+def _float64_error(case: Case, base: nn.Module, reference: Dict[str, torch.Tensor]) -> float:
+    """Eager float32's gradient error against the same step in float64: the rounding floor a reordering variant
+    (``torch.compile``) is judged against."""
+    model = copy.deepcopy(base).double()
+
+    def cast(v: Any) -> Any:
+        return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+    case64 = Case(model, tuple(cast(a) for a in case.args), {k: cast(v) for k, v in case.kwargs.items()},
+                  case.loss_fn, case.description)
+    torch.manual_seed(5)
+    Runner("float64", model, model, case64).step()
+    return _grad_error(model, reference)[0]  # eager float32's gradients (``reference``) against float64's
 
 
 def _activation_bytes(runner: Runner) -> int:
@@ -281,6 +297,7 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_
             f"{'n/a' if acts is None else f'{acts / 2**20:.1f} MiB'}, grad err {rel:.1e}")
 
     add(eager)
+    rows["eager"]["float64_grad_rel_err"] = _float64_error(case, base, reference)
     torch_model = copy.deepcopy(base)
     torch_checkpoint_blocks(torch_model)
     add(Runner("torch blocks", torch_model, torch_model, case))
@@ -363,6 +380,8 @@ def _note(v: str, r: dict) -> str:
                 f"planned in {r['plan_seconds']:.0f} s")
     if v.startswith("compile"):
         return f"first step (compiling) {r['compile_seconds']:.0f} s"
+    if v == "eager" and r.get("float64_grad_rel_err") is not None:
+        return f"eager float32 vs float64: grad err {r['float64_grad_rel_err']:.1e}"
     return ""
 
 
@@ -412,7 +431,9 @@ def markdown(meta: dict, results: List[dict]) -> str:
         "dropout off. Peak: allocator-level, above the step's start. Activations: live-tensor tracker, bytes created "
         "in forward and alive at its end (n/a under torch.compile: the tracker is a dispatch mode). Time: median of "
         f"{meta['repeats']} interleaved steps, as a ratio to eager's. Grad err: max over parameters of "
-        "max |grad - eager's| / max |eager's| (0 = bitwise). Plan budgets: 25 / 50 / 75% of the way from `wrap`'s "
+        "max |grad - eager's| / max |eager's| (0 = bitwise); the eager row's note gives eager's own error against "
+        "the same step in float64, the rounding floor for a variant that reorders floating-point sums "
+        "(torch.compile). Plan budgets: 25 / 50 / 75% of the way from `wrap`'s "
         f"peak to eager's. Compile: `torch._functorch.config.activation_memory_budget = {COMPILE_BUDGET}`.",
         "",
         "| model | variant | peak | peak / eager | activations | act. / eager | time / eager | grad err | note |",

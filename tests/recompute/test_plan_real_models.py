@@ -142,11 +142,14 @@ def _step(model: nn.Module, args: Args, kwargs: Kwargs, loss_fn: LossFn) -> Dict
 
 
 def _peak(model: nn.Module, args: Args, kwargs: Kwargs, loss_fn: LossFn) -> int:
-    """memsave's allocator-level peak of one step (CPU: the profiler's allocation events), gradients cleared."""
+    """memsave's allocator-level peak of one step (CPU: the profiler's allocation events), gradients cleared; the
+    output stays alive during backward, as in a training loop, memsave.measure and memsave.plan."""
     model.zero_grad(set_to_none=True)
 
     def step() -> None:
-        loss_fn(model(*args, **kwargs)).backward()
+        out = model(*args, **kwargs)
+        loss_fn(out).backward()
+        del out
 
     peak = step_peak_bytes(step, torch.device("cpu"))
     model.zero_grad(set_to_none=True)
