@@ -27,8 +27,8 @@ Variants:
   25, 50 and 75% of the way from ``wrap``'s measured peak to eager's; the row says whether the measured peak is
   within ``B``.
 * ``compile amb 0.5``: ``torch.compile(model)`` stepped under ``torch._functorch.config.activation_memory_budget =
-  0.5`` (inductor's own min-cut recompute). Its first step compiles (the time is in the row). Skipped, with the reason
-  in the row, by ``--no-compile`` or when compiling fails.
+  0.5`` (inductor's own min-cut recompute). Its first step compiles, with inductor's on-disk caches off (the cold
+  compile time is in the row). Skipped, with the reason in the row, by ``--no-compile`` or when compiling fails.
 
 Columns: ``peak`` = allocator-level peak of one step above its start (CPU: the profiler's allocation events,
 ``memsave.measurement.allocator``; CUDA: ``max_memory_allocated``); ``activations`` = the live-tensor tracker's bytes
@@ -63,6 +63,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch._functorch.config
+import torch._inductor.config
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
@@ -331,7 +333,12 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_
         compiled = torch.compile(compiled_base)
 
         def budget_context() -> Any:
-            return torch._functorch.config.patch(activation_memory_budget=COMPILE_BUDGET)
+            # Inductor's on-disk caches off: the first step's time is a cold compile on every run.
+            stack = contextlib.ExitStack()
+            stack.enter_context(torch._functorch.config.patch(activation_memory_budget=COMPILE_BUDGET,
+                                                              enable_autograd_cache=False))
+            stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+            return stack
 
         try:
             add(Runner(key, compiled_base, compiled, case, context=budget_context))
