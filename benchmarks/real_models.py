@@ -27,8 +27,9 @@ Variants:
   25, 50 and 75% of the way from ``wrap``'s measured peak to eager's; the row says whether the measured peak is
   within ``B``.
 * ``compile amb 0.5``: ``torch.compile(model)`` stepped under ``torch._functorch.config.activation_memory_budget =
-  0.5`` (inductor's own min-cut recompute). Its first step compiles, with inductor's on-disk caches off (the cold
-  compile time is in the row). Skipped, with the reason in the row, by ``--no-compile`` or when compiling fails.
+  0.5`` (inductor's own min-cut recompute). Its first step compiles, with inductor's FX-graph and autograd caches
+  off (its time is in the row; inductor's compiled C++ kernels may still come from its on-disk cache of an earlier
+  run). Skipped, with the reason in the row, by ``--no-compile`` or when compiling fails.
 
 Columns: ``peak`` = allocator-level peak of one step above its start (CPU: the profiler's allocation events,
 ``memsave.measurement.allocator``; CUDA: ``max_memory_allocated``); ``activations`` = the live-tensor tracker's bytes
@@ -37,7 +38,7 @@ does not run the compiled graph); ``time`` = median of ``--repeats`` steps stepp
 so that load changing during the run hits all alike, as a ratio to eager's median; ``grad err`` = max over
 parameters of max |grad - eager's| / max |eager's| after one step from the same seed (0 = bitwise equal).
 
-    python3 benchmarks/real_models.py                        # the committed CPU run (~10-15 minutes on 2 cores)
+    python3 benchmarks/real_models.py                        # the committed CPU run (~7 minutes on 2 cores)
     python3 benchmarks/real_models.py --models gpt2 --no-compile --no-save
     python3 benchmarks/real_models.py --quick --no-compile   # tiny configs, seconds: a smoke test (not saved)
     python3 benchmarks/real_models.py --markdown-from benchmarks/results/real_models_cpu.json
@@ -441,7 +442,9 @@ def markdown(meta: dict, results: List[dict]) -> str:
         "max |grad - eager's| / max |eager's| (0 = bitwise); the eager row's note gives eager's own error against "
         "the same step in float64, the rounding floor for a variant that reorders floating-point sums "
         "(torch.compile). Plan budgets: 25 / 50 / 75% of the way from `wrap`'s "
-        f"peak to eager's. Compile: `torch._functorch.config.activation_memory_budget = {COMPILE_BUDGET}`.",
+        f"peak to eager's. Compile: `torch._functorch.config.activation_memory_budget = {COMPILE_BUDGET}`; its "
+        "first step compiles with inductor's FX-graph and autograd caches off (compiled C++ kernels may come from "
+        "inductor's on-disk cache).",
         "",
         "| model | variant | peak | peak / eager | activations | act. / eager | time / eager | grad err | note |",
         "|---|---|---|---|---|---|---|---|---|",

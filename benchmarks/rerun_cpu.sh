@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reruns every committed CPU benchmark (results/*_cpu*), one after the other (never two at once on a 2-core machine).
-#   bash benchmarks/rerun_cpu.sh            # ~12 minutes on 2 cores
+#   bash benchmarks/rerun_cpu.sh            # ~20 minutes on 2 cores (real_models.py ~7 of them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
