@@ -172,3 +172,26 @@ def test_binding_takes_policies_and_selective_segments() -> None:
     with pytest.raises(ValueError, match="selective"):
         planner_simulate({"stages": [dict(stage, selective_fwd_time=[])] * 4, "policies": ["matmul"]},
                          [(0, 4, False)])
+
+
+def test_selective_plans_fit_every_budget_module_level_plans_fit() -> None:
+    """Module-level plans are a subset of selective ones: at the tightest budget a module-level plan meets (its
+    minimum-memory plan's measured peak), a selective plan is found too, and selective minimum-memory plans are no
+    larger. (The cost model can tie a selective region with a whole one that measures a few allocations more, as on
+    this GPT-2, where the selective chain alone misses the whole-region plan.)"""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=128,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 128, (2, 16))
+    smallest = memsave.plan(model, input_ids=ids, labels=ids, strategy="min_memory", selective=False)
+    budget = smallest.measured_peak_bytes
+    for selective in (False, True):
+        p = memsave.plan(model, input_ids=ids, labels=ids, budget=budget, selective=selective)
+        assert p.measured_peak_bytes is not None and p.measured_peak_bytes <= budget, (selective, p.summary())
+    q = memsave.plan(model, input_ids=ids, labels=ids, strategy="min_memory")
+    assert q.measured_peak_bytes <= budget
+    with pytest.raises(memsave.InfeasibleBudgetError) as e:
+        memsave.plan(model, input_ids=ids, labels=ids, budget=q.measured_peak_bytes - 1)
+    assert e.value.min_bytes == q.measured_peak_bytes  # the smaller of both chains' minimum-memory plans, measured

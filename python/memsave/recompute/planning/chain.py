@@ -15,7 +15,7 @@ the predicted timeline of the eager step is never below the allocator-level one 
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -109,6 +109,11 @@ class Chain:
     def eager_seconds(self) -> float:
         """Forward plus backward time of all stages: one eager step's compute."""
         return sum(s.fwd_time + s.bwd_time for s in self.stages)
+
+    def module_level(self) -> "Chain":
+        """This chain without its selective policies and variants: the cost model of module-level plans only."""
+        stages = [replace(s, selective_fwd_time=[], selective_kept_bytes=[]) for s in self.stages]
+        return replace(self, stages=stages, policies=[])
 
 
 @dataclass

@@ -27,7 +27,8 @@ How a plan is made:
    are consecutive children of one plain ``nn.Sequential``.
 4. **Verify** (default): apply the plan to the model, measure one step's peak with the allocator-level measure, and
    if it exceeds the budget tighten the solver's budget by the error and solve again. The returned plan's measured
-   peak is in :attr:`Plan.measured_peak_bytes`.
+   peak is in :attr:`Plan.measured_peak_bytes`. A selective search that finds nothing within the budget is followed
+   by the module-level one (the chain without its selective variants) before the budget is declared infeasible.
 
 Budget = the peak memory of one training step (gradients set to None, forward, loss, backward) above what was
 allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation events on CPU (DESIGN.md).
@@ -47,7 +48,7 @@ from ...measurement.measuring import LossFn, SavedStepState, resolve_device, res
 from ...measurement.units import Budget, format_bytes, parse_budget
 from ..wrapping import is_wrapped, unwrap_module
 from ..selective import OPERATOR_CLASSES
-from .chain import build_chain
+from .chain import Chain, build_chain
 from .operators import policy_classes, profile_operator_classes, selective_variants
 from .plan import Plan, apply_regions, fingerprint
 from .trace import time_steps, trace_step
@@ -221,6 +222,8 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             class takes in each piece (profiled in a few extra forwards). ``True`` (default): all classes
             (``"matmul"``, ``"conv"``, ``"attention"``); a sequence of class names: only those; ``False``:
             module-level plans (every region recomputed whole). :meth:`Plan.summary` shows what each region keeps.
+            A selective plan is never worse placed than a module-level one: the module-level chain is searched
+            too before a budget is declared infeasible, so ``True`` fits every budget ``False`` fits.
         example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
             the way to pass a model keyword named like one of this function's own parameters.
         **model_kwargs: every other keyword is a keyword input of ``model`` for the step.
@@ -307,25 +310,25 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             found = [set(prof) for prof in profile]
             tick()
 
-        def keeps(segment: Tuple[int, int, bool], policy: Optional[int]) -> Tuple[str, ...]:
+        def keeps(segment: Tuple[int, int, bool], policy: Optional[int], ch: Chain) -> Tuple[str, ...]:
             """The classes a selective region keeps: its policy's, less those none of its pieces runs."""
             if policy is None:
                 return ()
             here = set().union(*found[segment[0]:segment[1]])
-            return tuple(c for c in policy_classes(chain.policies[policy]) if c in here)
+            return tuple(c for c in policy_classes(ch.policies[policy]) if c in here)
         n = len(pieces)
         none_peak = chain.simulate([(0, n, False)])["peak_bytes"]
         chain.base_bytes = max(0, eager_peak - none_peak)  # allocator-level memory the log cannot see
         eager_seconds = chain.eager_seconds()
         budget_bytes = parse_budget(budget, eager_peak) if budget is not None else None
 
-        def make(res: Dict[str, Any]) -> Plan:  # the solver's answer, not measured yet
+        def make(res: Dict[str, Any], ch: Chain = chain) -> Plan:  # the solver's answer on ``ch``, not measured yet
             return Plan(strategy=strategy, budget_bytes=budget_bytes,
                         predicted_peak_bytes=int(res["predicted_peak_bytes"]), measured_peak_bytes=None,
                         eager_peak_bytes=int(eager_peak), min_feasible_bytes=int(res["min_feasible_bytes"]),
                         predicted_extra_seconds=float(res["predicted_extra_time"]), eager_step_seconds=eager_seconds,
-                        segments=[tuple(s) for s in res["segments"]], pieces=pieces, chain=chain,
-                        selective=[keeps(seg, k) for seg, k in zip(res["segments"], res["segment_policies"])],
+                        segments=[tuple(s) for s in res["segments"]], pieces=pieces, chain=ch,
+                        selective=[keeps(seg, k, ch) for seg, k in zip(res["segments"], res["segment_policies"])],
                         model_class=type(model).__name__, fingerprint=fingerprint(model), device=str(device))
 
         measured_cache: Dict[Tuple, int] = {}
@@ -349,7 +352,24 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         if strategy == "optimal" and budget_bytes is not None and budget_bytes >= eager_peak:
             solver_strategy = "none"  # eager itself fits: nothing to recompute
         result: Optional[Plan] = None
-        if solver_strategy != "optimal":
+        # Module-level plans are a subset of selective ones, but at the tightest budgets the cost model can tie a
+        # selective region with a whole one that measures a few allocations smaller, and a search on the selective
+        # chain then never tries the whole one. So a selective plan also searches the module-level chain before
+        # anything is declared infeasible: selective=True never fits fewer budgets than selective=False.
+        chains = [chain, chain.module_level()] if chain.policies else [chain]
+
+        def smallest_plan() -> Plan:
+            """The minimum-memory plan, of each chain's, with the smallest measured peak (which it carries)."""
+            plans = [make(ch.solve(None, "min_memory", slots), ch) for ch in chains]
+            for q in plans:
+                q.measured_peak_bytes = measure_plan(q)
+            return min(plans, key=lambda q: q.measured_peak_bytes)
+
+        if solver_strategy == "min_memory":
+            p = smallest_plan()
+            if budget_bytes is None or p.measured_peak_bytes <= budget_bytes:
+                result = p
+        elif solver_strategy != "optimal":
             res = chain.solve(budget_bytes, solver_strategy, slots)
             p = make(res)
             if verify or budget_bytes is not None:
@@ -358,16 +378,18 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
                 result = p
         else:
             assert budget_bytes is not None
-            result = search_optimal(
-                solve=lambda b: chain.solve(b, "optimal", slots),
-                solve_min_memory=lambda: chain.solve(None, "min_memory", slots),
-                make=make, measure=measure_plan if verify else None,
-                budget_bytes=budget_bytes)
+            for ch in chains:
+                result = search_optimal(
+                    solve=lambda b, ch=ch: ch.solve(b, "optimal", slots),
+                    solve_min_memory=lambda ch=ch: ch.solve(None, "min_memory", slots),
+                    make=lambda res, ch=ch: make(res, ch), measure=measure_plan if verify else None,
+                    budget_bytes=budget_bytes)
+                if result is not None:
+                    break
         if result is None:
             # Nothing fits: the smallest budget that does is the measured peak of the minimum-memory plan.
-            res = chain.solve(None, "min_memory", slots)
-            smallest = make(res)
-            min_bytes = measure_plan(smallest)
+            smallest = smallest_plan()
+            min_bytes = smallest.measured_peak_bytes
             if budget_bytes is not None and min_bytes <= budget_bytes and strategy == "optimal":
                 smallest.measured_peak_bytes = min_bytes
                 result = smallest
