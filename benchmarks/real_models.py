@@ -213,7 +213,7 @@ class Runner:
         return loss.detach()
 
 
-def _grad_error(model: nn.Module, reference: Dict[str, torch.Tensor]) -> Tuple[float, float]:
+def grad_error(model: nn.Module, reference: Dict[str, torch.Tensor]) -> Tuple[float, float]:
     """(max relative error, max absolute error) of ``model``'s gradients against ``reference``."""
     rel, absolute = 0.0, 0.0
     for n, p in model.named_parameters():
@@ -228,7 +228,7 @@ def _grad_error(model: nn.Module, reference: Dict[str, torch.Tensor]) -> Tuple[f
     return rel, absolute
 
 
-def _float64_error(case: Case, base: nn.Module, reference: Dict[str, torch.Tensor]) -> float:
+def float64_error(case: Case, base: nn.Module, reference: Dict[str, torch.Tensor]) -> float:
     """Eager float32's gradient error against the same step in float64: the rounding floor a reordering variant
     (``torch.compile``) is judged against."""
     model = copy.deepcopy(base).double()
@@ -240,10 +240,11 @@ def _float64_error(case: Case, base: nn.Module, reference: Dict[str, torch.Tenso
                   case.loss_fn, case.description)
     torch.manual_seed(5)
     Runner("float64", model, model, case64).step()
-    return _grad_error(model, reference)[0]  # eager float32's gradients (``reference``) against float64's
+    return grad_error(model, reference)[0]  # eager float32's gradients (``reference``) against float64's
 
 
-def _activation_bytes(runner: Runner) -> int:
+def activation_bytes(runner: Runner) -> int:
+    """The live-tensor tracker's bytes created in ``runner``'s forward and alive at its end (then the backward)."""
     case = runner.case
     runner.model.zero_grad(set_to_none=True)
     with LiveTensorTracker() as tracker:
@@ -255,11 +256,84 @@ def _activation_bytes(runner: Runner) -> int:
     return int(live)
 
 
-def _peak(runner: Runner, device: torch.device) -> int:
+def peak_bytes(runner: Runner, device: torch.device) -> int:
+    """The allocator-level peak of one of ``runner``'s steps above its start (gradients set to None before)."""
     runner.model.zero_grad(set_to_none=True)
     peak = step_peak_bytes(runner.step, device)
     runner.model.zero_grad(set_to_none=True)
     return int(peak)
+
+
+def prepare(name: str, device: torch.device, quick: bool) -> Case:
+    """:func:`build` the model and move it and its inputs to ``device``."""
+    case = build(name, quick)
+    case.model = case.model.to(device)
+    case.args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.args)
+    case.kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.kwargs.items()}
+    return case
+
+
+def eager_reference(case: Case) -> Dict[str, torch.Tensor]:
+    """One seeded eager step of ``case.model``: its parameters' gradients, which every variant is compared with."""
+    torch.manual_seed(5)
+    Runner("eager", case.model, case.model, case).step()
+    return {n: p.grad.detach().clone() for n, p in case.model.named_parameters() if p.grad is not None}
+
+
+def measure_variant(runner: Runner, reference: Dict[str, torch.Tensor], device: torch.device,
+                    log: Callable[[str], None], **extra: Any) -> dict:
+    """One variant's row: a seeded warm-up step (it compiles a compiled variant) whose gradients are compared with
+    ``reference``, then the allocator-level peak and, unless compiled, the tracker's activation bytes.
+
+    Returns:
+        ``{"grad_rel_err", "grad_abs_err", "first_step_s", "peak_bytes", "activation_bytes", **extra}``.
+    """
+    t0 = time.perf_counter()
+    torch.manual_seed(5)
+    runner.step()
+    first = time.perf_counter() - t0
+    rel, absolute = grad_error(runner.model, reference)
+    row = dict(grad_rel_err=rel, grad_abs_err=absolute, first_step_s=first, **extra)
+    row["peak_bytes"] = peak_bytes(runner, device)
+    row["activation_bytes"] = None if runner.name.startswith("compile") else activation_bytes(runner)
+    acts = row["activation_bytes"]
+    log(f"  {runner.name}: peak {row['peak_bytes'] / 2**20:.1f} MiB, activations "
+        f"{'n/a' if acts is None else f'{acts / 2**20:.1f} MiB'}, grad err {rel:.1e}")
+    return row
+
+
+def compile_context(activation_memory_budget: float) -> contextlib.ExitStack:
+    """The configuration a compiled variant steps under: inductor's recompute budget, and its on-disk FX-graph and
+    autograd caches off so that a first step's time is a cold compile on every run."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch._functorch.config.patch(activation_memory_budget=activation_memory_budget,
+                                                      enable_autograd_cache=False))
+    stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+    return stack
+
+
+def failure_reason(e: BaseException) -> str:
+    """A one-line reason for a variant that could not run (inductor's failures vary by machine)."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def interleaved_times(runners: Dict[str, Runner], repeats: int, device: torch.device) -> Dict[str, List[float]]:
+    """Step every runner ``repeats`` times, interleaved: A B C ... then ... C B A, so that load changing during the
+    run hits all alike. Returns each runner's step times in seconds."""
+    order = list(runners)
+    times: Dict[str, List[float]] = {v: [] for v in order}
+    for i in range(repeats):
+        for v in (order if i % 2 == 0 else list(reversed(order))):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            runners[v].step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[v].append(time.perf_counter() - t0)
+    for runner in runners.values():
+        runner.model.zero_grad(set_to_none=True)
+    return times
 
 
 def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_compile: bool,
@@ -270,37 +344,20 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_
         ``{"model", "description", "parameters", "blocks", "variants": {variant: row}}``; a row that could not run
         has ``skipped`` (the reason) instead of measurements.
     """
-    case = build(name, quick)
-    base = case.model.to(device)
-    case.args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case.args)
-    case.kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.kwargs.items()}
+    case = prepare(name, device, quick)
+    base = case.model
     blocks = memsave.find_blocks(base)
     rows: Dict[str, dict] = {}
     runners: Dict[str, Runner] = {}
-
     # eager first: the reference gradients and the peak the plan budgets are placed against.
-    eager = Runner("eager", base, base, case)
-    torch.manual_seed(5)
-    eager.step()
-    reference = {n: p.grad.detach().clone() for n, p in base.named_parameters() if p.grad is not None}
+    reference = eager_reference(case)
 
     def add(runner: Runner, **extra: Any) -> None:
-        t0 = time.perf_counter()
-        torch.manual_seed(5)
-        runner.step()  # warm-up (compiles a compiled variant), and the gradients compared with eager's
-        first = time.perf_counter() - t0
-        rel, absolute = _grad_error(runner.model, reference)
-        row = dict(grad_rel_err=rel, grad_abs_err=absolute, first_step_s=first, **extra)
-        row["peak_bytes"] = _peak(runner, device)
-        row["activation_bytes"] = None if runner.name.startswith("compile") else _activation_bytes(runner)
-        rows[runner.name] = row
+        rows[runner.name] = measure_variant(runner, reference, device, log, **extra)
         runners[runner.name] = runner
-        acts = row["activation_bytes"]
-        log(f"  {runner.name}: peak {row['peak_bytes'] / 2**20:.1f} MiB, activations "
-            f"{'n/a' if acts is None else f'{acts / 2**20:.1f} MiB'}, grad err {rel:.1e}")
 
-    add(eager)
-    rows["eager"]["float64_grad_rel_err"] = _float64_error(case, base, reference)
+    add(Runner("eager", base, base, case))
+    rows["eager"]["float64_grad_rel_err"] = float64_error(case, base, reference)
     torch_model = copy.deepcopy(base)
     torch_checkpoint_blocks(torch_model)
     add(Runner("torch blocks", torch_model, torch_model, case))
@@ -332,47 +389,24 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_
     else:
         compiled_base = copy.deepcopy(base)
         compiled = torch.compile(compiled_base)
-
-        def budget_context() -> Any:
-            # Inductor's on-disk caches off: the first step's time is a cold compile on every run.
-            stack = contextlib.ExitStack()
-            stack.enter_context(torch._functorch.config.patch(activation_memory_budget=COMPILE_BUDGET,
-                                                              enable_autograd_cache=False))
-            stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
-            return stack
-
         try:
-            add(Runner(key, compiled_base, compiled, case, context=budget_context))
+            add(Runner(key, compiled_base, compiled, case, context=lambda: compile_context(COMPILE_BUDGET)))
             rows[key]["compile_seconds"] = rows[key]["first_step_s"]
         except Exception as e:  # noqa: BLE001 - inductor's failures vary by machine; record why and go on
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-            rows[key] = dict(skipped=f"torch.compile failed on this machine ({reason})")
+            rows[key] = dict(skipped=f"torch.compile failed on this machine ({failure_reason(e)})")
             log(f"  {key}: {rows[key]['skipped']}")
 
-    # Interleaved timing: A B C ... then ... C B A, `repeats` rounds.
-    order = [v for v in VARIANTS if v in runners]
-    times: Dict[str, List[float]] = {v: [] for v in order}
-    for i in range(repeats):
-        for v in (order if i % 2 == 0 else list(reversed(order))):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            runners[v].step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times[v].append(time.perf_counter() - t0)
+    times = interleaved_times({v: runners[v] for v in VARIANTS if v in runners}, repeats, device)
     eager_s = statistics.median(times["eager"])
     eager_acts = rows["eager"]["activation_bytes"]
-    for v in order:
+    for v, ts in times.items():
         r = rows[v]
-        r["step_s"] = statistics.median(times[v])
-        r["times_s"] = times[v]
+        r["step_s"] = statistics.median(ts)
+        r["times_s"] = ts
         r["time_ratio"] = r["step_s"] / eager_s
         r["peak_ratio"] = r["peak_bytes"] / eager_peak
         acts = r["activation_bytes"]
         r["activation_ratio"] = None if acts is None else acts / eager_acts
-    for runner in runners.values():
-        runner.model.zero_grad(set_to_none=True)
     return dict(model=name, description=case.description, parameters=sum(p.numel() for p in base.parameters()),
                 blocks=blocks, variants={v: rows[v] for v in VARIANTS if v in rows})
 
@@ -417,7 +451,8 @@ def format_rows(res: dict) -> List[str]:
     return out
 
 
-def _load(avg: Optional[Sequence[float]]) -> str:
+def load_text(avg: Optional[Sequence[float]]) -> str:
+    """A load average triple as ``"1.00 / 0.50 / 0.25"`` (``n/a`` where the platform has none)."""
     return "n/a" if avg is None else " / ".join(f"{v:.2f}" for v in avg)
 
 
@@ -432,8 +467,8 @@ def markdown(meta: dict, results: List[dict]) -> str:
         f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
         f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
         f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
-        f"(1 / 5 / 15 min) at the start {_load(meta['load_average_start'])}, at the end "
-        f"{_load(meta['load_average_end'])}; {meta['minutes']:.1f} minutes.",
+        f"(1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
+        f"{load_text(meta['load_average_end'])}; {meta['minutes']:.1f} minutes.",
         "",
         "One training step (gradients set to None, forward with the loss, backward), float32, random weights, "
         "dropout off. Peak: allocator-level, above the step's start. Activations: live-tensor tracker, bytes created "
@@ -475,7 +510,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git(*args: str) -> Optional[str]:
+def git(*args: str) -> Optional[str]:
+    """``git ARGS`` in this checkout: its stripped output, or None when git fails or is missing."""
     try:
         out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -483,7 +519,8 @@ def _git(*args: str) -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _versions() -> Dict[str, Optional[str]]:
+def library_versions() -> Dict[str, Optional[str]]:
+    """The versions of transformers, timm and torchvision (None where one is not installed)."""
     out: Dict[str, Optional[str]] = {}
     for mod in ("transformers", "timm", "torchvision"):
         try:
@@ -534,14 +571,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(HEADER)
     for res in results:
         print("\n".join(format_rows(res)))
-    print(f"load average at the start: {_load(load_start)}, at the end: {_load(load_end)}")
+    print(f"load average at the start: {load_text(load_start)}, at the end: {load_text(load_end)}")
     if save:
         out = args.out or str(HERE / "results" / f"real_models_{args.device}.json")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        dirty = _git("status", "--porcelain", "--", "python", "csrc")
-        meta = dict(device=args.device, torch=torch.__version__, **_versions(),
+        dirty = git("status", "--porcelain", "--", "python", "csrc")
+        meta = dict(device=args.device, torch=torch.__version__, **library_versions(),
                     memsave_version=memsave.__version__, memsave=memsave.build_info(),
-                    git_commit=_git("rev-parse", "--short", "HEAD"),
+                    git_commit=git("rev-parse", "--short", "HEAD"),
                     git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
                     threads=torch.get_num_threads(), cpu=cpu_model(), cpu_count=os.cpu_count(),
                     load_average_start=load_start, load_average_end=load_end,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reruns every committed CPU benchmark (results/*_cpu*), one after the other (never two at once on a 2-core machine).
-#   bash benchmarks/rerun_cpu.sh            # ~20 minutes on 2 cores (real_models.py ~7 of them)
+#   bash benchmarks/rerun_cpu.sh            # ~45 minutes on 2 cores (real_models.py ~7 of them, frontier.py ~25)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -18,3 +18,4 @@ run benchmarks/plan_benefit.py
 run benchmarks/estimate_accuracy.py --device cpu --size cpu
 run benchmarks/convert_zoo.py
 run benchmarks/real_models.py
+run benchmarks/frontier.py

@@ -1,0 +1,463 @@
+"""The frontier of peak memory against step time (issue 14, item 3): every recompute strategy side by side on
+Hugging Face GPT-2 and Llama, a timm ViT-tiny and torchvision's ResNet-50 -- the same models, sizes, inputs, losses
+and measurements as ``real_models.py`` (random weights, float32, training mode, dropout off).
+
+Variants (budgets ``B(f)`` at a fraction ``f`` of the way from ``wrap``'s measured peak to eager's, ``f`` in
+``--fractions``, default 0 / 25 / 50 / 75%; ``f = 0`` is per-block checkpoint's memory):
+
+* ``eager``; ``torch blocks`` (``torch.utils.checkpoint`` around every ``memsave.find_blocks`` block);
+  ``wrap`` (``memsave.wrap(model)``, the same blocks as memsave regions); ``sqrt`` (``memsave.plan(...,
+  strategy="sqrt")``, Chen et al.'s sqrt(N) segments of the planner's pieces).
+* ``module f``: ``memsave.plan(..., budget=B(f), selective=False)`` -- every region recomputed whole.
+* ``selective f``: ``memsave.plan(..., budget=B(f))`` -- the planner may also recompute a region selectively
+  (keep its matmul / conv / attention outputs, recompute the cheap operators).
+* ``compile f``: ``torch.compile(model)`` under ``torch._functorch.config.activation_memory_budget = a(f)``, the
+  budget matched as the fraction of eager's activation bytes that ``B(f)`` leaves room for:
+  ``a(f) = (B(f) - (eager peak - eager activations)) / eager activations``, clamped to [0, 1]. Each compiled row
+  compiles from a reset dynamo (its first step's time is in the row; inductor's FX-graph and autograd caches off)
+  and is timed interleaved with eager in a block of its own, since a dynamo reset invalidates the other compiled
+  models. Off with ``--no-compile``; a failure is recorded with its reason, not dropped.
+
+Columns: ``peak`` (allocator-level, one step above its start), ``time`` (median of ``--repeats`` interleaved steps,
+A B C ... C B A, as a ratio to eager's median from the same interleaved block), ``recompute`` (the FLOPs backward runs
+beyond eager's backward, torch's ``FlopCounterMode``, as a fraction of eager's forward + backward FLOPs: the
+deterministic cost that the noisy time measures; n/a under compile, whose kernels do not dispatch), ``grad err``
+(max |grad - eager's| / max |eager's|; 0 = bitwise) and whether a plan's or compiled row's peak is within its
+budget. ``*`` marks the rows on a model's frontier: no other row has both a lower-or-equal peak and a lower-or-equal
+time.
+
+    python3 benchmarks/frontier.py                          # the committed CPU run (~25 minutes on 2 cores)
+    python3 benchmarks/frontier.py --models gpt2 --no-compile --no-save
+    python3 benchmarks/frontier.py --quick                  # tiny configs, no compile, not saved: a smoke run
+    python3 benchmarks/frontier.py --markdown-from benchmarks/results/frontier_cpu.json   # .md and .png again
+
+Writes ``benchmarks/results/frontier_<device>.json``, ``.md`` and ``.png`` (peak against time and against recompute
+FLOPs, one panel per model) with the machine, library versions, commit and the load average at start and end.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch._dynamo
+from torch.utils.flop_counter import FlopCounterMode
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(HERE.parent))
+
+import memsave  # noqa: E402
+from benchmarks.real_models import (  # noqa: E402
+    MODELS, Case, Runner, compile_context, cpu_model, eager_reference, failure_reason, git, interleaved_times,
+    library_versions, load_text, measure_variant, prepare, torch_checkpoint_blocks)
+
+FRACTIONS = (0.0, 0.25, 0.5, 0.75)
+KINDS = ("module", "selective", "compile")
+
+
+def _pct(f: float) -> str:
+    return f"{f * 100:g}%"
+
+
+def recompute_flops(runner: Runner) -> int:
+    """The FLOPs of one backward of ``runner`` (its recompute included), counted by torch's ``FlopCounterMode``."""
+    case = runner.case
+    runner.model.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    out = runner.call(*case.args, **case.kwargs)
+    loss = case.loss_fn(out)
+    with FlopCounterMode(display=False) as counter:
+        loss.backward()
+    del out
+    runner.model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+def eager_step_flops(runner: Runner) -> Tuple[int, int]:
+    """(forward FLOPs, backward FLOPs) of one eager step."""
+    case = runner.case
+    runner.model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as forward:
+        out = runner.call(*case.args, **case.kwargs)
+        loss = case.loss_fn(out)
+    with FlopCounterMode(display=False) as backward:
+        loss.backward()
+    del out
+    runner.model.zero_grad(set_to_none=True)
+    return int(forward.get_total_flops()), int(backward.get_total_flops())
+
+
+def matched_activation_budget(budget: int, eager_peak: int, eager_activations: int) -> float:
+    """The fraction of eager's activation bytes a step peak of ``budget`` leaves room for, in [0, 1]: what
+    ``torch._functorch.config.activation_memory_budget`` is set to for a compiled row matched to ``budget``."""
+    fixed = eager_peak - eager_activations  # parameters' gradients, the loss's temporaries: not activations
+    return min(1.0, max(0.0, (budget - fixed) / eager_activations))
+
+
+def _plan_row_extra(p: memsave.Plan, budget: Optional[int], plan_s: float) -> Dict[str, Any]:
+    selective = [k for k in range(len(p.segments)) if p.keeps(k)]
+    kept = sorted({"+".join(p.keeps(k)) for k in selective})
+    return dict(budget_bytes=budget, plan_seconds=plan_s, regions=len(p.regions()), pieces=len(p.pieces),
+                selective_regions=len(selective), keeps=kept, predicted_extra_seconds=p.predicted_extra_seconds,
+                plan_measured_peak_bytes=p.measured_peak_bytes)
+
+
+def bench_model(name: str, device: torch.device, repeats: int, quick: bool, fractions: Sequence[float],
+                run_compile: bool, log: Callable[[str], None]) -> dict:
+    """Every variant of one model at every budget.
+
+    Returns:
+        ``{"model", "description", "blocks", "eager_flops", "variants": {variant: row}}``; a row that could not run
+        has ``skipped`` (the reason) instead of measurements.
+    """
+    case: Case = prepare(name, device, quick)
+    base = case.model
+    reference = eager_reference(case)
+    rows: Dict[str, dict] = {}
+    runners: Dict[str, Runner] = {}
+
+    def add(runner: Runner, kind: str, **extra: Any) -> None:
+        row = measure_variant(runner, reference, device, log, kind=kind, **extra)
+        if kind != "compile":
+            row["backward_flops"] = recompute_flops(runner)
+        rows[runner.name], runners[runner.name] = row, runner
+
+    eager = Runner("eager", base, base, case)
+    add(eager, "eager")
+    forward_flops, backward_flops = eager_step_flops(eager)
+    torch_model = copy.deepcopy(base)
+    torch_checkpoint_blocks(torch_model)
+    add(Runner("torch blocks", torch_model, torch_model, case), "blocks")
+    wrapped = memsave.wrap(copy.deepcopy(base))
+    add(Runner("wrap", wrapped, wrapped, case), "blocks")
+
+    def add_plan(key: str, kind: str, budget: Optional[int], **plan_kwargs: Any) -> None:
+        model = copy.deepcopy(base)
+        t0 = time.perf_counter()
+        try:
+            p = memsave.plan(model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs,
+                             **plan_kwargs)
+        except memsave.InfeasibleBudgetError as e:
+            rows[key] = dict(kind=kind, budget_bytes=budget,
+                             skipped=f"no plan fits {budget:,} bytes (smallest: {e.min_bytes:,})")
+            log(f"  {key}: {rows[key]['skipped']}")
+            return
+        extra = _plan_row_extra(p, budget, time.perf_counter() - t0)
+        memsave.wrap(model, p)
+        add(Runner(key, model, model, case), kind, **extra)
+
+    add_plan("sqrt", "sqrt", None, strategy="sqrt", selective=False)
+    eager_peak, wrap_peak = rows["eager"]["peak_bytes"], rows["wrap"]["peak_bytes"]
+    eager_acts = rows["eager"]["activation_bytes"]
+    budgets = {f: int(wrap_peak + f * (eager_peak - wrap_peak)) for f in fractions}
+    for f, budget in budgets.items():
+        add_plan(f"module {_pct(f)}", "module", budget, selective=False)
+        add_plan(f"selective {_pct(f)}", "selective", budget)
+
+    times = interleaved_times(runners, repeats, device)
+    eager_s = statistics.median(times["eager"])
+    for v, ts in times.items():
+        rows[v].update(step_s=statistics.median(ts), times_s=ts, time_ratio=statistics.median(ts) / eager_s)
+
+    for f, budget in budgets.items():
+        key = f"compile {_pct(f)}"
+        amb = matched_activation_budget(budget, eager_peak, eager_acts)
+        if not run_compile:
+            rows[key] = dict(kind="compile", budget_bytes=budget, activation_memory_budget=amb,
+                             skipped="not run (--no-compile or --quick)")
+            continue
+        torch._dynamo.reset()  # compile afresh under this budget, not from the last row's cached graphs
+        model = copy.deepcopy(base)
+        runner = Runner(key, model, torch.compile(model), case,
+                        context=lambda amb=amb: compile_context(amb))  # type: ignore[misc]
+        try:
+            add(runner, "compile", budget_bytes=budget, activation_memory_budget=amb)
+        except Exception as e:  # noqa: BLE001 - inductor's failures vary by machine; record why and go on
+            rows[key] = dict(kind="compile", budget_bytes=budget, activation_memory_budget=amb,
+                             skipped=f"torch.compile failed on this machine ({failure_reason(e)})")
+            log(f"  {key}: {rows[key]['skipped']}")
+            continue
+        rows[key]["compile_seconds"] = rows[key]["first_step_s"]
+        block = interleaved_times({"eager": eager, key: runner}, repeats, device)
+        rows[key].update(step_s=statistics.median(block[key]), times_s=block[key],
+                         eager_times_s=block["eager"],
+                         time_ratio=statistics.median(block[key]) / statistics.median(block["eager"]))
+        del runner, model
+    torch._dynamo.reset()
+
+    step_flops = forward_flops + backward_flops
+    for v, r in rows.items():
+        if "skipped" in r:
+            continue
+        r["peak_ratio"] = r["peak_bytes"] / eager_peak
+        if r.get("budget_bytes") is not None:
+            r["within_budget"] = r["peak_bytes"] <= r["budget_bytes"]
+        if "backward_flops" in r:
+            r["recompute_flops"] = r["backward_flops"] - backward_flops
+            r["recompute_ratio"] = r["recompute_flops"] / step_flops
+    mark_frontier(rows)
+    order = ["eager", "torch blocks", "wrap", "sqrt",
+             *(f"{kind} {_pct(f)}" for kind in KINDS for f in fractions)]
+    return dict(model=name, description=case.description, blocks=memsave.find_blocks(base),
+                eager_flops=dict(forward=forward_flops, backward=backward_flops),
+                budgets={_pct(f): b for f, b in budgets.items()},
+                variants={v: rows[v] for v in order if v in rows})
+
+
+def mark_frontier(rows: Dict[str, dict]) -> None:
+    """Set ``on_frontier`` on every measured row: True when no other row has a lower-or-equal peak and a
+    lower-or-equal time with at least one of them lower (the Pareto frontier of peak against time)."""
+    measured = {v: r for v, r in rows.items() if "skipped" not in r and "time_ratio" in r}
+    for v, r in measured.items():
+        r["on_frontier"] = not any(
+            o["peak_bytes"] <= r["peak_bytes"] and o["time_ratio"] <= r["time_ratio"]
+            and (o["peak_bytes"] < r["peak_bytes"] or o["time_ratio"] < r["time_ratio"])
+            for w, o in measured.items() if w != v)
+
+
+# ------------------------------------------------------------------------------------------------------ output
+def verdict(res: dict) -> List[str]:
+    """What the rows say about selective plans against per-block checkpoint and module-level plans, in words."""
+    rows = res["variants"]
+    out = []
+    wrap, sel0 = rows.get("wrap"), rows.get("selective 0%")
+    if wrap and sel0 and "skipped" not in sel0:
+        if sel0["peak_bytes"] <= wrap["peak_bytes"] and sel0["time_ratio"] < wrap["time_ratio"]:
+            how = "reaches per-block checkpoint's memory at a lower step time"
+        elif sel0["peak_bytes"] <= wrap["peak_bytes"]:
+            how = "reaches per-block checkpoint's memory, not at a lower step time"
+        else:
+            how = "stays above per-block checkpoint's peak"
+        out.append(f"selective plan at wrap's peak {how}: {sel0['peak_ratio']:.2f} of eager's peak at "
+                   f"{sel0['time_ratio']:.2f} of its time (recompute {sel0['recompute_ratio']:.3f} of eager's FLOPs, "
+                   f"{sel0['selective_regions']} of {sel0['regions']} regions selective) against wrap's "
+                   f"{wrap['peak_ratio']:.2f} at {wrap['time_ratio']:.2f} (recompute {wrap['recompute_ratio']:.3f})")
+    for key, r in rows.items():
+        if not key.startswith("selective ") or "skipped" in r:
+            continue
+        m = rows.get("module " + key.split(" ", 1)[1])
+        if not m or "skipped" in m:
+            continue
+        out.append(f"at {key.split(' ', 1)[1]}: selective {r['peak_ratio']:.2f} peak / {r['time_ratio']:.2f} time / "
+                   f"{r['recompute_ratio']:.3f} recompute, module-level {m['peak_ratio']:.2f} / "
+                   f"{m['time_ratio']:.2f} / {m['recompute_ratio']:.3f}")
+    return out
+
+
+def _note(r: dict) -> str:
+    if "skipped" in r:
+        return r["skipped"]
+    parts = []
+    if r.get("budget_bytes") is not None:
+        parts.append(f"budget {r['budget_bytes'] / 2**20:.1f} MiB: {'within' if r['within_budget'] else 'ABOVE'}")
+    if "regions" in r:
+        sel = f", {r['selective_regions']} selective (keep {', '.join(r['keeps'])})" if r["selective_regions"] else ""
+        parts.append(f"{r['regions']} regions{sel}; planned in {r['plan_seconds']:.0f} s")
+    if "activation_memory_budget" in r:
+        parts.append(f"activation_memory_budget {r['activation_memory_budget']:.2f}; first step (compiling) "
+                     f"{r['compile_seconds']:.0f} s")
+    return "; ".join(parts)
+
+
+def _cells(r: dict) -> Tuple[str, str, str, str, str]:
+    rec = r.get("recompute_ratio")
+    return (f"{r['peak_bytes'] / 2**20:.1f}", f"{r['peak_ratio']:.2f}", f"{r['time_ratio']:.2f}",
+            "n/a" if rec is None else f"{rec:.3f}", f"{r['grad_rel_err']:.1e}")
+
+
+def format_rows(res: dict) -> List[str]:
+    """The printed table's lines for one model."""
+    out = []
+    for v, r in res["variants"].items():
+        if "skipped" in r:
+            out.append(f"{res['model']:<9} {v:<15} {'-':>9} {'-':>6} {'-':>6} {'-':>9} {'-':>8}    {_note(r)}")
+            continue
+        peak, ratio, t, rec, err = _cells(r)
+        star = "*" if r.get("on_frontier") else " "
+        out.append(f"{res['model']:<9} {v:<15} {peak:>9} {ratio:>6} {t:>6} {rec:>9} {err:>8} {star}  {_note(r)}")
+    return out
+
+
+HEADER = f"{'model':<9} {'variant':<15} {'peak MiB':>9} {'ratio':>6} {'time':>6} {'recompute':>9} {'grad err':>8}"
+
+
+def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
+    """The results as a markdown page (what ``--markdown-from`` writes again)."""
+    dirty = meta.get("git_dirty") or []
+    lines = [
+        "# The memory / time frontier: eager, per-block checkpoint, sqrt(N), module-level and selective plans, "
+        "torch.compile",
+        "",
+        f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
+        f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
+        f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
+        f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
+        f"(1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
+        f"{load_text(meta['load_average_end'])}; {meta['minutes']:.1f} minutes.",
+        "",
+        "One training step (gradients set to None, forward with the loss, backward), float32, random weights, "
+        "dropout off; the models, sizes and losses of `real_models.py`. Budgets: 0 / 25 / 50 / 75% of the way from "
+        "`wrap`'s peak to eager's (0% = per-block checkpoint's memory). `module`: `memsave.plan(..., "
+        "selective=False)`; `selective`: `memsave.plan(...)` (selective regions allowed); `compile`: "
+        "`torch.compile` under `activation_memory_budget` matched to the budget (the fraction of eager's activation "
+        "bytes the budget leaves room for). Peak: allocator-level, above the step's start. Time: median of "
+        f"{meta['repeats']} interleaved steps as a ratio to eager's median in the same interleaved block (the "
+        "compiled rows each in a block of their own with eager). Recompute: FLOPs backward runs beyond eager's "
+        "backward (`FlopCounterMode`) over eager's forward + backward FLOPs. Grad err: max |grad - eager's| / "
+        "max |eager's| (0 = bitwise). `*`: on the model's frontier (no row has a lower-or-equal peak and time).",
+        "",
+    ]
+    if plot_name:
+        lines += [f"![frontier]({plot_name})", ""]
+    lines += ["| model | variant | peak | peak / eager | time / eager | recompute | grad err | frontier | note |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        for v, r in res["variants"].items():
+            if "skipped" in r:
+                lines.append(f"| {res['model']} | {v} | - | - | - | - | - | | {_note(r)} |")
+                continue
+            peak, ratio, t, rec, err = _cells(r)
+            lines.append(f"| {res['model']} | {v} | {peak} MiB | {ratio} | {t} | {rec} | {err} | "
+                         f"{'*' if r.get('on_frontier') else ''} | {_note(r)} |")
+    lines += ["", "Models: " + "; ".join(f"{res['model']}: {res['description']}" for res in results) + ".", ""]
+    lines += ["## What the rows say", ""]
+    for res in results:
+        for sentence in verdict(res):
+            lines.append(f"- {res['model']}: {sentence}.")
+    return "\n".join(lines) + "\n"
+
+
+STYLE = {  # variant kind -> (marker, colour, label)
+    "eager": ("*", "black", "eager"), "blocks": ("x", "grey", "per-block checkpoint (torch, memsave)"),
+    "sqrt": ("s", "tab:purple", "sqrt(N)"), "module": ("o", "tab:blue", "module-level plans"),
+    "selective": ("D", "tab:red", "selective plans"), "compile": ("^", "tab:green", "torch.compile, matched budget"),
+}
+
+
+def plot(results: List[dict], path: str) -> bool:
+    """Peak against time (top) and against recompute FLOPs (bottom), one column per model, as a PNG at ``path``.
+    Returns False (and writes nothing) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(2, len(results), figsize=(4.2 * len(results), 7.5), squeeze=False)
+    for col, res in enumerate(results):
+        rows = {v: r for v, r in res["variants"].items() if "skipped" not in r}
+        for row_i, (field, label) in enumerate((("time_ratio", "step time / eager"),
+                                                ("recompute_ratio", "recompute FLOPs / eager step FLOPs"))):
+            ax = axes[row_i][col]
+            for kind, (marker, colour, name) in STYLE.items():
+                pts = sorted((r["peak_ratio"], r[field], v) for v, r in rows.items()
+                             if r["kind"] == kind and r.get(field) is not None)
+                if not pts:
+                    continue
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                line = "-" if kind in ("module", "selective", "compile") else ""
+                ax.plot(xs, ys, marker=marker, linestyle=line, color=colour, label=name, alpha=0.85)
+            ax.set_xlabel("peak / eager")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            if row_i == 0:
+                ax.set_title(res["model"])
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(STYLE), fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_outputs(meta: dict, results: List[dict], json_path: str) -> None:
+    """Write the JSON (unless it is where the data came from), the PNG beside it and the markdown page."""
+    stem = os.path.splitext(json_path)[0]
+    png = stem + ".png"
+    plotted = plot(results, png)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(meta, results, os.path.basename(png) if plotted else None))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the benchmark (see the module docstring); returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    p.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS),
+                   help="budgets as fractions of the way from wrap's peak to eager's (default 0 0.25 0.5 0.75)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved timed steps per variant (default 9; "
+                   "--quick: 2)")
+    p.add_argument("--quick", action="store_true", help="tiny configs, no compile, not saved unless --out")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (minutes of compiling)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/frontier_<device>.json)")
+    p.add_argument("--no-save", action="store_true")
+    p.add_argument("--markdown-from", default=None, help="only write the .md and .png of this results JSON again")
+    args = p.parse_args(argv)
+    if args.markdown_from:
+        with open(args.markdown_from) as f:
+            data = json.load(f)
+        write_outputs(data["meta"], data["results"], args.markdown_from)
+        return 0
+    if any(not 0.0 <= f <= 1.0 for f in args.fractions):
+        p.error("--fractions: each must be within [0, 1] (0 = wrap's peak, 1 = eager's)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("frontier: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats = args.repeats or (2 if args.quick else 9)
+    run_compile = not (args.no_compile or args.quick)
+    save = not args.no_save and (args.out is not None or not args.quick)
+    device = torch.device(args.device)
+    start = time.perf_counter()
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
+          f"steps; ratios to eager", flush=True)
+    results = []
+    for name in args.models:
+        print(f"{name} ...", flush=True)
+        results.append(bench_model(name, device, repeats, args.quick, sorted(set(args.fractions)), run_compile,
+                                   log=lambda s: print(s, flush=True)))
+    load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(HEADER)
+    for res in results:
+        print("\n".join(format_rows(res)))
+        for sentence in verdict(res):
+            print(f"  {res['model']}: {sentence}")
+    print(f"load average at the start: {load_text(load_start)}, at the end: {load_text(load_end)}")
+    if save:
+        out = args.out or str(HERE / "results" / f"frontier_{args.device}.json")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        dirty = git("status", "--porcelain", "--", "python", "csrc")
+        meta = dict(device=args.device, torch=torch.__version__, **library_versions(),
+                    memsave_version=memsave.__version__, memsave=memsave.build_info(),
+                    git_commit=git("rev-parse", "--short", "HEAD"),
+                    git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
+                    threads=torch.get_num_threads(), cpu=cpu_model(), cpu_count=os.cpu_count(),
+                    load_average_start=load_start, load_average_end=load_end,
+                    minutes=(time.perf_counter() - start) / 60, date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                    repeats=repeats, quick=args.quick, fractions=sorted(set(args.fractions)),
+                    command=" ".join(["python3 benchmarks/frontier.py", *(argv if argv is not None else sys.argv[1:])]))
+        if args.device == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name()
+            meta["cuda"] = torch.version.cuda
+        with open(out, "w") as f:
+            json.dump(dict(meta=meta, results=results), f, indent=2)
+        write_outputs(meta, results, out)
+        print(f"wrote {out} and its .md and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""benchmarks/frontier.py at a tiny size: every variant has a row (measured, or skipped with its reason), memsave's
+rows give eager's gradients bitwise, plan rows are within their budgets, recompute FLOPs are counted, and the JSON,
+markdown and plot are written; the frontier marking and the matched compile budget on hand-made numbers."""
+import json
+
+import pytest
+import torch
+
+import memsave
+
+pytest.importorskip("transformers")
+
+from benchmarks import frontier  # noqa: E402
+
+
+def test_frontier_benchmark_runs(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    out = tmp_path / "frontier.json"
+    try:
+        assert frontier.main(["--quick", "--models", "gpt2", "--threads", "1", "--repeats", "1",
+                              "--fractions", "0", "0.5", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads(out.read_text())
+    assert data["meta"]["memsave_version"] == memsave.__version__
+    assert data["meta"]["fractions"] == [0.0, 0.5]
+    (res,) = data["results"]
+    rows = res["variants"]
+    assert list(rows) == ["eager", "torch blocks", "wrap", "sqrt", "module 0%", "module 50%", "selective 0%",
+                          "selective 50%", "compile 0%", "compile 50%"]
+    assert rows["eager"]["recompute_flops"] == 0 and rows["eager"]["grad_rel_err"] == 0.0
+    for name in ("torch blocks", "wrap"):
+        assert rows[name]["grad_rel_err"] == 0.0
+        assert rows[name]["recompute_flops"] > 0  # every block's forward runs again
+    for name in ("sqrt", "module 0%", "module 50%", "selective 0%", "selective 50%"):
+        row = rows[name]
+        assert "skipped" in row or row["grad_rel_err"] == 0.0, name
+        if "skipped" not in row and row.get("budget_bytes") is not None:
+            assert row["within_budget"], name
+    for name in ("compile 0%", "compile 50%"):
+        assert "not run" in rows[name]["skipped"] and 0.0 <= rows[name]["activation_memory_budget"] <= 1.0
+    assert any(r.get("on_frontier") for r in rows.values())
+    smallest = min((r for r in rows.values() if "peak_bytes" in r), key=lambda r: (r["peak_bytes"], r["time_ratio"]))
+    assert smallest["on_frontier"]  # nothing has a lower peak than the smallest, nor its peak at a lower time
+    assert (tmp_path / "frontier.md").read_text().count("| gpt2 |") == len(rows)
+    assert (tmp_path / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "selective 0%" in printed and "wrote" in printed
+    # --markdown-from writes the page and the plot again from the JSON alone.
+    (tmp_path / "frontier.md").unlink()
+    (tmp_path / "frontier.png").unlink()
+    assert frontier.main(["--markdown-from", str(out)]) == 0
+    assert (tmp_path / "frontier.md").exists() and (tmp_path / "frontier.png").exists()
+
+
+def test_mark_frontier_keeps_the_rows_nothing_beats():
+    rows = {
+        "eager": dict(peak_bytes=100, time_ratio=1.0),
+        "blocks": dict(peak_bytes=50, time_ratio=1.3),
+        "selective": dict(peak_bytes=50, time_ratio=1.1),  # same peak as blocks, faster: blocks drops off
+        "module": dict(peak_bytes=70, time_ratio=1.2),      # beaten on both by selective
+        "skipped": dict(skipped="no plan fits"),
+    }
+    frontier.mark_frontier(rows)
+    assert {v for v, r in rows.items() if r.get("on_frontier")} == {"eager", "selective"}
+    assert "on_frontier" not in rows["skipped"]
+
+
+def test_matched_activation_budget():
+    # eager: 300 peak of which 200 activations; a budget of 150 leaves room for 50 of the 200 activation bytes.
+    assert frontier.matched_activation_budget(150, 300, 200) == pytest.approx(0.25)
+    assert frontier.matched_activation_budget(50, 300, 200) == 0.0
+    assert frontier.matched_activation_budget(400, 300, 200) == 1.0
+
+
+def test_bad_fractions_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        frontier.main(["--fractions", "1.5", "--no-save"])
+    assert e.value.code == 2
+    assert "--fractions" in capsys.readouterr().err
