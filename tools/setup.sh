@@ -53,11 +53,14 @@ if [[ $WITH_TEST == 1 ]] && ! have_module torchvision; then
 fi
 # The model libraries the real-model tests build from configs with random weights (transformers, timm, peft): after
 # torchvision, with torch and torchvision pinned to the installed ones by a constraints file, so that pip can never
-# replace them (timm requires torchvision, peft requires accelerate; none pins torch).
+# replace them (timm requires torchvision, peft requires accelerate; none pins torch). Exact versions, the ones the
+# suite was last run with: transformers renames layer arguments between minor releases (5.24: past_key_values ->
+# cache), and a CI run must not change with the day it runs on.
+have_version() { "$PY" -c "import sys, importlib.metadata as m; sys.exit(m.version('$1') != '$2')" >/dev/null 2>&1; }
 if [[ $WITH_TEST == 1 ]]; then
   hub=()
-  for spec in "transformers:transformers>=5,<6" "timm:timm>=1.0,<2" "peft:peft>=0.21"; do
-    have_module "${spec%%:*}" || hub+=("${spec#*:}")
+  for spec in "transformers==5.24.0" "timm==1.0.31" "peft==0.21.2"; do
+    have_version "${spec%%==*}" "${spec#*==}" || hub+=("$spec")
   done
   if (( ${#hub[@]} )); then
     pins="$(mktemp)"

@@ -94,7 +94,8 @@ class CheckpointedForward:
                            strict=self.strict, watch=(module,), context_fn=self.context_fn)
 
 
-_KV_CACHE_ARGS = ("past_key_values", "layer_past")
+# The cache argument's names across transformers releases (5.24 renamed past_key_values to cache).
+_KV_CACHE_ARGS = ("past_key_values", "cache", "layer_past")
 
 
 def _parameter_names(forward: Callable[..., Any]) -> Tuple[str, ...]:
