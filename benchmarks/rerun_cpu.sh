@@ -19,3 +19,4 @@ run benchmarks/estimate_accuracy.py --device cpu --size cpu
 run benchmarks/convert_zoo.py
 run benchmarks/real_models.py
 run benchmarks/frontier.py
+run benchmarks/selective_region.py

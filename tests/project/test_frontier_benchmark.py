@@ -78,3 +78,16 @@ def test_bad_fractions_are_a_usage_error(capsys):
         frontier.main(["--fractions", "1.5", "--no-save"])
     assert e.value.code == 2
     assert "--fractions" in capsys.readouterr().err
+
+
+def test_selective_region_benchmark_runs(tmp_path):
+    from benchmarks import selective_region
+
+    out = tmp_path / "region.json"
+    assert selective_region.main(["--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert list(rows) == ["eager", "whole", "selective"]
+    assert rows["eager"]["recompute_flops"] == 0 and rows["eager"]["step_ratio"] == 1.0
+    assert rows["whole"]["recompute_flops"] > 0  # the block's matmuls run again
+    assert rows["selective"]["recompute_flops"] == 0  # their outputs were kept
+    assert "| selective |" in (tmp_path / "region.md").read_text()
