@@ -36,7 +36,6 @@ FLOPs, one panel per model) with the machine, library versions, commit and the l
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -56,8 +55,8 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
 
 import memsave  # noqa: E402
 from benchmarks.real_models import (  # noqa: E402
-    MODELS, Case, Runner, compile_context, cpu_model, eager_reference, failure_reason, git, interleaved_times,
-    library_versions, load_text, measure_variant, prepare, torch_checkpoint_blocks)
+    Case, Runner, argument_parser, compile_context, eager_reference, failure_reason, interleaved_times, load_text,
+    measure_variant, prepare, provenance, run_metadata, torch_checkpoint_blocks)
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75)
 KINDS = ("module", "selective", "compile")
@@ -67,24 +66,12 @@ def _pct(f: float) -> str:
     return f"{f * 100:g}%"
 
 
-def recompute_flops(runner: Runner) -> int:
-    """The FLOPs of one backward of ``runner`` (its recompute included), counted by torch's ``FlopCounterMode``."""
+def step_flops(runner: Runner) -> Tuple[int, int]:
+    """(forward FLOPs, backward FLOPs) of one seeded step of ``runner``, the backward's recompute included, counted
+    by torch's ``FlopCounterMode`` (matrix products, convolutions, attention; pointwise operators count 0)."""
     case = runner.case
     runner.model.zero_grad(set_to_none=True)
     torch.manual_seed(5)
-    out = runner.call(*case.args, **case.kwargs)
-    loss = case.loss_fn(out)
-    with FlopCounterMode(display=False) as counter:
-        loss.backward()
-    del out
-    runner.model.zero_grad(set_to_none=True)
-    return int(counter.get_total_flops())
-
-
-def eager_step_flops(runner: Runner) -> Tuple[int, int]:
-    """(forward FLOPs, backward FLOPs) of one eager step."""
-    case = runner.case
-    runner.model.zero_grad(set_to_none=True)
     with FlopCounterMode(display=False) as forward:
         out = runner.call(*case.args, **case.kwargs)
         loss = case.loss_fn(out)
@@ -127,12 +114,12 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, frac
     def add(runner: Runner, kind: str, **extra: Any) -> None:
         row = measure_variant(runner, reference, device, log, kind=kind, **extra)
         if kind != "compile":
-            row["backward_flops"] = recompute_flops(runner)
+            row["backward_flops"] = step_flops(runner)[1]
         rows[runner.name], runners[runner.name] = row, runner
 
     eager = Runner("eager", base, base, case)
     add(eager, "eager")
-    forward_flops, backward_flops = eager_step_flops(eager)
+    forward_flops, backward_flops = step_flops(eager)
     torch_model = copy.deepcopy(base)
     torch_checkpoint_blocks(torch_model)
     add(Runner("torch blocks", torch_model, torch_model, case), "blocks")
@@ -193,7 +180,7 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, frac
         del runner, model
     torch._dynamo.reset()
 
-    step_flops = forward_flops + backward_flops
+    eager_flops = forward_flops + backward_flops
     for v, r in rows.items():
         if "skipped" in r:
             continue
@@ -202,7 +189,7 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, frac
             r["within_budget"] = r["peak_bytes"] <= r["budget_bytes"]
         if "backward_flops" in r:
             r["recompute_flops"] = r["backward_flops"] - backward_flops
-            r["recompute_ratio"] = r["recompute_flops"] / step_flops
+            r["recompute_ratio"] = r["recompute_flops"] / eager_flops
     mark_frontier(rows)
     order = ["eager", "torch blocks", "wrap", "sqrt",
              *(f"{kind} {_pct(f)}" for kind in KINDS for f in fractions)]
@@ -299,17 +286,11 @@ HEADER = f"{'model':<9} {'variant':<15} {'peak MiB':>9} {'ratio':>6} {'time':>6}
 
 def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
     """The results as a markdown page (what ``--markdown-from`` writes again)."""
-    dirty = meta.get("git_dirty") or []
     lines = [
         "# The memory / time frontier: eager, per-block checkpoint, sqrt(N), module-level and selective plans, "
         "torch.compile",
         "",
-        f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
-        f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
-        f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
-        f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
-        f"(1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
-        f"{load_text(meta['load_average_end'])}; {meta['minutes']:.1f} minutes.",
+        provenance(meta),
         "",
         "One training step (gradients set to None, forward with the loss, backward), float32, random weights, "
         "dropout off; the models, sizes and losses of `real_models.py`. Budgets: 0 / 25 / 50 / 75% of the way from "
@@ -398,19 +379,9 @@ def write_outputs(meta: dict, results: List[dict], json_path: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the benchmark (see the module docstring); returns the exit status."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    p = argument_parser(__doc__, "frontier", "the .md and .png")
     p.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS),
                    help="budgets as fractions of the way from wrap's peak to eager's (default 0 0.25 0.5 0.75)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved timed steps per variant (default 9; "
-                   "--quick: 2)")
-    p.add_argument("--quick", action="store_true", help="tiny configs, no compile, not saved unless --out")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (minutes of compiling)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/frontier_<device>.json)")
-    p.add_argument("--no-save", action="store_true")
-    p.add_argument("--markdown-from", default=None, help="only write the .md and .png of this results JSON again")
     args = p.parse_args(argv)
     if args.markdown_from:
         with open(args.markdown_from) as f:
@@ -447,19 +418,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if save:
         out = args.out or str(HERE / "results" / f"frontier_{args.device}.json")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        dirty = git("status", "--porcelain", "--", "python", "csrc")
-        meta = dict(device=args.device, torch=torch.__version__, **library_versions(),
-                    memsave_version=memsave.__version__, memsave=memsave.build_info(),
-                    git_commit=git("rev-parse", "--short", "HEAD"),
-                    git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
-                    threads=torch.get_num_threads(), cpu=cpu_model(), cpu_count=os.cpu_count(),
-                    load_average_start=load_start, load_average_end=load_end,
-                    minutes=(time.perf_counter() - start) / 60, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                    repeats=repeats, quick=args.quick, fractions=sorted(set(args.fractions)),
-                    command=" ".join(["python3 benchmarks/frontier.py", *(argv if argv is not None else sys.argv[1:])]))
-        if args.device == "cuda":
-            meta["gpu"] = torch.cuda.get_device_name()
-            meta["cuda"] = torch.version.cuda
+        meta = run_metadata("frontier", args, argv, start, load_start, load_end, repeats,
+                            fractions=sorted(set(args.fractions)))
         with open(out, "w") as f:
             json.dump(dict(meta=meta, results=results), f, indent=2)
         write_outputs(meta, results, out)

@@ -456,19 +456,24 @@ def load_text(avg: Optional[Sequence[float]]) -> str:
     return "n/a" if avg is None else " / ".join(f"{v:.2f}" for v in avg)
 
 
+def provenance(meta: dict) -> str:
+    """The sentence a results page opens with: the command, the machine, the versions, the commit, the load."""
+    dirty = meta.get("git_dirty") or []
+    return (f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
+            f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
+            f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
+            f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
+            f"(1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
+            f"{load_text(meta['load_average_end'])}; {meta['minutes']:.1f} minutes.")
+
+
 def markdown(meta: dict, results: List[dict]) -> str:
     """The results as a markdown page (what ``--markdown-from`` writes again)."""
     mib = 2.0**20
-    dirty = meta.get("git_dirty") or []
     lines = [
         "# memsave on real models: eager, torch per-block checkpoint, memsave.wrap, memsave.plan, torch.compile",
         "",
-        f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
-        f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
-        f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
-        f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
-        f"(1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
-        f"{load_text(meta['load_average_end'])}; {meta['minutes']:.1f} minutes.",
+        provenance(meta),
         "",
         "One training step (gradients set to None, forward with the loss, backward), float32, random weights, "
         "dropout off. Peak: allocator-level, above the step's start. Activations: live-tensor tracker, bytes created "
@@ -530,19 +535,47 @@ def library_versions() -> Dict[str, Optional[str]]:
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the benchmark (see the module docstring); returns the exit status."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def argument_parser(doc: Optional[str], script: str, rewritten: str) -> argparse.ArgumentParser:
+    """The command line this benchmark and ``frontier.py`` share: device, models, repeats, quick, compile, threads,
+    output. ``script`` names the default results file; ``rewritten`` says what ``--markdown-from`` writes again."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     p.add_argument("--repeats", type=int, default=None, help="interleaved timed steps per variant (default 9; "
                    "--quick: 2)")
     p.add_argument("--quick", action="store_true", help="tiny configs, 2 repeats, not saved unless --out: a smoke run")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile row (it compiles for minutes)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (minutes of compiling)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/real_models_<device>.json)")
+    p.add_argument("--out", default=None, help=f"JSON path (default benchmarks/results/{script}_<device>.json)")
     p.add_argument("--no-save", action="store_true")
-    p.add_argument("--markdown-from", default=None, help="only write the .md of this results JSON again")
+    p.add_argument("--markdown-from", default=None, help=f"only write {rewritten} of this results JSON again")
+    return p
+
+
+def run_metadata(script: str, args: argparse.Namespace, argv: Optional[Sequence[str]], start: float,
+                 load_start: Optional[Sequence[float]], load_end: Optional[Sequence[float]], repeats: int,
+                 **extra: Any) -> Dict[str, Any]:
+    """What a results file records of its run: device, library versions, memsave's build, the commit (and the
+    package sources that differed from it), the CPU and threads, the load at start and end, the command."""
+    dirty = git("status", "--porcelain", "--", "python", "csrc")
+    meta = dict(device=args.device, torch=torch.__version__, **library_versions(),
+                memsave_version=memsave.__version__, memsave=memsave.build_info(),
+                git_commit=git("rev-parse", "--short", "HEAD"),
+                git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
+                threads=torch.get_num_threads(), cpu=cpu_model(), cpu_count=os.cpu_count(),
+                load_average_start=load_start, load_average_end=load_end,
+                minutes=(time.perf_counter() - start) / 60, date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                repeats=repeats, quick=args.quick, **extra,
+                command=" ".join([f"python3 benchmarks/{script}.py", *(argv if argv is not None else sys.argv[1:])]))
+    if args.device == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name()
+        meta["cuda"] = torch.version.cuda
+    return meta
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the benchmark (see the module docstring); returns the exit status."""
+    p = argument_parser(__doc__, "real_models", "the .md")
     args = p.parse_args(argv)
     if args.markdown_from:
         with open(args.markdown_from) as f:
@@ -575,21 +608,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if save:
         out = args.out or str(HERE / "results" / f"real_models_{args.device}.json")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        dirty = git("status", "--porcelain", "--", "python", "csrc")
-        meta = dict(device=args.device, torch=torch.__version__, **library_versions(),
-                    memsave_version=memsave.__version__, memsave=memsave.build_info(),
-                    git_commit=git("rev-parse", "--short", "HEAD"),
-                    git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
-                    threads=torch.get_num_threads(), cpu=cpu_model(), cpu_count=os.cpu_count(),
-                    load_average_start=load_start, load_average_end=load_end,
-                    minutes=(time.perf_counter() - start) / 60,
-                    date=time.strftime("%Y-%m-%d %H:%M:%S"), repeats=repeats, quick=args.quick,
-                    compile_activation_memory_budget=COMPILE_BUDGET,
-                    command=" ".join(["python3 benchmarks/real_models.py",
-                                      *(argv if argv is not None else sys.argv[1:])]))
-        if args.device == "cuda":
-            meta["gpu"] = torch.cuda.get_device_name()
-            meta["cuda"] = torch.version.cuda
+        meta = run_metadata("real_models", args, argv, start, load_start, load_end, repeats,
+                            compile_activation_memory_budget=COMPILE_BUDGET)
         with open(out, "w") as f:
             json.dump(dict(meta=meta, results=results), f, indent=2)
         with open(os.path.splitext(out)[0] + ".md", "w") as f:
