@@ -6,28 +6,48 @@ other operators in backward. To plan with it, each piece of the chain needs, per
 (held from the forward until the recompute reads them back) and the forward time of those operators (the recompute
 time a selective region saves). :func:`profile_operator_classes` measures both in a few forward passes under a
 ``TorchDispatchMode`` that times every operator of a class and sums the storage bytes it returns, attributed to the
-piece whose modules are running; :func:`selective_variants` turns them into the chain's policies and per-stage
-variants (``planner::Stage::selective_fwd_time`` / ``selective_kept_bytes``).
+piece whose modules are running, and counts every operator each piece dispatches; :func:`selective_variants` turns
+them into the chain's policies and per-stage variants (``planner::Stage::selective_fwd_time`` /
+``selective_kept_bytes``).
+
+A selective region also costs what the recompute saves nothing on: torch's selective-checkpoint contexts run every
+operator of the region through a Python dispatch mode, in forward and again in the recompute (tens of microseconds
+an operator on a CPU: a GPT-2 block's forward takes 1.15 of eager's time in a selective region, 1.06 in a whole one;
+``benchmarks/selective_region.py``). :func:`selective_overhead_per_operator` measures that cost on the plan's device,
+and each variant's time includes it for every operator of its piece, so that the planner does not choose a
+selective region whose saving that overhead eats.
 """
 from __future__ import annotations
 
 import itertools
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ..selective import OPERATOR_CLASSES, operators_of
 from .chain import Chain, Piece
 
-__all__ = ["ClassProfile", "policy_classes", "profile_operator_classes", "selective_variants"]
+__all__ = ["ClassProfile", "OperatorProfile", "policy_classes", "profile_operator_classes",
+           "selective_overhead_per_operator", "selective_variants"]
 
 # Per piece: operator class -> (bytes of the outputs its operators return, median seconds of those operators).
 ClassProfile = List[Dict[str, Tuple[int, float]]]
+
+
+@dataclass
+class OperatorProfile:
+    """What :func:`profile_operator_classes` measured: per piece, the classes' bytes and seconds (``classes``) and
+    the number of operators the piece dispatches in one forward (``operators``)."""
+
+    classes: ClassProfile
+    operators: List[int]
 
 
 class _ClassRecorder(TorchDispatchMode):
@@ -40,9 +60,12 @@ class _ClassRecorder(TorchDispatchMode):
         self.piece: Optional[int] = None
         self.bytes: Dict[Tuple[int, str], int] = {}
         self.seconds: Dict[Tuple[int, str], float] = {}
+        self.operators: Dict[int, int] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.piece is not None:
+            self.operators[self.piece] = self.operators.get(self.piece, 0) + 1
         cls = self.op_class.get(func) if self.piece is not None else None
         if cls is None:
             return func(*args, **kwargs)
@@ -63,8 +86,9 @@ class _ClassRecorder(TorchDispatchMode):
 
 
 def profile_operator_classes(forward: Callable[[], Any], model: nn.Module, pieces: Sequence[Piece],
-                             classes: Sequence[str], steps: int, sync: Callable[[], None]) -> ClassProfile:
-    """Bytes returned and time taken by each operator class in each recomputable piece, over ``steps`` forwards.
+                             classes: Sequence[str], steps: int, sync: Callable[[], None]) -> OperatorProfile:
+    """Bytes returned and time taken by each operator class in each recomputable piece, over ``steps`` forwards, and
+    the number of operators each such piece dispatches.
 
     Args:
         forward: runs the model's forward on the example inputs (with autograd on, as in training); its output is
@@ -77,14 +101,17 @@ def profile_operator_classes(forward: Callable[[], Any], model: nn.Module, piece
         sync: waits for the device (``torch.cuda.synchronize`` on CUDA, a no-op on CPU).
 
     Returns:
-        One dict per piece: class -> (bytes, seconds), classes without an operator in the piece left out.
+        An :class:`OperatorProfile`: ``classes``, one dict per piece: class -> (bytes, seconds), classes without an
+        operator in the piece left out; ``operators``, per piece, the operators of one forward (0 for pieces not
+        profiled).
 
     Raises:
         ValueError: an unknown class or ``steps < 1``.
 
     Example:
         >>> prof = profile_operator_classes(lambda: model(x), model, pieces, ["matmul"], 3, lambda: None)
-        >>> prof[3]["matmul"]       # (bytes of the outputs of piece 3's matrix products, their seconds)
+        >>> prof.classes[3]["matmul"]   # (bytes of the outputs of piece 3's matrix products, their seconds)
+        >>> prof.operators[3]           # operators piece 3 dispatches in one forward
     """
     unknown = [c for c in classes if c not in OPERATOR_CLASSES]
     if unknown or steps < 1:
@@ -114,7 +141,7 @@ def profile_operator_classes(forward: Callable[[], Any], model: nn.Module, piece
     runs: List[Dict[Tuple[int, str], float]] = []
     try:
         for _ in range(steps):
-            rec.bytes, rec.seconds = {}, {}
+            rec.bytes, rec.seconds, rec.operators = {}, {}, {}
             with rec:
                 out = forward()
             del out
@@ -125,7 +152,65 @@ def profile_operator_classes(forward: Callable[[], Any], model: nn.Module, piece
     result: ClassProfile = [{} for _ in pieces]
     for (i, c), b in rec.bytes.items():
         result[i][c] = (b, statistics.median(r.get((i, c), 0.0) for r in runs))
-    return result
+    return OperatorProfile(classes=result, operators=[rec.operators.get(i, 0) for i in range(len(pieces))])
+
+
+def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def selective_overhead_per_operator(device: torch.device, sync: Callable[[], None], repeats: int = 7,
+                                    length: int = 64) -> float:
+    """Seconds torch's selective-checkpoint contexts add to one operator, its forward and its recompute together.
+
+    Runs ``length`` tiny operators (matrix products, which the policy keeps, alternating with multiplications, which
+    it recomputes) plainly, then under a selective region's forward context and its recompute context, ``repeats``
+    times interleaved, and returns the median difference per operator: the dispatch overhead, which does not grow
+    with the tensors' size. Never negative.
+
+    Args:
+        device: where the plan's model runs.
+        sync: waits for the device (``torch.cuda.synchronize`` on CUDA, a no-op on CPU).
+        repeats: timed runs of each kind (median).
+        length: operators per run (an even number).
+
+    Returns:
+        Seconds per operator (forward plus recompute).
+
+    Example:
+        >>> selective_overhead_per_operator(torch.device("cpu"), lambda: None)   # about 2e-05 on a server CPU
+    """
+    w = torch.eye(4, device=device, requires_grad=True)
+    x = torch.ones(4, 4, device=device, requires_grad=True)
+
+    def run() -> torch.Tensor:
+        y = x
+        for _ in range(length // 2):
+            y = (y @ w) * 1.0
+        return y
+
+    def plain() -> None:
+        run()
+        run()
+
+    def selective() -> None:
+        forward_context, recompute_context = create_selective_checkpoint_contexts(_keep_matmuls)
+        with forward_context:
+            run()
+        with recompute_context:
+            run()
+
+    times: Dict[str, List[float]] = {"plain": [], "selective": []}
+    for i in range(repeats + 1):
+        for name, fn in (("plain", plain), ("selective", selective)) if i % 2 else (("selective", selective),
+                                                                                    ("plain", plain)):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            if i:  # the first round warms up
+                times[name].append(time.perf_counter() - t0)
+    return max(0.0, (statistics.median(times["selective"]) - statistics.median(times["plain"])) / length)
 
 
 def policy_classes(policy: str) -> Tuple[str, ...]:
@@ -138,29 +223,36 @@ def policy_classes(policy: str) -> Tuple[str, ...]:
     return tuple(policy.split("+"))
 
 
-def selective_variants(chain: Chain, pieces: Sequence[Piece], profile: ClassProfile) -> None:
+def selective_variants(chain: Chain, pieces: Sequence[Piece], profile: OperatorProfile,
+                       overhead_per_operator: float = 0.0) -> None:
     """Give ``chain`` its selective policies and each recomputable stage one variant per policy, in place.
 
     The policies are the non-empty sets of the operator classes found in some recomputable piece, largest first
     (``"matmul+attention"``, ``"matmul"``, ``"attention"``): a selective region may keep every class or only some.
-    A stage's variant for a policy keeps the bytes of its classes' outputs and recomputes in its forward time less
-    their time. Stages that cannot be recomputed get no variant. A chain without any such operator gets no policy.
+    A stage's variant for a policy keeps the bytes of its classes' outputs and costs its forward time less their
+    time, plus ``overhead_per_operator`` for every operator the piece dispatches (the selective contexts' dispatch
+    mode, in forward and recompute). Stages that cannot be recomputed get no variant. A chain without any such
+    operator gets no policy.
 
     Args:
         chain: the chain of the pieces (its stages in the same order).
         pieces: the pieces.
         profile: :func:`profile_operator_classes` of these pieces.
+        overhead_per_operator: :func:`selective_overhead_per_operator` on the plan's device (seconds).
 
     Example:
-        >>> selective_variants(chain, pieces, profile); chain.policies
+        >>> selective_variants(chain, pieces, profile, 2e-5); chain.policies
         ['matmul+attention', 'matmul', 'attention']
     """
-    present = [c for c in OPERATOR_CLASSES if any(c in p for p in profile)]
+    classes = profile.classes
+    present = [c for c in OPERATOR_CLASSES if any(c in p for p in classes)]
     policies = [combo for n in range(len(present), 0, -1) for combo in itertools.combinations(present, n)]
     chain.policies = ["+".join(p) for p in policies]
-    for st, pc, prof in zip(chain.stages, pieces, profile):
+    for st, pc, prof, n in zip(chain.stages, pieces, classes, profile.operators):
         if not (pc.kind == "module" and pc.recomputable) or not policies:
             st.selective_fwd_time, st.selective_kept_bytes = [], []
             continue
+        overhead = n * overhead_per_operator
         st.selective_kept_bytes = [sum(prof.get(c, (0, 0.0))[0] for c in p) for p in policies]
-        st.selective_fwd_time = [max(0.0, st.fwd_time - sum(prof.get(c, (0, 0.0))[1] for c in p)) for p in policies]
+        st.selective_fwd_time = [max(0.0, st.fwd_time - sum(prof.get(c, (0, 0.0))[1] for c in p)) + overhead
+                                 for p in policies]

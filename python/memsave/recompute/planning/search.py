@@ -49,7 +49,7 @@ from ...measurement.units import Budget, format_bytes, parse_budget
 from ..wrapping import is_wrapped, unwrap_module
 from ..selective import OPERATOR_CLASSES
 from .chain import Chain, build_chain
-from .operators import policy_classes, profile_operator_classes, selective_variants
+from .operators import policy_classes, profile_operator_classes, selective_overhead_per_operator, selective_variants
 from .plan import Plan, apply_regions, fingerprint
 from .trace import time_steps, trace_step
 
@@ -306,8 +306,8 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         if classes:
             profile = profile_operator_classes(lambda: model(*example_inputs, **kwargs), model, pieces, classes,
                                                timing_steps, stepper.sync)
-            selective_variants(chain, pieces, profile)
-            found = [set(prof) for prof in profile]
+            selective_variants(chain, pieces, profile, selective_overhead_per_operator(device, stepper.sync))
+            found = [set(prof) for prof in profile.classes]
             tick()
 
         def keeps(segment: Tuple[int, int, bool], policy: Optional[int], ch: Chain) -> Tuple[str, ...]:
