@@ -94,6 +94,7 @@ def _plan_row_extra(p: memsave.Plan, budget: Optional[int], plan_s: float) -> Di
     kept = sorted({"+".join(p.keeps(k)) for k in selective})
     return dict(budget_bytes=budget, plan_seconds=plan_s, regions=len(p.regions()), pieces=len(p.pieces),
                 selective_regions=len(selective), keeps=kept, predicted_extra_seconds=p.predicted_extra_seconds,
+                predicted_time_ratio=1.0 + p.predicted_overhead,
                 plan_measured_peak_bytes=p.measured_peak_bytes)
 
 
@@ -255,7 +256,8 @@ def _note(r: dict) -> str:
         parts.append(f"budget {r['budget_bytes'] / 2**20:.1f} MiB: {'within' if r['within_budget'] else 'ABOVE'}")
     if "regions" in r:
         sel = f", {r['selective_regions']} selective (keep {', '.join(r['keeps'])})" if r["selective_regions"] else ""
-        parts.append(f"{r['regions']} regions{sel}; planned in {r['plan_seconds']:.0f} s")
+        predicted = f", predicted time {r['predicted_time_ratio']:.2f}" if "predicted_time_ratio" in r else ""
+        parts.append(f"{r['regions']} regions{sel}{predicted}; planned in {r['plan_seconds']:.0f} s")
     if "activation_memory_budget" in r:
         parts.append(f"activation_memory_budget {r['activation_memory_budget']:.2f}; first step (compiling) "
                      f"{r['compile_seconds']:.0f} s")

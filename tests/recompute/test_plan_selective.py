@@ -6,8 +6,10 @@ d 192, batch 32 of 64 x 64 images, no dropout), CPU sizes where matrix products 
 planner prices each selective region's dispatch overhead, so at narrower widths whole regions are rightly cheaper on
 a CPU): at a budget halfway between per-block checkpoint's measured peak and eager's, the selective plan's measured
 peak meets the budget with at most half the recompute FLOPs (``FlopCounterMode`` over backward, minus eager's
-backward) of the module-level plan at the same budget, and its gradients are bitwise eager's. Plus: ``selective=False`` gives module-level plans, the summary and
-JSON show what each region keeps, older JSON loads, bad arguments are rejected, the binding takes policies.
+backward) of the module-level plan at the same budget, and its gradients are bitwise eager's. Plus:
+``selective=False`` gives module-level plans, the summary and JSON show what each region keeps, older JSON loads,
+bad arguments are rejected, the binding takes policies, selective plans fit every budget module-level ones fit, and
+selective variants price their dispatch overhead.
 """
 from __future__ import annotations
 
