@@ -19,8 +19,10 @@ How a plan is made:
    (measured again without the log) and the prediction, if positive, is added to all moments. What a checkpointed
    region itself holds (the saved RNG state, snapshots of module buffers) is part of the model. With
    ``selective`` (default), a few more forwards measure, per piece and operator class (matmul, conv, attention), the
-   bytes of the outputs a selective region would keep and the time of the operators it would not recompute
-   (:mod:`.operators`): the chain's selective policies and each stage's variants.
+   bytes of the outputs a selective region would keep and the time of the operators it would not recompute, and a
+   few tiny runs measure what torch's selective-checkpoint dispatch mode costs per operator on the device, charged
+   to each selective variant for every operator of its piece (:mod:`.operators`): the chain's selective policies
+   and each stage's variants.
 3. **Solve** with the C++ planner (``memsave._C.planner_solve``): the least recompute time whose predicted peak fits
    the budget (or a baseline strategy), each region recomputed whole or selectively (keeping the outputs of one of
    the policies' operator classes). Several consecutive pieces can share one checkpointed region only when they
@@ -219,7 +221,8 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         selective: let the planner choose, per region, between recomputing it whole and *selective* recompute
             (:func:`memsave.selective`: keep the outputs of its matrix products, convolutions and attention kernels,
             recompute only the cheap operators), and which of those classes to keep, by the bytes and time each
-            class takes in each piece (profiled in a few extra forwards). ``True`` (default): all classes
+            class takes in each piece (profiled in a few extra forwards) and the per-operator cost of the selective
+            contexts' dispatch mode (measured on the device). ``True`` (default): all classes
             (``"matmul"``, ``"conv"``, ``"attention"``); a sequence of class names: only those; ``False``:
             module-level plans (every region recomputed whole). :meth:`Plan.summary` shows what each region keeps.
             A selective plan is never worse placed than a module-level one: the module-level chain is searched
