@@ -200,10 +200,10 @@ def selective_overhead_per_operator(device: torch.device, sync: Callable[[], Non
         with recompute_context:
             run()
 
-    times: Dict[str, List[float]] = {"plain": [], "selective": []}
+    kinds = [("plain", plain), ("selective", selective)]
+    times: Dict[str, List[float]] = {name: [] for name, _ in kinds}
     for i in range(repeats + 1):
-        for name, fn in (("plain", plain), ("selective", selective)) if i % 2 else (("selective", selective),
-                                                                                    ("plain", plain)):
+        for name, fn in kinds if i % 2 else kinds[::-1]:
             sync()
             t0 = time.perf_counter()
             fn()

@@ -368,7 +368,7 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
                 q.measured_peak_bytes = measure_plan(q)
             return min(plans, key=lambda q: q.measured_peak_bytes)
 
-        if solver_strategy == "min_memory":
+        if solver_strategy == "min_memory" and len(chains) > 1:  # a choice to make: measure both
             p = smallest_plan()
             if budget_bytes is None or p.measured_peak_bytes <= budget_bytes:
                 result = p
@@ -394,7 +394,6 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             smallest = smallest_plan()
             min_bytes = smallest.measured_peak_bytes
             if budget_bytes is not None and min_bytes <= budget_bytes and strategy == "optimal":
-                smallest.measured_peak_bytes = min_bytes
                 result = smallest
             else:
                 what = f"strategy '{strategy}'" if strategy != "optimal" else "any plan"
