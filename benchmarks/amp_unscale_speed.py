@@ -21,6 +21,7 @@ Run::
 
 Writes ``benchmarks/results/amp_unscale_<device>.json`` and prints a table.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -30,6 +30,7 @@ stepped interleaved (A B C D D C B A ...) so that load changing during the run h
 Writes ``benchmarks/results/convert_zoo_<device>.json`` and ``.md`` with the machine, torch, transformers, memsave's
 version and build, thread count, load average at the start and the end, and what convert swapped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,16 +63,34 @@ def _transformers():
 
 def build_llama(vocab: int, hidden: int, layers: int) -> nn.Module:
     tf = _transformers()
-    cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.6875),
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=1024, use_cache=False)
+    cfg = tf.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 2.6875),
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        use_cache=False,
+    )
     return tf.LlamaForCausalLM(cfg)
 
 
 def build_gpt2(vocab: int, hidden: int, layers: int) -> nn.Module:
     tf = _transformers()
-    cfg = tf.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=1024, use_cache=False,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = tf.GPT2Config(
+        vocab_size=vocab,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=4,
+        n_positions=1024,
+        use_cache=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return tf.GPT2LMHeadModel(cfg)
 
 
@@ -112,8 +131,17 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().double() - b.detach().double()).abs().max().item() / (scale or 1.0)
 
 
-def bench_model(name: str, vocab: int, hidden: int, layers: int, batch: int, seq: int, device: torch.device,
-                repeats: int, log: Callable[[str], None]) -> dict:
+def bench_model(
+    name: str,
+    vocab: int,
+    hidden: int,
+    layers: int,
+    batch: int,
+    seq: int,
+    device: torch.device,
+    repeats: int,
+    log: Callable[[str], None],
+) -> dict:
     build = MODELS[name][0]
     torch.manual_seed(0)
     base = build(vocab, hidden, layers).to(device)
@@ -125,6 +153,7 @@ def bench_model(name: str, vocab: int, hidden: int, layers: int, batch: int, seq
         def step() -> None:
             m.zero_grad(set_to_none=True)
             m(ids).backward()
+
         return step
 
     steps = {k: make_step(m) for k, m in models.items()}
@@ -166,12 +195,23 @@ def bench_model(name: str, vocab: int, hidden: int, layers: int, batch: int, seq
         r["activation_ratio"] = r["activation_bytes"] / rows["eager"]["activation_bytes"]
         r["time_ratio"] = r["step_s"] / rows["eager"]["step_s"]
     swapped = [dict(module=e.name, old=e.old, new=e.new, verdict=e.verdict) for e in report.entries]
-    return dict(model=name, vocab=vocab, hidden=hidden, layers=layers, batch=batch, seq=seq,
-                parameters=sum(p.numel() for p in base.parameters()), variants=rows, converted=swapped)
+    return dict(
+        model=name,
+        vocab=vocab,
+        hidden=hidden,
+        layers=layers,
+        batch=batch,
+        seq=seq,
+        parameters=sum(p.numel() for p in base.parameters()),
+        variants=rows,
+        converted=swapped,
+    )
 
 
-HEADER = (f"{'model':<6} {'variant':<13} {'peak':>9} {'ratio':>6} {'activations':>11} {'ratio':>6} {'step s':>7} "
-          f"{'ratio':>6} {'loss err':>9} {'grad err':>9}")
+HEADER = (
+    f"{'model':<6} {'variant':<13} {'peak':>9} {'ratio':>6} {'activations':>11} {'ratio':>6} {'step s':>7} "
+    f"{'ratio':>6} {'loss err':>9} {'grad err':>9}"
+)
 
 
 def format_rows(res: dict) -> List[str]:
@@ -179,9 +219,11 @@ def format_rows(res: dict) -> List[str]:
     out = []
     for k in VARIANTS:
         r = res["variants"][k]
-        out.append(f"{res['model']:<6} {k:<13} {r['peak_bytes'] / mib:>7.1f}Mi {r['peak_ratio']:>6.2f} "
-                   f"{r['activation_bytes'] / mib:>9.1f}Mi {r['activation_ratio']:>6.2f} {r['step_s']:>7.3f} "
-                   f"{r['time_ratio']:>6.2f} {r['loss_rel_err']:>9.1e} {r['grad_rel_err']:>9.1e}")
+        out.append(
+            f"{res['model']:<6} {k:<13} {r['peak_bytes'] / mib:>7.1f}Mi {r['peak_ratio']:>6.2f} "
+            f"{r['activation_bytes'] / mib:>9.1f}Mi {r['activation_ratio']:>6.2f} {r['step_s']:>7.3f} "
+            f"{r['time_ratio']:>6.2f} {r['loss_rel_err']:>9.1e} {r['grad_rel_err']:>9.1e}"
+        )
     return out
 
 
@@ -203,14 +245,17 @@ def markdown(meta: dict, results: List[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
-        desc = (f"{res['model']} ({res['layers']} layers, hidden {res['hidden']}, vocab {res['vocab']:,}, "
-                f"{res['batch']} x {res['seq']} tokens)")
+        desc = (
+            f"{res['model']} ({res['layers']} layers, hidden {res['hidden']}, vocab {res['vocab']:,}, "
+            f"{res['batch']} x {res['seq']} tokens)"
+        )
         for k in VARIANTS:
             r = res["variants"][k]
             lines.append(
                 f"| {desc} | {k} | {r['peak_bytes'] / mib:.1f} MiB | {r['peak_ratio']:.2f} | "
                 f"{r['activation_bytes'] / mib:.1f} MiB | {r['activation_ratio']:.2f} | {r['step_s']:.3f} | "
-                f"{r['time_ratio']:.2f} | {r['loss_rel_err']:.1e} | {r['grad_rel_err']:.1e} |")
+                f"{r['time_ratio']:.2f} | {r['loss_rel_err']:.1e} | {r['grad_rel_err']:.1e} |"
+            )
     lines += ["", "What `convert(fuse=True)` swapped:", ""]
     for res in results:
         kinds: Dict[str, int] = {}
@@ -265,14 +310,28 @@ def main(argv=None) -> int:
         args.hidden, args.seq, args.vocab = 32, 16, args.vocab or 512
     device = torch.device(args.device)
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {args.repeats} "
-          f"interleaved steps; ratios to eager", flush=True)
+    print(
+        f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {args.repeats} "
+        f"interleaved steps; ratios to eager",
+        flush=True,
+    )
     results = []
     for name in args.models:
         vocab = args.vocab or MODELS[name][1]
         print(f"{name} ...", flush=True)
-        results.append(bench_model(name, vocab, args.hidden, args.layers, args.batch, args.seq, device, args.repeats,
-                                   log=lambda s: print(s, flush=True)))
+        results.append(
+            bench_model(
+                name,
+                vocab,
+                args.hidden,
+                args.layers,
+                args.batch,
+                args.seq,
+                device,
+                args.repeats,
+                log=lambda s: print(s, flush=True),
+            )
+        )
     print(HEADER)
     for res in results:
         print("\n".join(format_rows(res)))
@@ -281,13 +340,21 @@ def main(argv=None) -> int:
     if not args.no_save:
         out = args.out or os.path.join(os.path.dirname(__file__), "results", f"convert_zoo_{args.device}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        meta = dict(device=args.device, torch=torch.__version__, transformers=_transformers().__version__,
-                    memsave_version=memsave.__version__, memsave=memsave.build_info(),
-                    threads=torch.get_num_threads(), cpu=cpu_model(),
-                    cpu_count=os.cpu_count(), load_average_start=load_start, load_average_end=load,
-                    date=time.strftime("%Y-%m-%d %H:%M:%S"), repeats=args.repeats,
-                    command=" ".join(["python3 benchmarks/convert_zoo.py",
-                                      *(argv if argv is not None else sys.argv[1:])]))
+        meta = dict(
+            device=args.device,
+            torch=torch.__version__,
+            transformers=_transformers().__version__,
+            memsave_version=memsave.__version__,
+            memsave=memsave.build_info(),
+            threads=torch.get_num_threads(),
+            cpu=cpu_model(),
+            cpu_count=os.cpu_count(),
+            load_average_start=load_start,
+            load_average_end=load,
+            date=time.strftime("%Y-%m-%d %H:%M:%S"),
+            repeats=args.repeats,
+            command=" ".join(["python3 benchmarks/convert_zoo.py", *(argv if argv is not None else sys.argv[1:])]),
+        )
         if args.device == "cuda":
             meta["gpu"] = torch.cuda.get_device_name()
             meta["cuda"] = torch.version.cuda

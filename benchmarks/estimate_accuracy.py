@@ -30,12 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memsave.measurement import models as bench_models  # noqa: E402
-
 import memsave  # noqa: E402
-from memsave.measurement.tracker import LiveTensorTracker  # noqa: E402
-from memsave.measurement.strategies import StrategyContext, parse_strategy  # noqa: E402
+from memsave.measurement import models as bench_models  # noqa: E402
 from memsave.measurement.allocator import step_peak_bytes  # noqa: E402
+from memsave.measurement.strategies import StrategyContext, parse_strategy  # noqa: E402
+from memsave.measurement.tracker import LiveTensorTracker  # noqa: E402
 from memsave.measurement.units import format_bytes  # noqa: E402
 
 
@@ -57,8 +56,9 @@ def measure_peak(runner: torch.nn.Module, inputs: Any, loss_fn: Any, dev: torch.
     return {"measured": int(peak), "tracker": int(tracker.peak_bytes)}
 
 
-def run(models: List[str], size: str, batches: List[Optional[int]], strategies: List[str],
-        dev: torch.device, seed: int) -> List[Dict[str, Any]]:
+def run(
+    models: List[str], size: str, batches: List[Optional[int]], strategies: List[str], dev: torch.device, seed: int
+) -> List[Dict[str, Any]]:
     rows = []
     for name in models:
         for batch in batches:
@@ -75,44 +75,70 @@ def run(models: List[str], size: str, batches: List[Optional[int]], strategies: 
                 runner = parse_strategy(strategy).prepare(work, StrategyContext(case.inputs, case.loss_fn, dev))
                 m = measure_peak(runner, case.inputs, case.loss_fn, dev)
                 del runner, work
-                row = {"model": name, "batch": case.config["batch"], "strategy": est.strategy,
-                       "estimate": est.peak_bytes, "estimate_tensors": est.tensor_peak_bytes,
-                       "measured": m["measured"], "tracker": m["tracker"],
-                       "error": est.peak_bytes / m["measured"] - 1.0,
-                       "tensor_error": est.tensor_peak_bytes / m["tracker"] - 1.0, "emulated": est.emulated}
+                row = {
+                    "model": name,
+                    "batch": case.config["batch"],
+                    "strategy": est.strategy,
+                    "estimate": est.peak_bytes,
+                    "estimate_tensors": est.tensor_peak_bytes,
+                    "measured": m["measured"],
+                    "tracker": m["tracker"],
+                    "error": est.peak_bytes / m["measured"] - 1.0,
+                    "tensor_error": est.tensor_peak_bytes / m["tracker"] - 1.0,
+                    "emulated": est.emulated,
+                }
                 rows.append(row)
-                print(f"{name:9s} b{row['batch']:<4d} {row['strategy']:22s} estimate {format_bytes(row['estimate']):>11s}"
-                      f"  measured {format_bytes(row['measured']):>11s}  {100 * row['error']:+6.2f}%"
-                      f"  (tensors {100 * row['tensor_error']:+.2f}%)", flush=True)
+                print(
+                    f"{name:9s} b{row['batch']:<4d} {row['strategy']:22s} estimate {format_bytes(row['estimate']):>11s}"
+                    f"  measured {format_bytes(row['measured']):>11s}  {100 * row['error']:+6.2f}%"
+                    f"  (tensors {100 * row['tensor_error']:+.2f}%)",
+                    flush=True,
+                )
             del case
     return rows
 
 
 def environment(dev: torch.device) -> Dict[str, Any]:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                check=False).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
     except OSError:
         commit = ""
-    env: Dict[str, Any] = {"torch": torch.__version__, "memsave": memsave.__version__, "python": platform.python_version(),
-                           "machine": platform.machine(), "threads": torch.get_num_threads(),
-                           "date": datetime.date.today().isoformat(), "commit": commit}
+    env: Dict[str, Any] = {
+        "torch": torch.__version__,
+        "memsave": memsave.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "date": datetime.date.today().isoformat(),
+        "commit": commit,
+    }
     if dev.type == "cuda":
-        env.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(dev),
-                   cudnn=torch.backends.cudnn.version())
+        env.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(dev), cudnn=torch.backends.cudnn.version())
     return env
 
 
 def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], dev: torch.device, size: str) -> str:
-    how = ("`torch.cuda.max_memory_allocated` of one step above what was allocated before it" if dev.type == "cuda"
-           else "the allocator-level CPU peak from the profiler's allocation events (DESIGN.md)")
-    lines = [f"# memsave.estimate vs measured peak ({dev.type}, size `{size}`)", "",
-             f"Measured: {how}. Tensors: the live-tensor tracker's peak of the same step vs `Estimate.tensor_peak_bytes`.",
-             f"Environment: {', '.join(f'{k} {v}' for k, v in env.items())}.", "",
-             "| model | batch | strategy | estimate | measured | error | tensor error |", "|---|---|---|---|---|---|---|"]
+    how = (
+        "`torch.cuda.max_memory_allocated` of one step above what was allocated before it"
+        if dev.type == "cuda"
+        else "the allocator-level CPU peak from the profiler's allocation events (DESIGN.md)"
+    )
+    lines = [
+        f"# memsave.estimate vs measured peak ({dev.type}, size `{size}`)",
+        "",
+        f"Measured: {how}. Tensors: the live-tensor tracker's peak of the same step vs `Estimate.tensor_peak_bytes`.",
+        f"Environment: {', '.join(f'{k} {v}' for k, v in env.items())}.",
+        "",
+        "| model | batch | strategy | estimate | measured | error | tensor error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['batch']} | `{r['strategy']}` | {format_bytes(r['estimate'])} | "
-                     f"{format_bytes(r['measured'])} | {100 * r['error']:+.2f}% | {100 * r['tensor_error']:+.2f}% |")
+        lines.append(
+            f"| {r['model']} | {r['batch']} | `{r['strategy']}` | {format_bytes(r['estimate'])} | "
+            f"{format_bytes(r['measured'])} | {100 * r['error']:+.2f}% | {100 * r['tensor_error']:+.2f}% |"
+        )
     worst = max(abs(r["error"]) for r in rows)
     lines += ["", f"Largest error: {100 * worst:.2f}%."]
     return "\n".join(lines) + "\n"
@@ -139,8 +165,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"estimate_{dev.type}_{size}"
-        stem.with_suffix(".json").write_text(json.dumps({"device": str(dev), "size": size, "environment": env,
-                                                         "rows": rows}, indent=2) + "\n")
+        stem.with_suffix(".json").write_text(
+            json.dumps({"device": str(dev), "size": size, "environment": env, "rows": rows}, indent=2) + "\n"
+        )
         stem.with_suffix(".md").write_text(markdown(rows, env, dev, size))
         print(f"wrote {stem}.json and {stem}.md")
     return 0

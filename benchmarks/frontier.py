@@ -34,6 +34,7 @@ time.
 Writes ``benchmarks/results/frontier_<device>.json``, ``.md`` and ``.png`` (peak against time and against recompute
 FLOPs, one panel per model) with the machine, library versions, commit and the load average at start and end.
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,8 +56,20 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
 
 import memsave  # noqa: E402
 from benchmarks.real_models import (  # noqa: E402
-    Case, Runner, argument_parser, compile_context, eager_reference, failure_reason, interleaved_times, load_text,
-    measure_variant, prepare, provenance, run_metadata, torch_checkpoint_blocks)
+    Case,
+    Runner,
+    argument_parser,
+    compile_context,
+    eager_reference,
+    failure_reason,
+    interleaved_times,
+    load_text,
+    measure_variant,
+    prepare,
+    provenance,
+    run_metadata,
+    torch_checkpoint_blocks,
+)
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75)
 KINDS = ("module", "selective", "compile")
@@ -92,14 +105,28 @@ def matched_activation_budget(budget: int, eager_peak: int, eager_activations: i
 def _plan_row_extra(p: memsave.Plan, budget: Optional[int], plan_s: float) -> Dict[str, Any]:
     selective = [k for k in range(len(p.segments)) if p.keeps(k)]
     kept = sorted({"+".join(p.keeps(k)) for k in selective})
-    return dict(budget_bytes=budget, plan_seconds=plan_s, regions=len(p.regions()), pieces=len(p.pieces),
-                selective_regions=len(selective), keeps=kept, predicted_extra_seconds=p.predicted_extra_seconds,
-                predicted_time_ratio=1.0 + p.predicted_overhead,
-                plan_measured_peak_bytes=p.measured_peak_bytes)
+    return dict(
+        budget_bytes=budget,
+        plan_seconds=plan_s,
+        regions=len(p.regions()),
+        pieces=len(p.pieces),
+        selective_regions=len(selective),
+        keeps=kept,
+        predicted_extra_seconds=p.predicted_extra_seconds,
+        predicted_time_ratio=1.0 + p.predicted_overhead,
+        plan_measured_peak_bytes=p.measured_peak_bytes,
+    )
 
 
-def bench_model(name: str, device: torch.device, repeats: int, quick: bool, fractions: Sequence[float],
-                run_compile: bool, log: Callable[[str], None]) -> dict:
+def bench_model(
+    name: str,
+    device: torch.device,
+    repeats: int,
+    quick: bool,
+    fractions: Sequence[float],
+    run_compile: bool,
+    log: Callable[[str], None],
+) -> dict:
     """Every variant of one model at every budget.
 
     Returns:
@@ -131,11 +158,13 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, frac
         model = copy.deepcopy(base)
         t0 = time.perf_counter()
         try:
-            p = memsave.plan(model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs,
-                             **plan_kwargs)
+            p = memsave.plan(
+                model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs, **plan_kwargs
+            )
         except memsave.InfeasibleBudgetError as e:
-            rows[key] = dict(kind=kind, budget_bytes=budget,
-                             skipped=f"no plan fits {budget:,} bytes (smallest: {e.min_bytes:,})")
+            rows[key] = dict(
+                kind=kind, budget_bytes=budget, skipped=f"no plan fits {budget:,} bytes (smallest: {e.min_bytes:,})"
+            )
             log(f"  {key}: {rows[key]['skipped']}")
             return
         extra = _plan_row_extra(p, budget, time.perf_counter() - t0)
@@ -159,30 +188,40 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, frac
         key = f"compile {_pct(f)}"
         amb = matched_activation_budget(budget, eager_peak, eager_acts)
         if not run_compile:
-            rows[key] = dict(kind="compile", budget_bytes=budget, activation_memory_budget=amb,
-                             skipped="not run (--no-compile or --quick)")
+            rows[key] = dict(
+                kind="compile",
+                budget_bytes=budget,
+                activation_memory_budget=amb,
+                skipped="not run (--no-compile or --quick)",
+            )
             continue
         torch._dynamo.reset()  # compile afresh under this budget, not from the last row's cached graphs
         model = copy.deepcopy(base)
-        runner = Runner(key, model, torch.compile(model), case,
-                        context=lambda amb=amb: compile_context(amb))  # type: ignore[misc]
+        runner = Runner(key, model, torch.compile(model), case, context=lambda amb=amb: compile_context(amb))  # type: ignore[misc]
         try:
             add(runner, "compile", budget_bytes=budget, activation_memory_budget=amb)
-        except Exception as e:  # noqa: BLE001 - inductor's failures vary by machine; record why and go on
-            rows[key] = dict(kind="compile", budget_bytes=budget, activation_memory_budget=amb,
-                             skipped=f"torch.compile failed on this machine ({failure_reason(e)})")
+        except Exception as e:
+            rows[key] = dict(
+                kind="compile",
+                budget_bytes=budget,
+                activation_memory_budget=amb,
+                skipped=f"torch.compile failed on this machine ({failure_reason(e)})",
+            )
             log(f"  {key}: {rows[key]['skipped']}")
             continue
         rows[key]["compile_seconds"] = rows[key]["first_step_s"]
         block = interleaved_times({"eager": eager, key: runner}, repeats, device)
-        rows[key].update(step_s=statistics.median(block[key]), times_s=block[key],
-                         eager_times_s=block["eager"],
-                         time_ratio=statistics.median(block[key]) / statistics.median(block["eager"]))
+        rows[key].update(
+            step_s=statistics.median(block[key]),
+            times_s=block[key],
+            eager_times_s=block["eager"],
+            time_ratio=statistics.median(block[key]) / statistics.median(block["eager"]),
+        )
         del runner, model
     torch._dynamo.reset()
 
     eager_flops = forward_flops + backward_flops
-    for v, r in rows.items():
+    for r in rows.values():
         if "skipped" in r:
             continue
         r["peak_ratio"] = r["peak_bytes"] / eager_peak
@@ -192,12 +231,15 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, frac
             r["recompute_flops"] = r["backward_flops"] - backward_flops
             r["recompute_ratio"] = r["recompute_flops"] / eager_flops
     mark_frontier(rows)
-    order = ["eager", "torch blocks", "wrap", "sqrt",
-             *(f"{kind} {_pct(f)}" for kind in KINDS for f in fractions)]
-    return dict(model=name, description=case.description, blocks=memsave.find_blocks(base),
-                eager_flops=dict(forward=forward_flops, backward=backward_flops),
-                budgets={_pct(f): b for f, b in budgets.items()},
-                variants={v: rows[v] for v in order if v in rows})
+    order = ["eager", "torch blocks", "wrap", "sqrt", *(f"{kind} {_pct(f)}" for kind in KINDS for f in fractions)]
+    return dict(
+        model=name,
+        description=case.description,
+        blocks=memsave.find_blocks(base),
+        eager_flops=dict(forward=forward_flops, backward=backward_flops),
+        budgets={_pct(f): b for f, b in budgets.items()},
+        variants={v: rows[v] for v in order if v in rows},
+    )
 
 
 def mark_frontier(rows: Dict[str, dict]) -> None:
@@ -206,9 +248,12 @@ def mark_frontier(rows: Dict[str, dict]) -> None:
     measured = {v: r for v, r in rows.items() if "skipped" not in r and "time_ratio" in r}
     for v, r in measured.items():
         r["on_frontier"] = not any(
-            o["peak_bytes"] <= r["peak_bytes"] and o["time_ratio"] <= r["time_ratio"]
+            o["peak_bytes"] <= r["peak_bytes"]
+            and o["time_ratio"] <= r["time_ratio"]
             and (o["peak_bytes"] < r["peak_bytes"] or o["time_ratio"] < r["time_ratio"])
-            for w, o in measured.items() if w != v)
+            for w, o in measured.items()
+            if w != v
+        )
 
 
 # ------------------------------------------------------------------------------------------------------ output
@@ -223,28 +268,39 @@ def verdict(res: dict) -> List[str]:
     wrap, sel0 = rows.get("wrap"), rows.get("selective 0%")
     if wrap and sel0 and "skipped" not in sel0:
         gain = wrap["time_ratio"] - sel0["time_ratio"]
-        when = ("at a clearly lower step time" if gain >= CLEAR else "at a higher step time" if gain <= -CLEAR
-                else "at the same step time within the noise")
+        when = (
+            "at a clearly lower step time"
+            if gain >= CLEAR
+            else "at a higher step time"
+            if gain <= -CLEAR
+            else "at the same step time within the noise"
+        )
         if sel0["peak_bytes"] > wrap["peak_bytes"]:
             how = "stays above per-block checkpoint's peak"
         elif not sel0["selective_regions"]:
-            how = ("reaches per-block checkpoint's memory with no selective region (no kept operator output fits "
-                   f"there: the plan is module-level), {when}")
+            how = (
+                "reaches per-block checkpoint's memory with no selective region (no kept operator output fits "
+                f"there: the plan is module-level), {when}"
+            )
         else:
             how = f"reaches per-block checkpoint's memory {when}"
-        out.append(f"selective plan at wrap's peak {how}: {sel0['peak_ratio']:.2f} of eager's peak at "
-                   f"{sel0['time_ratio']:.2f} of its time (recompute {sel0['recompute_ratio']:.3f} of eager's FLOPs, "
-                   f"{sel0['selective_regions']} of {sel0['regions']} regions selective) against wrap's "
-                   f"{wrap['peak_ratio']:.2f} at {wrap['time_ratio']:.2f} (recompute {wrap['recompute_ratio']:.3f})")
+        out.append(
+            f"selective plan at wrap's peak {how}: {sel0['peak_ratio']:.2f} of eager's peak at "
+            f"{sel0['time_ratio']:.2f} of its time (recompute {sel0['recompute_ratio']:.3f} of eager's FLOPs, "
+            f"{sel0['selective_regions']} of {sel0['regions']} regions selective) against wrap's "
+            f"{wrap['peak_ratio']:.2f} at {wrap['time_ratio']:.2f} (recompute {wrap['recompute_ratio']:.3f})"
+        )
     for key, r in rows.items():
         if not key.startswith("selective ") or "skipped" in r:
             continue
         m = rows.get("module " + key.split(" ", 1)[1])
         if not m or "skipped" in m:
             continue
-        out.append(f"at {key.split(' ', 1)[1]}: selective {r['peak_ratio']:.2f} peak / {r['time_ratio']:.2f} time / "
-                   f"{r['recompute_ratio']:.3f} recompute, module-level {m['peak_ratio']:.2f} / "
-                   f"{m['time_ratio']:.2f} / {m['recompute_ratio']:.3f}")
+        out.append(
+            f"at {key.split(' ', 1)[1]}: selective {r['peak_ratio']:.2f} peak / {r['time_ratio']:.2f} time / "
+            f"{r['recompute_ratio']:.3f} recompute, module-level {m['peak_ratio']:.2f} / "
+            f"{m['time_ratio']:.2f} / {m['recompute_ratio']:.3f}"
+        )
     return out
 
 
@@ -259,15 +315,22 @@ def _note(r: dict) -> str:
         predicted = f", predicted time {r['predicted_time_ratio']:.2f}" if "predicted_time_ratio" in r else ""
         parts.append(f"{r['regions']} regions{sel}{predicted}; planned in {r['plan_seconds']:.0f} s")
     if "activation_memory_budget" in r:
-        parts.append(f"activation_memory_budget {r['activation_memory_budget']:.2f}; first step (compiling) "
-                     f"{r['compile_seconds']:.0f} s")
+        parts.append(
+            f"activation_memory_budget {r['activation_memory_budget']:.2f}; first step (compiling) "
+            f"{r['compile_seconds']:.0f} s"
+        )
     return "; ".join(parts)
 
 
 def _cells(r: dict) -> Tuple[str, str, str, str, str]:
     rec = r.get("recompute_ratio")
-    return (f"{r['peak_bytes'] / 2**20:.1f}", f"{r['peak_ratio']:.2f}", f"{r['time_ratio']:.2f}",
-            "n/a" if rec is None else f"{rec:.3f}", f"{r['grad_rel_err']:.1e}")
+    return (
+        f"{r['peak_bytes'] / 2**20:.1f}",
+        f"{r['peak_ratio']:.2f}",
+        f"{r['time_ratio']:.2f}",
+        "n/a" if rec is None else f"{rec:.3f}",
+        f"{r['grad_rel_err']:.1e}",
+    )
 
 
 def format_rows(res: dict) -> List[str]:
@@ -308,16 +371,20 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
     ]
     if plot_name:
         lines += [f"![frontier]({plot_name})", ""]
-    lines += ["| model | variant | peak | peak / eager | time / eager | recompute | grad err | frontier | note |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| model | variant | peak | peak / eager | time / eager | recompute | grad err | frontier | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for res in results:
         for v, r in res["variants"].items():
             if "skipped" in r:
                 lines.append(f"| {res['model']} | {v} | - | - | - | - | - | | {_note(r)} |")
                 continue
             peak, ratio, t, rec, err = _cells(r)
-            lines.append(f"| {res['model']} | {v} | {peak} MiB | {ratio} | {t} | {rec} | {err} | "
-                         f"{'*' if r.get('on_frontier') else ''} | {_note(r)} |")
+            lines.append(
+                f"| {res['model']} | {v} | {peak} MiB | {ratio} | {t} | {rec} | {err} | "
+                f"{'*' if r.get('on_frontier') else ''} | {_note(r)} |"
+            )
     lines += ["", "Models: " + "; ".join(f"{res['model']}: {res['description']}" for res in results) + ".", ""]
     lines += ["## What the rows say", ""]
     for res in results:
@@ -327,9 +394,12 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
 
 
 STYLE = {  # variant kind -> (marker, colour, label)
-    "eager": ("*", "black", "eager"), "blocks": ("x", "grey", "per-block checkpoint (torch, memsave)"),
-    "sqrt": ("s", "tab:purple", "sqrt(N)"), "module": ("o", "tab:blue", "module-level plans"),
-    "selective": ("D", "tab:red", "selective plans"), "compile": ("^", "tab:green", "torch.compile, matched budget"),
+    "eager": ("*", "black", "eager"),
+    "blocks": ("x", "grey", "per-block checkpoint (torch, memsave)"),
+    "sqrt": ("s", "tab:purple", "sqrt(N)"),
+    "module": ("o", "tab:blue", "module-level plans"),
+    "selective": ("D", "tab:red", "selective plans"),
+    "compile": ("^", "tab:green", "torch.compile, matched budget"),
 }
 
 
@@ -346,12 +416,16 @@ def plot(results: List[dict], path: str) -> bool:
     fig, axes = plt.subplots(2, len(results), figsize=(4.2 * len(results), 7.5), squeeze=False)
     for col, res in enumerate(results):
         rows = {v: r for v, r in res["variants"].items() if "skipped" not in r}
-        for row_i, (field, label) in enumerate((("time_ratio", "step time / eager"),
-                                                ("recompute_ratio", "recompute FLOPs / eager step FLOPs"))):
+        for row_i, (field, label) in enumerate(
+            (("time_ratio", "step time / eager"), ("recompute_ratio", "recompute FLOPs / eager step FLOPs"))
+        ):
             ax = axes[row_i][col]
             for kind, (marker, colour, name) in STYLE.items():
-                pts = sorted((r["peak_ratio"], r[field], v) for v, r in rows.items()
-                             if r["kind"] == kind and r.get(field) is not None)
+                pts = sorted(
+                    (r["peak_ratio"], r[field], v)
+                    for v, r in rows.items()
+                    if r["kind"] == kind and r.get(field) is not None
+                )
                 if not pts:
                     continue
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]
@@ -382,8 +456,13 @@ def write_outputs(meta: dict, results: List[dict], json_path: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the benchmark (see the module docstring); returns the exit status."""
     p = argument_parser(__doc__, "frontier", "the .md and .png")
-    p.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS),
-                   help="budgets as fractions of the way from wrap's peak to eager's (default 0 0.25 0.5 0.75)")
+    p.add_argument(
+        "--fractions",
+        nargs="+",
+        type=float,
+        default=list(FRACTIONS),
+        help="budgets as fractions of the way from wrap's peak to eager's (default 0 0.25 0.5 0.75)",
+    )
     args = p.parse_args(argv)
     if args.markdown_from:
         with open(args.markdown_from) as f:
@@ -403,13 +482,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     device = torch.device(args.device)
     start = time.perf_counter()
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
-          f"steps; ratios to eager", flush=True)
+    print(
+        f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
+        f"steps; ratios to eager",
+        flush=True,
+    )
     results = []
     for name in args.models:
         print(f"{name} ...", flush=True)
-        results.append(bench_model(name, device, repeats, args.quick, sorted(set(args.fractions)), run_compile,
-                                   log=lambda s: print(s, flush=True)))
+        results.append(
+            bench_model(
+                name,
+                device,
+                repeats,
+                args.quick,
+                sorted(set(args.fractions)),
+                run_compile,
+                log=lambda s: print(s, flush=True),
+            )
+        )
     load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(HEADER)
     for res in results:
@@ -420,8 +511,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if save:
         out = args.out or str(HERE / "results" / f"frontier_{args.device}.json")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        meta = run_metadata("frontier", args, argv, start, load_start, load_end, repeats,
-                            fractions=sorted(set(args.fractions)))
+        meta = run_metadata(
+            "frontier", args, argv, start, load_start, load_end, repeats, fractions=sorted(set(args.fractions))
+        )
         with open(out, "w") as f:
             json.dump(dict(meta=meta, results=results), f, indent=2)
         write_outputs(meta, results, out)

@@ -23,6 +23,7 @@ each step; about 10% of the targets are ignore_index.
 Writes ``benchmarks/results/linear_cross_entropy_<device>.json`` and ``.md`` with the machine, torch, memsave build,
 thread count and load average (``--markdown-from`` writes the ``.md`` of an existing JSON again).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,20 @@ from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
 Step = Callable[[], None]
 
 DEFAULT_CASES = {
-    "cpu": ["1024x256x32000:float32", "4096x1024x32000:float32", "2048x1024x128000:float32",
-            "4096x1024x32000:bfloat16"],
-    "cuda": ["1024x256x32000:float32", "4096x1024x32000:float32", "4096x1024x128000:float32",
-             "4096x1024x32000:bfloat16", "4096x1024x128000:bfloat16", "16384x4096x128000:bfloat16"],
+    "cpu": [
+        "1024x256x32000:float32",
+        "4096x1024x32000:float32",
+        "2048x1024x128000:float32",
+        "4096x1024x32000:bfloat16",
+    ],
+    "cuda": [
+        "1024x256x32000:float32",
+        "4096x1024x32000:float32",
+        "4096x1024x128000:float32",
+        "4096x1024x32000:bfloat16",
+        "4096x1024x128000:bfloat16",
+        "16384x4096x128000:bfloat16",
+    ],
 }
 
 
@@ -106,8 +117,15 @@ def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().double() - b.detach().double()).abs().max().item() / (scale or 1.0)
 
 
-def bench_case(rows: int, hidden: int, classes: int, dtype: torch.dtype, device: torch.device, repeats: int,
-               log: Callable[[str], None]) -> dict:
+def bench_case(
+    rows: int,
+    hidden: int,
+    classes: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+    log: Callable[[str], None],
+) -> dict:
     h, w, t = make_inputs(rows, hidden, classes, dtype, device)
     fns = {"eager": eager_loss, "memsave": MF.linear_cross_entropy}
     steps = {name: make_step(fn, h, w, t) for name, fn in fns.items()}
@@ -146,16 +164,20 @@ def bench_case(rows: int, hidden: int, classes: int, dtype: torch.dtype, device:
     return row
 
 
-HEADER = (f"{'case':<26} {'eager peak':>11} {'memsave':>10} {'ratio':>6} {'eager kept':>11} {'memsave':>10} "
-          f"{'ratio':>7} {'eager s':>8} {'memsave':>8} {'ratio':>6} {'loss diff':>9} {'grad diff':>9}")
+HEADER = (
+    f"{'case':<26} {'eager peak':>11} {'memsave':>10} {'ratio':>6} {'eager kept':>11} {'memsave':>10} "
+    f"{'ratio':>7} {'eager s':>8} {'memsave':>8} {'ratio':>6} {'loss diff':>9} {'grad diff':>9}"
+)
 
 
 def format_row(r: dict) -> str:
     mib = 2.0**20
-    return (f"{r['case']:<26} {r['eager_peak_bytes'] / mib:>9.1f}Mi {r['memsave_peak_bytes'] / mib:>8.1f}Mi "
-            f"{r['peak_ratio']:>6.3f} {r['eager_kept_bytes'] / mib:>9.1f}Mi {r['memsave_kept_bytes'] / mib:>8.3f}Mi "
-            f"{r['kept_ratio']:>7.5f} {r['eager_s']:>8.3f} {r['memsave_s']:>8.3f} {r['time_ratio']:>6.2f} "
-            f"{r['loss_rel_diff']:>9.1e} {max(r['grad_hidden_rel_diff'], r['grad_weight_rel_diff']):>9.1e}")
+    return (
+        f"{r['case']:<26} {r['eager_peak_bytes'] / mib:>9.1f}Mi {r['memsave_peak_bytes'] / mib:>8.1f}Mi "
+        f"{r['peak_ratio']:>6.3f} {r['eager_kept_bytes'] / mib:>9.1f}Mi {r['memsave_kept_bytes'] / mib:>8.3f}Mi "
+        f"{r['kept_ratio']:>7.5f} {r['eager_s']:>8.3f} {r['memsave_s']:>8.3f} {r['time_ratio']:>6.2f} "
+        f"{r['loss_rel_diff']:>9.1e} {max(r['grad_hidden_rel_diff'], r['grad_weight_rel_diff']):>9.1e}"
+    )
 
 
 def markdown(meta: dict, rows: List[dict]) -> str:
@@ -181,7 +203,8 @@ def markdown(meta: dict, rows: List[dict]) -> str:
             f"{r['peak_ratio']:.3f} | {r['eager_kept_bytes'] / mib:.1f} MiB | "
             f"{r['memsave_kept_bytes'] / 1024:.1f} KiB | "
             f"{r['eager_s']:.3f} | {r['memsave_s']:.3f} | {r['time_ratio']:.2f} | {r['loss_rel_diff']:.1e} | "
-            f"{max(r['grad_hidden_rel_diff'], r['grad_weight_rel_diff']):.1e} |")
+            f"{max(r['grad_hidden_rel_diff'], r['grad_weight_rel_diff']):.1e} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -190,8 +213,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--cases", nargs="+", default=None, help="ROWSxHIDDENxCLASSES:DTYPE ... (default: DEFAULT_CASES)")
     p.add_argument("--repeats", type=int, default=6)
-    p.add_argument("--out", default=None,
-                   help="JSON path (default benchmarks/results/linear_cross_entropy_<device>.json)")
+    p.add_argument(
+        "--out", default=None, help="JSON path (default benchmarks/results/linear_cross_entropy_<device>.json)"
+    )
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--markdown-from", default=None, help="only write the .md of this results JSON again")
     args = p.parse_args(argv)
@@ -206,8 +230,11 @@ def main(argv=None) -> int:
         return 2
     device = torch.device(args.device)
     specs = args.cases or DEFAULT_CASES[args.device]
-    print(f"forward+backward of the loss head on {args.device} ({torch.get_num_threads()} threads), median of "
-          f"{args.repeats} interleaved steps; ratios memsave / eager", flush=True)
+    print(
+        f"forward+backward of the loss head on {args.device} ({torch.get_num_threads()} threads), median of "
+        f"{args.repeats} interleaved steps; ratios memsave / eager",
+        flush=True,
+    )
     rows = []
     for spec in specs:
         n, hdim, v, dtype = parse_case(spec)
@@ -222,12 +249,19 @@ def main(argv=None) -> int:
     if not args.no_save:
         out = args.out or os.path.join(os.path.dirname(__file__), "results", f"linear_cross_entropy_{args.device}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        meta = dict(device=args.device, torch=torch.__version__, memsave=memsave.build_info(),
-                    threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
-                    cpu_count=os.cpu_count(), load_average_end=load, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                    repeats=args.repeats,
-                    command="python3 benchmarks/linear_cross_entropy.py "
-                    + " ".join(argv if argv is not None else sys.argv[1:]))
+        meta = dict(
+            device=args.device,
+            torch=torch.__version__,
+            memsave=memsave.build_info(),
+            threads=torch.get_num_threads(),
+            cpu=platform.processor() or platform.machine(),
+            cpu_count=os.cpu_count(),
+            load_average_end=load,
+            date=time.strftime("%Y-%m-%d %H:%M:%S"),
+            repeats=args.repeats,
+            command="python3 benchmarks/linear_cross_entropy.py "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
+        )
         if args.device == "cuda":
             meta["gpu"] = torch.cuda.get_device_name()
             meta["cuda"] = torch.version.cuda

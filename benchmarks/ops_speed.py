@@ -10,6 +10,7 @@ same size: 2 x 4 bytes per element over its time). Target: >= 0.8.
     python3 benchmarks/ops_speed.py                 # prints a table, writes benchmarks/results/ops_speed_cpu.json
     python3 benchmarks/ops_speed.py --device cuda   # writes benchmarks/results/ops_speed_cuda.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,7 +66,7 @@ def cases(n: int) -> Dict[str, Tuple[Callable, Callable, Tuple[int, ...], Callab
     the mask and writes the input gradient in backward. max_pool2d 2x2/2 reads x, writes n/4 outputs and n/4 argmax
     bytes in forward, reads n/4 gradients and argmax bytes and writes the n-element input gradient in backward.
     """
-    side = int(round((n // 64) ** 0.5))
+    side = round((n // 64) ** 0.5)
     pool_shape = (1, 64, side, side)
     mask_bytes = lambda m: 16 * m + 2 * ((m + 7) // 8)  # noqa: E731
     pool_bytes = lambda m: 4 * m + 4 * (m // 4) + (m // 4) + 4 * (m // 4) + (m // 4) + 4 * m  # noqa: E731
@@ -89,8 +90,15 @@ def bench_cpu(n: int, repeats: int) -> List[dict]:
             for k, s in steps.items():
                 times[k].append(_time(s, "cpu"))
         med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append(dict(op=name, elements=x.numel(), memsave_s=med["memsave"], torch_s=med["torch"],
-                         ratio=med["memsave"] / med["torch"]))
+        rows.append(
+            dict(
+                op=name,
+                elements=x.numel(),
+                memsave_s=med["memsave"],
+                torch_s=med["torch"],
+                ratio=med["memsave"] / med["torch"],
+            )
+        )
     return rows
 
 
@@ -99,7 +107,6 @@ def bench_cuda(n: int, repeats: int) -> List[dict]:
     y = torch.empty_like(x)
     copy_t = statistics.median(_time(lambda: y.copy_(x), "cuda") for _ in range(repeats + 2))
     copy_bw = 2 * 4 * n / copy_t
-    del y
     rows = []
     for name, (ours, ref, shape, min_bytes) in cases(n).items():
         xs = x.view(shape)
@@ -131,26 +138,39 @@ def main(argv=None) -> int:
     rows = bench_cpu(n, args.repeats) if args.device == "cpu" else bench_cuda(n, args.repeats)
 
     if args.device == "cpu":
-        print(f"forward+backward, {n / 2**20:.0f}M float32 elements, {torch.get_num_threads()} threads, "
-              f"median of {args.repeats}")
+        print(
+            f"forward+backward, {n / 2**20:.0f}M float32 elements, {torch.get_num_threads()} threads, "
+            f"median of {args.repeats}"
+        )
         print(f"{'op':<12} {'memsave ms':>11} {'torch ms':>9} {'ratio':>6}  target <= 1.5")
         for r in rows:
             ok = "ok" if r["ratio"] <= 1.5 else "SLOW"
             print(f"{r['op']:<12} {1e3 * r['memsave_s']:>11.1f} {1e3 * r['torch_s']:>9.1f} {r['ratio']:>6.2f}  {ok}")
     else:
-        print(f"forward+backward, {n / 2**20:.0f}M float32 elements on {torch.cuda.get_device_name()}, copy "
-              f"bandwidth {rows[0]['copy_GBps']:.0f} GB/s")
+        print(
+            f"forward+backward, {n / 2**20:.0f}M float32 elements on {torch.cuda.get_device_name()}, copy "
+            f"bandwidth {rows[0]['copy_GBps']:.0f} GB/s"
+        )
         print(f"{'op':<12} {'memsave ms':>11} {'bw frac':>8} {'torch ms':>9} {'bw frac':>8}  target >= 0.8")
         for r in rows:
-            print(f"{r['op']:<12} {1e3 * r['memsave_s']:>11.2f} {r['memsave_bw_fraction']:>8.2f} "
-                  f"{1e3 * r['torch_s']:>9.2f} {r['torch_bw_fraction']:>8.2f}")
+            print(
+                f"{r['op']:<12} {1e3 * r['memsave_s']:>11.2f} {r['memsave_bw_fraction']:>8.2f} "
+                f"{1e3 * r['torch_s']:>9.2f} {r['torch_bw_fraction']:>8.2f}"
+            )
 
     if not args.no_save:
         out = args.out or os.path.join(os.path.dirname(__file__), "results", f"ops_speed_{args.device}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        meta = dict(device=args.device, torch=torch.__version__, memsave=memsave.build_info(),
-                    threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
-                    date=time.strftime("%Y-%m-%d %H:%M:%S"), elements=n, repeats=args.repeats)
+        meta = dict(
+            device=args.device,
+            torch=torch.__version__,
+            memsave=memsave.build_info(),
+            threads=torch.get_num_threads(),
+            cpu=platform.processor() or platform.machine(),
+            date=time.strftime("%Y-%m-%d %H:%M:%S"),
+            elements=n,
+            repeats=args.repeats,
+        )
         if args.device == "cuda":
             meta["gpu"] = torch.cuda.get_device_name()
             meta["cuda"] = torch.version.cuda

@@ -40,13 +40,13 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
 
-from memsave.measurement import models as bench_models  # noqa: E402
 from benchmarks.run import _grad_step, _max_diff, _step_time, environment  # noqa: E402
-from memsave.recompute.strategies import SequentialSegments  # noqa: E402
+from memsave.measurement import models as bench_models  # noqa: E402
 from memsave.measurement.allocator import cpu_peak_bytes  # noqa: E402
-from memsave.measurement.units import format_bytes  # noqa: E402
 from memsave.measurement.measuring import measure  # noqa: E402
+from memsave.measurement.units import format_bytes  # noqa: E402
 from memsave.recompute.planning import plan  # noqa: E402
+from memsave.recompute.strategies import SequentialSegments  # noqa: E402
 from memsave.recompute.wrapping import wrap  # noqa: E402
 
 
@@ -54,8 +54,9 @@ def _peak(runner: nn.Module, case: bench_models.BenchCase, warmup: int = 1) -> i
     return measure(runner, *case.inputs, loss_fn=case.loss_fn, steps=1, warmup=warmup).peak_bytes
 
 
-def _torch_matched(case: bench_models.BenchCase, target: int, log: Callable[[str], None]
-                   ) -> Tuple[nn.Module, nn.Module, int, int, Dict[int, int]]:
+def _torch_matched(
+    case: bench_models.BenchCase, target: int, log: Callable[[str], None]
+) -> Tuple[nn.Module, nn.Module, int, int, Dict[int, int]]:
     """checkpoint_sequential with the segment count whose measured peak is closest to ``target`` (not above, if
     any). Returns (runner, its model copy, segments, peak, every segment count's peak)."""
     model = copy.deepcopy(case.model)
@@ -93,8 +94,10 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
     sqrt_plan_s = time.perf_counter() - t0
     wrap(sqrt_model, p_sqrt)
     sqrt_peak = _peak(sqrt_model, case)
-    log(f"    eager peak {format_bytes(eager_peak)}; sqrt plan: {len(p_sqrt.regions())} regions, measured peak "
-        f"{format_bytes(sqrt_peak)} ({sqrt_plan_s:.1f} s to plan)")
+    log(
+        f"    eager peak {format_bytes(eager_peak)}; sqrt plan: {len(p_sqrt.regions())} regions, measured peak "
+        f"{format_bytes(sqrt_peak)} ({sqrt_plan_s:.1f} s to plan)"
+    )
 
     opt_model = copy.deepcopy(case.model)
     t0 = time.perf_counter()
@@ -102,8 +105,10 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
     opt_plan_s = time.perf_counter() - t0
     wrap(opt_model, p_opt)
     opt_peak = _peak(opt_model, case)
-    log(f"    optimal plan at budget {format_bytes(sqrt_peak)}: {len(p_opt.regions())} regions, measured peak "
-        f"{format_bytes(opt_peak)} ({opt_plan_s:.1f} s to plan)")
+    log(
+        f"    optimal plan at budget {format_bytes(sqrt_peak)}: {len(p_opt.regions())} regions, measured peak "
+        f"{format_bytes(opt_peak)} ({opt_plan_s:.1f} s to plan)"
+    )
 
     torch_runner, torch_model, segments, torch_peak, seg_peaks = _torch_matched(case, sqrt_peak, log)
     log(f"    torch checkpoint_sequential: {segments} segments, peak {format_bytes(torch_peak)}")
@@ -111,15 +116,22 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
     # Gradients from one seeded step each (dropout masks included), compared with eager's.
     _, g_eager = _grad_step(eager_model, eager_model, case, seed, torch.device("cpu"))
     diffs = {}
-    for label, runner, model in (("sqrt", sqrt_model, sqrt_model), ("optimal", opt_model, opt_model),
-                                 ("torch", torch_runner, torch_model)):
+    for label, runner, model in (
+        ("sqrt", sqrt_model, sqrt_model),
+        ("optimal", opt_model, opt_model),
+        ("torch", torch_runner, torch_model),
+    ):
         _, g = _grad_step(runner, model, case, seed, torch.device("cpu"))
         diffs[label] = _max_diff(g, g_eager)
     del g_eager, g
 
     # Interleaved timing: one step of each per round, after a warm-up round.
-    rows = [("eager", eager_model, eager_model), ("sqrt", sqrt_model, sqrt_model),
-            ("optimal", opt_model, opt_model), ("torch", torch_runner, torch_model)]
+    rows = [
+        ("eager", eager_model, eager_model),
+        ("sqrt", sqrt_model, sqrt_model),
+        ("optimal", opt_model, opt_model),
+        ("torch", torch_runner, torch_model),
+    ]
     times: Dict[str, List[float]] = {label: [] for label, _, _ in rows}
     cpu = torch.device("cpu")
     for r in range(steps + 1):
@@ -135,30 +147,52 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
 
     same_schedule = p_opt.segments == p_sqrt.segments
     result = {
-        "model": name, "size": size, "config": bench_models.SIZES[name][size],
+        "model": name,
+        "size": size,
+        "config": bench_models.SIZES[name][size],
         "eager": {"peak_bytes": eager_peak, "step_seconds": med["eager"]},
-        "sqrt": {"peak_bytes": sqrt_peak, "step_seconds": med["sqrt"], "time_ratio": ratio["sqrt"],
-                 "regions": p_sqrt.regions(), "predicted_peak_bytes": p_sqrt.predicted_peak_bytes,
-                 "predicted_overhead": p_sqrt.predicted_overhead, "plan_seconds": round(sqrt_plan_s, 2),
-                 "max_grad_diff": diffs["sqrt"]},
-        "optimal": {"budget_bytes": sqrt_peak, "peak_bytes": opt_peak, "step_seconds": med["optimal"],
-                    "time_ratio": ratio["optimal"], "regions": p_opt.regions(),
-                    "predicted_peak_bytes": p_opt.predicted_peak_bytes,
-                    "predicted_overhead": p_opt.predicted_overhead, "plan_seconds": round(opt_plan_s, 2),
-                    "max_grad_diff": diffs["optimal"]},
-        "torch_checkpoint_sequential": {"segments": segments, "peak_bytes": torch_peak,
-                                        "step_seconds": med["torch"], "time_ratio": ratio["torch"],
-                                        "peaks_by_segments": {str(k): v for k, v in seg_peaks.items()},
-                                        "max_grad_diff": diffs["torch"]},
+        "sqrt": {
+            "peak_bytes": sqrt_peak,
+            "step_seconds": med["sqrt"],
+            "time_ratio": ratio["sqrt"],
+            "regions": p_sqrt.regions(),
+            "predicted_peak_bytes": p_sqrt.predicted_peak_bytes,
+            "predicted_overhead": p_sqrt.predicted_overhead,
+            "plan_seconds": round(sqrt_plan_s, 2),
+            "max_grad_diff": diffs["sqrt"],
+        },
+        "optimal": {
+            "budget_bytes": sqrt_peak,
+            "peak_bytes": opt_peak,
+            "step_seconds": med["optimal"],
+            "time_ratio": ratio["optimal"],
+            "regions": p_opt.regions(),
+            "predicted_peak_bytes": p_opt.predicted_peak_bytes,
+            "predicted_overhead": p_opt.predicted_overhead,
+            "plan_seconds": round(opt_plan_s, 2),
+            "max_grad_diff": diffs["optimal"],
+        },
+        "torch_checkpoint_sequential": {
+            "segments": segments,
+            "peak_bytes": torch_peak,
+            "step_seconds": med["torch"],
+            "time_ratio": ratio["torch"],
+            "peaks_by_segments": {str(k): v for k, v in seg_peaks.items()},
+            "max_grad_diff": diffs["torch"],
+        },
         "step_times": times,
         "same_schedule": same_schedule,
-        "checks": {"optimal_peak_within_budget": opt_peak <= sqrt_peak,
-                   # The same schedule is the same computation: its two medians differ by noise only.
-                   "optimal_time_ratio_not_above_sqrt": same_schedule or ratio["optimal"] <= ratio["sqrt"]},
+        "checks": {
+            "optimal_peak_within_budget": opt_peak <= sqrt_peak,
+            # The same schedule is the same computation: its two medians differ by noise only.
+            "optimal_time_ratio_not_above_sqrt": same_schedule or ratio["optimal"] <= ratio["sqrt"],
+        },
         "seconds_total": round(time.perf_counter() - t_start, 1),
     }
-    log(f"    time / eager: sqrt {ratio['sqrt']:.3f}, optimal {ratio['optimal']:.3f}, torch {ratio['torch']:.3f}; "
-        f"checks {result['checks']} ({result['seconds_total']} s)")
+    log(
+        f"    time / eager: sqrt {ratio['sqrt']:.3f}, optimal {ratio['optimal']:.3f}, torch {ratio['torch']:.3f}; "
+        f"checks {result['checks']} ({result['seconds_total']} s)"
+    )
     del rows, eager_model, sqrt_model, opt_model, torch_model, torch_runner
     gc.collect()
     return result
@@ -189,20 +223,33 @@ def to_markdown(result: Dict[str, Any]) -> str:
     for m in result["models"]:
         e = m["eager"]["peak_bytes"]
         lines.append(f"| {m['model']} | eager | {format_bytes(e)} | 1.00 | 1.00 | 0 | 0 |")
-        for key, label in (("sqrt", "plan sqrt"), ("optimal", "plan optimal @ sqrt's peak"),
-                           ("torch_checkpoint_sequential",
-                            f"torch checkpoint_sequential/{m['torch_checkpoint_sequential']['segments']}")):
+        for key, label in (
+            ("sqrt", "plan sqrt"),
+            ("optimal", "plan optimal @ sqrt's peak"),
+            (
+                "torch_checkpoint_sequential",
+                f"torch checkpoint_sequential/{m['torch_checkpoint_sequential']['segments']}",
+            ),
+        ):
             r = m[key]
             regions = len(r["regions"]) if "regions" in r else r["segments"]
-            lines.append(f"| {m['model']} | {label} | {format_bytes(r['peak_bytes'])} | {r['peak_bytes'] / e:.2f} | "
-                         f"{r['time_ratio']:.3f} | {regions} | {r['max_grad_diff']:.3g} |")
+            lines.append(
+                f"| {m['model']} | {label} | {format_bytes(r['peak_bytes'])} | {r['peak_bytes'] / e:.2f} | "
+                f"{r['time_ratio']:.3f} | {regions} | {r['max_grad_diff']:.3g} |"
+            )
         c = m["checks"]
-        checks.append(f"- {m['model']}: optimal peak {format_bytes(m['optimal']['peak_bytes'])} <= budget "
-                      f"{format_bytes(m['optimal']['budget_bytes'])}: **{c['optimal_peak_within_budget']}**; "
-                      f"optimal time ratio {m['optimal']['time_ratio']:.3f} <= sqrt's {m['sqrt']['time_ratio']:.3f}: "
-                      f"**{c['optimal_time_ratio_not_above_sqrt']}**"
-                      + (" (the optimal schedule *is* the sqrt schedule here: sqrt's peak is the smallest that fits, "
-                         "so the two medians differ by noise only)" if m.get("same_schedule") else ""))
+        checks.append(
+            f"- {m['model']}: optimal peak {format_bytes(m['optimal']['peak_bytes'])} <= budget "
+            f"{format_bytes(m['optimal']['budget_bytes'])}: **{c['optimal_peak_within_budget']}**; "
+            f"optimal time ratio {m['optimal']['time_ratio']:.3f} <= sqrt's {m['sqrt']['time_ratio']:.3f}: "
+            f"**{c['optimal_time_ratio_not_above_sqrt']}**"
+            + (
+                " (the optimal schedule *is* the sqrt schedule here: sqrt's peak is the smallest that fits, "
+                "so the two medians differ by noise only)"
+                if m.get("same_schedule")
+                else ""
+            )
+        )
     lines += ["", "Checks:", ""] + checks
     return "\n".join(lines) + "\n"
 
@@ -228,9 +275,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     models = [run_model(n, args.size, args.steps, args.seed) for n in args.models]
     result = {
         "environment": environment(torch.device("cpu")),
-        "settings": {"models": args.models, "size": args.size, "steps": args.steps, "seed": args.seed,
-                     "load_average_start": load_start, "total_seconds": round(time.perf_counter() - t0, 1),
-                     "note": "shared machine: other jobs ran on the same cores; time ratios are noisy, peaks exact"},
+        "settings": {
+            "models": args.models,
+            "size": args.size,
+            "steps": args.steps,
+            "seed": args.seed,
+            "load_average_start": load_start,
+            "total_seconds": round(time.perf_counter() - t0, 1),
+            "note": "shared machine: other jobs ran on the same cores; time ratios are noisy, peaks exact",
+        },
         "models": models,
     }
     md = to_markdown(result)

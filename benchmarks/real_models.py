@@ -47,6 +47,7 @@ Writes ``benchmarks/results/real_models_<device>.json`` and ``.md`` with the mac
 transformers, timm, torchvision and memsave versions, the git commit (and whether the package sources differed from
 it), and the load average at the start and the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,13 @@ HERE = Path(__file__).resolve().parent
 MODELS = ("gpt2", "llama", "vit", "resnet50")
 PLAN_FRACTIONS = (0.25, 0.5, 0.75)
 COMPILE_BUDGET = 0.5
-VARIANTS = ("eager", "torch blocks", "wrap", *(f"plan {int(f * 100)}%" for f in PLAN_FRACTIONS),
-            f"compile amb {COMPILE_BUDGET}")
+VARIANTS = (
+    "eager",
+    "torch blocks",
+    "wrap",
+    *(f"plan {int(f * 100)}%" for f in PLAN_FRACTIONS),
+    f"compile amb {COMPILE_BUDGET}",
+)
 CLASSES = 10
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -147,28 +153,69 @@ def build(name: str, quick: bool = False) -> Case:
     if name == "gpt2":
         tf = _transformers()
         layers, d, vocab, batch, seq = (2, 32, 128, 2, 16) if quick else (6, 256, 8192, 4, 256)
-        cfg = tf.GPT2Config(n_layer=layers, n_embd=d, n_head=4, vocab_size=vocab, n_positions=seq, use_cache=False,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-        return _lm_case(tf.GPT2LMHeadModel(cfg).train(), vocab, batch, seq,
-                        f"GPT2LMHeadModel, {layers} layers, d {d}, vocab {vocab:,}, {batch} x {seq} tokens")
+        cfg = tf.GPT2Config(
+            n_layer=layers,
+            n_embd=d,
+            n_head=4,
+            vocab_size=vocab,
+            n_positions=seq,
+            use_cache=False,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        return _lm_case(
+            tf.GPT2LMHeadModel(cfg).train(),
+            vocab,
+            batch,
+            seq,
+            f"GPT2LMHeadModel, {layers} layers, d {d}, vocab {vocab:,}, {batch} x {seq} tokens",
+        )
     if name == "llama":
         tf = _transformers()
         layers, d, vocab, batch, seq = (2, 32, 128, 2, 16) if quick else (6, 256, 8192, 4, 256)
-        cfg = tf.LlamaConfig(num_hidden_layers=layers, hidden_size=d, intermediate_size=int(d * 2.6875),
-                             num_attention_heads=4, num_key_value_heads=4, vocab_size=vocab,
-                             max_position_embeddings=seq, use_cache=False, bos_token_id=0, eos_token_id=0)
-        return _lm_case(tf.LlamaForCausalLM(cfg).train(), vocab, batch, seq,
-                        f"LlamaForCausalLM, {layers} layers, hidden {d}, vocab {vocab:,}, {batch} x {seq} tokens")
+        cfg = tf.LlamaConfig(
+            num_hidden_layers=layers,
+            hidden_size=d,
+            intermediate_size=int(d * 2.6875),
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=vocab,
+            max_position_embeddings=seq,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        return _lm_case(
+            tf.LlamaForCausalLM(cfg).train(),
+            vocab,
+            batch,
+            seq,
+            f"LlamaForCausalLM, {layers} layers, hidden {d}, vocab {vocab:,}, {batch} x {seq} tokens",
+        )
     if name == "vit":
         import timm
 
         depth, dim, heads, size, batch = (2, 32, 2, 32, 2) if quick else (12, 192, 3, 64, 32)
-        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=CLASSES, img_size=size,
-                                  patch_size=8, embed_dim=dim, depth=depth, num_heads=heads)
+        model = timm.create_model(
+            "vit_tiny_patch16_224",
+            pretrained=False,
+            num_classes=CLASSES,
+            img_size=size,
+            patch_size=8,
+            embed_dim=dim,
+            depth=depth,
+            num_heads=heads,
+        )
         tokens = (size // 8) ** 2 + 1
-        return _classification_case(model.train(), batch, size,
-                                    f"timm ViT-tiny, {depth} blocks, d {dim}, {size}x{size} / patch 8 ({tokens} "
-                                    f"tokens), batch {batch}")
+        return _classification_case(
+            model.train(),
+            batch,
+            size,
+            f"timm ViT-tiny, {depth} blocks, d {dim}, {size}x{size} / patch 8 ({tokens} tokens), batch {batch}",
+        )
     if name == "resnet50":
         import torchvision
 
@@ -199,8 +246,14 @@ class Runner:
     ``loss = loss_fn(out)``, ``loss.backward()`` -- with ``out`` alive during backward, as in a training loop and in
     ``memsave.measure`` and ``memsave.plan`` (a language model's logits count in the peak)."""
 
-    def __init__(self, name: str, model: nn.Module, call: Callable[..., Any], case: Case,
-                 context: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: nn.Module,
+        call: Callable[..., Any],
+        case: Case,
+        context: Optional[Callable[[], Any]] = None,
+    ) -> None:
         self.name, self.model, self.call, self.case, self.context = name, model, call, case, context
 
     def step(self) -> torch.Tensor:
@@ -236,8 +289,13 @@ def float64_error(case: Case, base: nn.Module, reference: Dict[str, torch.Tensor
     def cast(v: Any) -> Any:
         return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
 
-    case64 = Case(model, tuple(cast(a) for a in case.args), {k: cast(v) for k, v in case.kwargs.items()},
-                  case.loss_fn, case.description)
+    case64 = Case(
+        model,
+        tuple(cast(a) for a in case.args),
+        {k: cast(v) for k, v in case.kwargs.items()},
+        case.loss_fn,
+        case.description,
+    )
     torch.manual_seed(5)
     Runner("float64", model, model, case64).step()
     return grad_error(model, reference)[0]  # eager float32's gradients (``reference``) against float64's
@@ -280,8 +338,9 @@ def eager_reference(case: Case) -> Dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in case.model.named_parameters() if p.grad is not None}
 
 
-def measure_variant(runner: Runner, reference: Dict[str, torch.Tensor], device: torch.device,
-                    log: Callable[[str], None], **extra: Any) -> dict:
+def measure_variant(
+    runner: Runner, reference: Dict[str, torch.Tensor], device: torch.device, log: Callable[[str], None], **extra: Any
+) -> dict:
     """One variant's row: a seeded warm-up step (it compiles a compiled variant) whose gradients are compared with
     ``reference``, then the allocator-level peak and, unless compiled, the tracker's activation bytes.
 
@@ -297,8 +356,10 @@ def measure_variant(runner: Runner, reference: Dict[str, torch.Tensor], device: 
     row["peak_bytes"] = peak_bytes(runner, device)
     row["activation_bytes"] = None if runner.name.startswith("compile") else activation_bytes(runner)
     acts = row["activation_bytes"]
-    log(f"  {runner.name}: peak {row['peak_bytes'] / 2**20:.1f} MiB, activations "
-        f"{'n/a' if acts is None else f'{acts / 2**20:.1f} MiB'}, grad err {rel:.1e}")
+    log(
+        f"  {runner.name}: peak {row['peak_bytes'] / 2**20:.1f} MiB, activations "
+        f"{'n/a' if acts is None else f'{acts / 2**20:.1f} MiB'}, grad err {rel:.1e}"
+    )
     return row
 
 
@@ -306,8 +367,9 @@ def compile_context(activation_memory_budget: float) -> contextlib.ExitStack:
     """The configuration a compiled variant steps under: inductor's recompute budget, and its on-disk FX-graph and
     autograd caches off so that a first step's time is a cold compile on every run."""
     stack = contextlib.ExitStack()
-    stack.enter_context(torch._functorch.config.patch(activation_memory_budget=activation_memory_budget,
-                                                      enable_autograd_cache=False))
+    stack.enter_context(
+        torch._functorch.config.patch(activation_memory_budget=activation_memory_budget, enable_autograd_cache=False)
+    )
     stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
     return stack
 
@@ -323,7 +385,7 @@ def interleaved_times(runners: Dict[str, Runner], repeats: int, device: torch.de
     order = list(runners)
     times: Dict[str, List[float]] = {v: [] for v in order}
     for i in range(repeats):
-        for v in (order if i % 2 == 0 else list(reversed(order))):
+        for v in order if i % 2 == 0 else list(reversed(order)):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -336,8 +398,9 @@ def interleaved_times(runners: Dict[str, Runner], repeats: int, device: torch.de
     return times
 
 
-def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_compile: bool,
-                log: Callable[[str], None]) -> dict:
+def bench_model(
+    name: str, device: torch.device, repeats: int, quick: bool, run_compile: bool, log: Callable[[str], None]
+) -> dict:
     """Every variant of one model: peak, activations, interleaved step time, gradient error.
 
     Returns:
@@ -378,9 +441,15 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_
             continue
         plan_s = time.perf_counter() - t0
         memsave.wrap(model, p)
-        add(Runner(key, model, model, case), budget_bytes=budget, plan_seconds=plan_s, regions=len(p.regions()),
-            pieces=len(p.pieces), plan_measured_peak_bytes=p.measured_peak_bytes,
-            predicted_overhead=p.predicted_overhead)
+        add(
+            Runner(key, model, model, case),
+            budget_bytes=budget,
+            plan_seconds=plan_s,
+            regions=len(p.regions()),
+            pieces=len(p.pieces),
+            plan_measured_peak_bytes=p.measured_peak_bytes,
+            predicted_overhead=p.predicted_overhead,
+        )
         rows[key]["within_budget"] = rows[key]["peak_bytes"] <= budget
 
     key = VARIANTS[-1]
@@ -392,7 +461,7 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_
         try:
             add(Runner(key, compiled_base, compiled, case, context=lambda: compile_context(COMPILE_BUDGET)))
             rows[key]["compile_seconds"] = rows[key]["first_step_s"]
-        except Exception as e:  # noqa: BLE001 - inductor's failures vary by machine; record why and go on
+        except Exception as e:
             rows[key] = dict(skipped=f"torch.compile failed on this machine ({failure_reason(e)})")
             log(f"  {key}: {rows[key]['skipped']}")
 
@@ -407,8 +476,13 @@ def bench_model(name: str, device: torch.device, repeats: int, quick: bool, run_
         r["peak_ratio"] = r["peak_bytes"] / eager_peak
         acts = r["activation_bytes"]
         r["activation_ratio"] = None if acts is None else acts / eager_acts
-    return dict(model=name, description=case.description, parameters=sum(p.numel() for p in base.parameters()),
-                blocks=blocks, variants={v: rows[v] for v in VARIANTS if v in rows})
+    return dict(
+        model=name,
+        description=case.description,
+        parameters=sum(p.numel() for p in base.parameters()),
+        blocks=blocks,
+        variants={v: rows[v] for v in VARIANTS if v in rows},
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ output
@@ -418,8 +492,10 @@ def _note(v: str, r: dict) -> str:
         return r["skipped"]
     if v.startswith("plan"):
         ok = "within" if r["within_budget"] else "ABOVE"
-        return (f"budget {r['budget_bytes'] / mib:.1f} MiB: {ok}; {r['regions']} regions of {r['pieces']} pieces; "
-                f"planned in {r['plan_seconds']:.0f} s")
+        return (
+            f"budget {r['budget_bytes'] / mib:.1f} MiB: {ok}; {r['regions']} regions of {r['pieces']} pieces; "
+            f"planned in {r['plan_seconds']:.0f} s"
+        )
     if v.startswith("compile"):
         return f"first step (compiling) {r['compile_seconds']:.0f} s"
     if v == "eager" and r.get("float64_grad_rel_err") is not None:
@@ -431,8 +507,10 @@ def _fmt(x: Optional[float], spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-HEADER = (f"{'model':<9} {'variant':<16} {'peak MiB':>9} {'ratio':>6} {'act MiB':>8} {'ratio':>6} {'time':>6} "
-          f"{'grad err':>9}  note")
+HEADER = (
+    f"{'model':<9} {'variant':<16} {'peak MiB':>9} {'ratio':>6} {'act MiB':>8} {'ratio':>6} {'time':>6} "
+    f"{'grad err':>9}  note"
+)
 
 
 def format_rows(res: dict) -> List[str]:
@@ -441,13 +519,16 @@ def format_rows(res: dict) -> List[str]:
     out = []
     for v, r in res["variants"].items():
         if "skipped" in r:
-            out.append(f"{res['model']:<9} {v:<16} {'-':>9} {'-':>6} {'-':>8} {'-':>6} {'-':>6} {'-':>9}  "
-                       f"{_note(v, r)}")
+            out.append(
+                f"{res['model']:<9} {v:<16} {'-':>9} {'-':>6} {'-':>8} {'-':>6} {'-':>6} {'-':>9}  {_note(v, r)}"
+            )
             continue
         acts = r["activation_bytes"]
-        out.append(f"{res['model']:<9} {v:<16} {r['peak_bytes'] / mib:>9.1f} {r['peak_ratio']:>6.2f} "
-                   f"{_fmt(None if acts is None else acts / mib, '.1f'):>8} {_fmt(r['activation_ratio'], '.2f'):>6} "
-                   f"{r['time_ratio']:>6.2f} {r['grad_rel_err']:>9.1e}  {_note(v, r)}")
+        out.append(
+            f"{res['model']:<9} {v:<16} {r['peak_bytes'] / mib:>9.1f} {r['peak_ratio']:>6.2f} "
+            f"{_fmt(None if acts is None else acts / mib, '.1f'):>8} {_fmt(r['activation_ratio'], '.2f'):>6} "
+            f"{r['time_ratio']:>6.2f} {r['grad_rel_err']:>9.1e}  {_note(v, r)}"
+        )
     return out
 
 
@@ -459,12 +540,14 @@ def load_text(avg: Optional[Sequence[float]]) -> str:
 def provenance(meta: dict) -> str:
     """The sentence a results page opens with: the command, the machine, the versions, the commit, the load."""
     dirty = meta.get("git_dirty") or []
-    return (f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
-            f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
-            f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
-            f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
-            f"(1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
-            f"{load_text(meta['load_average_end'])}; {meta['minutes']:.1f} minutes.")
+    return (
+        f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
+        f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
+        f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
+        f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
+        f"(1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
+        f"{load_text(meta['load_average_end'])}; {meta['minutes']:.1f} minutes."
+    )
 
 
 def markdown(meta: dict, results: List[dict]) -> str:
@@ -499,7 +582,8 @@ def markdown(meta: dict, results: List[dict]) -> str:
                 f"| {res['description']} | {v} | {r['peak_bytes'] / mib:.1f} MiB | {r['peak_ratio']:.2f} | "
                 f"{_fmt(None if acts is None else acts / mib, '.1f')}{'' if acts is None else ' MiB'} | "
                 f"{_fmt(r['activation_ratio'], '.2f')} | {r['time_ratio']:.2f} | {r['grad_rel_err']:.1e} | "
-                f"{_note(v, r)} |")
+                f"{_note(v, r)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -541,8 +625,9 @@ def argument_parser(doc: Optional[str], script: str, rewritten: str) -> argparse
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    p.add_argument("--repeats", type=int, default=None, help="interleaved timed steps per variant (default 9; "
-                   "--quick: 2)")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="interleaved timed steps per variant (default 9; --quick: 2)"
+    )
     p.add_argument("--quick", action="store_true", help="tiny configs, 2 repeats, not saved unless --out: a smoke run")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (minutes of compiling)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -552,21 +637,39 @@ def argument_parser(doc: Optional[str], script: str, rewritten: str) -> argparse
     return p
 
 
-def run_metadata(script: str, args: argparse.Namespace, argv: Optional[Sequence[str]], start: float,
-                 load_start: Optional[Sequence[float]], load_end: Optional[Sequence[float]], repeats: int,
-                 **extra: Any) -> Dict[str, Any]:
+def run_metadata(
+    script: str,
+    args: argparse.Namespace,
+    argv: Optional[Sequence[str]],
+    start: float,
+    load_start: Optional[Sequence[float]],
+    load_end: Optional[Sequence[float]],
+    repeats: int,
+    **extra: Any,
+) -> Dict[str, Any]:
     """What a results file records of its run: device, library versions, memsave's build, the commit (and the
     package sources that differed from it), the CPU and threads, the load at start and end, the command."""
     dirty = git("status", "--porcelain", "--", "python", "csrc")
-    meta = dict(device=args.device, torch=torch.__version__, **library_versions(),
-                memsave_version=memsave.__version__, memsave=memsave.build_info(),
-                git_commit=git("rev-parse", "--short", "HEAD"),
-                git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
-                threads=torch.get_num_threads(), cpu=cpu_model(), cpu_count=os.cpu_count(),
-                load_average_start=load_start, load_average_end=load_end,
-                minutes=(time.perf_counter() - start) / 60, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                repeats=repeats, quick=args.quick, **extra,
-                command=" ".join([f"python3 benchmarks/{script}.py", *(argv if argv is not None else sys.argv[1:])]))
+    meta = dict(
+        device=args.device,
+        torch=torch.__version__,
+        **library_versions(),
+        memsave_version=memsave.__version__,
+        memsave=memsave.build_info(),
+        git_commit=git("rev-parse", "--short", "HEAD"),
+        git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
+        threads=torch.get_num_threads(),
+        cpu=cpu_model(),
+        cpu_count=os.cpu_count(),
+        load_average_start=load_start,
+        load_average_end=load_end,
+        minutes=(time.perf_counter() - start) / 60,
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        repeats=repeats,
+        quick=args.quick,
+        **extra,
+        command=" ".join([f"python3 benchmarks/{script}.py", *(argv if argv is not None else sys.argv[1:])]),
+    )
     if args.device == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
         meta["cuda"] = torch.version.cuda
@@ -593,13 +696,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     device = torch.device(args.device)
     start = time.perf_counter()
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
-          f"steps; ratios to eager", flush=True)
+    print(
+        f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
+        f"steps; ratios to eager",
+        flush=True,
+    )
     results = []
     for name in args.models:
         print(f"{name} ...", flush=True)
-        results.append(bench_model(name, device, repeats, args.quick, not args.no_compile,
-                                   log=lambda s: print(s, flush=True)))
+        results.append(
+            bench_model(name, device, repeats, args.quick, not args.no_compile, log=lambda s: print(s, flush=True))
+        )
     load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(HEADER)
     for res in results:
@@ -608,8 +715,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if save:
         out = args.out or str(HERE / "results" / f"real_models_{args.device}.json")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        meta = run_metadata("real_models", args, argv, start, load_start, load_end, repeats,
-                            compile_activation_memory_budget=COMPILE_BUDGET)
+        meta = run_metadata(
+            "real_models",
+            args,
+            argv,
+            start,
+            load_start,
+            load_end,
+            repeats,
+            compile_activation_memory_budget=COMPILE_BUDGET,
+        )
         with open(out, "w") as f:
             json.dump(dict(meta=meta, results=results), f, indent=2)
         with open(os.path.splitext(out)[0] + ".md", "w") as f:

@@ -45,13 +45,13 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
 
 import torch  # noqa: E402
 
-from memsave.measurement import models as bench_models  # noqa: E402
 from benchmarks import strategies as bench_strategies  # noqa: E402
 from memsave.errors import StrategyUnavailableError  # noqa: E402
-from memsave.measurement.strategies import StrategyContext  # noqa: E402
+from memsave.measurement import models as bench_models  # noqa: E402
 from memsave.measurement.allocator import cpu_memory_stats  # noqa: E402
-from memsave.measurement.units import format_bytes  # noqa: E402
 from memsave.measurement.measuring import measure  # noqa: E402
+from memsave.measurement.strategies import StrategyContext  # noqa: E402
+from memsave.measurement.units import format_bytes  # noqa: E402
 
 __all__ = ["main", "run", "environment", "to_markdown"]
 
@@ -70,7 +70,9 @@ def _cpu_name() -> str:
 
 def _git_commit() -> Optional[str]:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -141,8 +143,15 @@ def _step_time(runner: Any, model: torch.nn.Module, case: bench_models.BenchCase
     return time.perf_counter() - t0
 
 
-def _interleaved_times(eager: Any, eager_model: torch.nn.Module, runner: Any, model: torch.nn.Module,
-                       case: bench_models.BenchCase, steps: int, device: torch.device):
+def _interleaved_times(
+    eager: Any,
+    eager_model: torch.nn.Module,
+    runner: Any,
+    model: torch.nn.Module,
+    case: bench_models.BenchCase,
+    steps: int,
+    device: torch.device,
+):
     """Median step time of ``runner`` and of eager, the two stepped alternately ``steps`` times each.
 
     Alternating makes the ratio robust to load that drifts during a run (a shared CI machine): both medians see the
@@ -165,8 +174,16 @@ def _max_diff(grads: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]) -> f
     return max((float((grads[n].double() - ref[n].double()).abs().max()) for n in ref), default=0.0)
 
 
-def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch.device, steps: int, warmup: int,
-              seed: int = 0, log: Any = print) -> List[Dict[str, Any]]:
+def run_model(
+    name: str,
+    size: str,
+    strategy_names: Sequence[str],
+    device: torch.device,
+    steps: int,
+    warmup: int,
+    seed: int = 0,
+    log: Any = print,
+) -> List[Dict[str, Any]]:
     """Measure every strategy on one model; returns one dict per row, eager first."""
     case = bench_models.build(name, size, str(device), seed)
     pristine = case.model
@@ -180,9 +197,13 @@ def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch
     eager: Optional[Dict[str, Any]] = None
     eager_grads: Dict[str, torch.Tensor] = {}
     for strat in bench_strategies.get(strategy_names):
-        row: Dict[str, Any] = {"model": name, "size": size, "strategy": strat.name,
-                               "description": "; ".join(spec.description for spec, _ in strat.parts),
-                               "lossless": strat.lossless}
+        row: Dict[str, Any] = {
+            "model": name,
+            "size": size,
+            "strategy": strat.name,
+            "description": "; ".join(spec.description for spec, _ in strat.parts),
+            "lossless": strat.lossless,
+        }
         try:
             strat.check_available()
         except StrategyUnavailableError as e:
@@ -202,8 +223,9 @@ def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch
                 seconds = statistics.median(_step_time(runner, model, case, device) for _ in range(steps))
                 ratio = 1.0
             else:
-                seconds, eager_seconds = _interleaved_times(eager_model, eager_model, runner, model, case, steps,
-                                                            device)
+                seconds, eager_seconds = _interleaved_times(
+                    eager_model, eager_model, runner, model, case, steps, device
+                )
                 ratio = seconds / eager_seconds
         except Exception as e:  # a failing strategy is a result row, not the end of the run
             row["error"] = f"{type(e).__name__}: {e}"
@@ -211,7 +233,7 @@ def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch
             log(f"  {strat.name:<34} error: {row['error']}")
             continue
         finally:
-            model = runner = None  # noqa: F841  (free the copy before the next row)
+            model = runner = None
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -233,14 +255,24 @@ def run_model(name: str, size: str, strategy_names: Sequence[str], device: torch
             row["activation_ratio"] = m.activation_bytes / max(eager["activation_bytes"], 1)
             row["peak_ratio"] = m.peak_bytes / max(eager["peak_bytes"], 1)
         rows.append(row)
-        log(f"  {strat.name:<34} peak {format_bytes(m.peak_bytes):>11}  act {format_bytes(m.activation_bytes):>11}"
+        log(
+            f"  {strat.name:<34} peak {format_bytes(m.peak_bytes):>11}  act {format_bytes(m.activation_bytes):>11}"
             f"  x{row.get('time_ratio', float('nan')):.2f} time  grad diff {row['max_grad_diff']}"
-            f"  ({row['seconds_total']} s)")
+            f"  ({row['seconds_total']} s)"
+        )
     return rows
 
 
-def run(models: Sequence[str], size: str, strategies: Sequence[str], device: torch.device, steps: int = 5,
-        warmup: int = 1, seed: int = 0, log: Any = print) -> Dict[str, Any]:
+def run(
+    models: Sequence[str],
+    size: str,
+    strategies: Sequence[str],
+    device: torch.device,
+    steps: int = 5,
+    warmup: int = 1,
+    seed: int = 0,
+    log: Any = print,
+) -> Dict[str, Any]:
     """Run the benchmark; returns ``{"environment": ..., "settings": ..., "rows": [...]}``."""
     t0 = time.perf_counter()
     rows: List[Dict[str, Any]] = []
@@ -249,9 +281,15 @@ def run(models: Sequence[str], size: str, strategies: Sequence[str], device: tor
         rows += run_model(name, size, strategies, device, steps, warmup, seed, log)
     return {
         "environment": environment(device),
-        "settings": {"models": list(models), "size": size, "steps": steps, "warmup": warmup, "seed": seed,
-                     "sizes": {n: bench_models.SIZES[n][size] for n in models},
-                     "total_seconds": round(time.perf_counter() - t0, 1)},
+        "settings": {
+            "models": list(models),
+            "size": size,
+            "steps": steps,
+            "warmup": warmup,
+            "seed": seed,
+            "sizes": {n: bench_models.SIZES[n][size] for n in models},
+            "total_seconds": round(time.perf_counter() - t0, 1),
+        },
         "rows": rows,
     }
 
@@ -271,30 +309,42 @@ def to_markdown(result: Dict[str, Any]) -> str:
         f"torch {env['torch']}, CUDA {env['cuda'] or 'n/a'}, python {env['python']}, {env['cpu_threads']} CPU threads, "
         f"memsave {ms.get('version') if isinstance(ms, dict) else ms}, commit {env.get('git_commit')}, "
         f"{env['date_utc']} UTC. Median of {st['steps']} steps after {st['warmup']} warm-up; total "
-        f"{st['total_seconds']} s" + (f", load average {env['load_average']} at the end" if env.get("load_average")
-                                      else "") + ".",
+        f"{st['total_seconds']} s"
+        + (f", load average {env['load_average']} at the end" if env.get("load_average") else "")
+        + ".",
         "",
-        "Peak: " + ("`torch.cuda.max_memory_allocated` above the step's start" if env["device"].startswith("cuda")
-                    else "allocator-level, from the profiler's CPU allocation events (DESIGN.md)")
+        "Peak: "
+        + (
+            "`torch.cuda.max_memory_allocated` above the step's start"
+            if env["device"].startswith("cuda")
+            else "allocator-level, from the profiler's CPU allocation events (DESIGN.md)"
+        )
         + ". Activations: live-tensor tracker, bytes alive at the end of forward; 'fwd alloc' is the same at "
         "allocator level. Ratios are to eager in this run.",
     ]
     for name in st["models"]:
-        lines += ["", f"## {name}: {json.dumps(st['sizes'][name])}", "",
-                  "| strategy | peak | activations | act / eager | fwd alloc | step time / eager | max abs grad diff |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"## {name}: {json.dumps(st['sizes'][name])}",
+            "",
+            "| strategy | peak | activations | act / eager | fwd alloc | step time / eager | max abs grad diff |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in result["rows"]:
             if r["model"] != name:
                 continue
             if "skipped" in r or "error" in r:
-                lines.append(f"| {r['strategy']} | {'skipped' if 'skipped' in r else 'error'}: "
-                             f"{r.get('skipped') or r.get('error')} | | | | | |")
+                lines.append(
+                    f"| {r['strategy']} | {'skipped' if 'skipped' in r else 'error'}: "
+                    f"{r.get('skipped') or r.get('error')} | | | | | |"
+                )
                 continue
             gd = r["max_grad_diff"]
             lines.append(
                 f"| {r['strategy']} | {format_bytes(r['peak_bytes'])} | {format_bytes(r['activation_bytes'])} | "
                 f"{_fmt_ratio(r.get('activation_ratio'))} | {format_bytes(r['forward_alloc_bytes'])} | "
-                f"{_fmt_ratio(r.get('time_ratio'))} | {'-' if gd is None else f'{gd:.3g}'} |")
+                f"{_fmt_ratio(r.get('time_ratio'))} | {'-' if gd is None else f'{gd:.3g}'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -311,19 +361,32 @@ def save(result: Dict[str, Any], out_dir: Path, stem: Optional[str] = None) -> L
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Command line entry point; returns the result dict."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", nargs="+", default=list(bench_models.MODELS), choices=bench_models.MODELS)
-    p.add_argument("--size", choices=("full", "cpu", "tiny"), default=None,
-                   help="model sizes (models.py); default: full on CUDA, cpu otherwise")
-    p.add_argument("--strategies", nargs="+", default=list(bench_strategies.DEFAULT_STRATEGIES),
-                   help="strategy names (memsave.measurement.strategies; combine with '+')")
+    p.add_argument(
+        "--size",
+        choices=("full", "cpu", "tiny"),
+        default=None,
+        help="model sizes (models.py); default: full on CUDA, cpu otherwise",
+    )
+    p.add_argument(
+        "--strategies",
+        nargs="+",
+        default=list(bench_strategies.DEFAULT_STRATEGIES),
+        help="strategy names (memsave.measurement.strategies; combine with '+')",
+    )
     p.add_argument("--plugins", nargs="*", default=[], help="modules to import first (they register strategies)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--steps", type=int, default=5, help="timed steps; the median is reported")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--deterministic", action="store_true",
-                   help="torch.use_deterministic_algorithms(True) (CUDA: gradients comparable bitwise)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms(True) (CUDA: gradients comparable bitwise)",
+    )
     p.add_argument("--out-dir", type=Path, default=HERE / "results")
     p.add_argument("--name", default=None, help="file stem of the results (default bench_<device>_<size>)")
     p.add_argument("--no-save", action="store_true")

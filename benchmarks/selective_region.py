@@ -15,6 +15,7 @@ the matmul/attention FLOPs backward recomputes (``FlopCounterMode``).
 
 Writes ``benchmarks/results/selective_region_<device>.json`` and ``.md`` with the machine, versions, commit and load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     case = build("gpt2")
     block = case.model.transformer.h[0]
-    x = torch.randn(4, 256, block.ln_1.normalized_shape[0], generator=torch.Generator().manual_seed(2),
-                    requires_grad=True)
+    x = torch.randn(
+        4, 256, block.ln_1.normalized_shape[0], generator=torch.Generator().manual_seed(2), requires_grad=True
+    )
     calls: Dict[str, Callable[[], torch.Tensor]] = {
         "eager": lambda: block(x),
         "whole": lambda: memsave.checkpoint(block, x),
@@ -92,7 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     steps: Dict[str, List[float]] = {v: [] for v in VARIANTS}
     forwards: Dict[str, List[float]] = {v: [] for v in VARIANTS}
     for i in range(args.repeats):
-        for v in (VARIANTS if i % 2 == 0 else VARIANTS[::-1]):
+        for v in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
             t0 = time.perf_counter()
             step(v)
             steps[v].append(time.perf_counter() - t0)
@@ -102,35 +104,55 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             del y
     for v in VARIANTS:
         r = rows[v]
-        r.update(step_s=statistics.median(steps[v]), forward_s=statistics.median(forwards[v]),
-                 step_ratio=statistics.median(steps[v]) / statistics.median(steps["eager"]),
-                 forward_ratio=statistics.median(forwards[v]) / statistics.median(forwards["eager"]),
-                 recompute_flops=r["backward_flops"] - rows["eager"]["backward_flops"])
+        r.update(
+            step_s=statistics.median(steps[v]),
+            forward_s=statistics.median(forwards[v]),
+            step_ratio=statistics.median(steps[v]) / statistics.median(steps["eager"]),
+            forward_ratio=statistics.median(forwards[v]) / statistics.median(forwards["eager"]),
+            recompute_flops=r["backward_flops"] - rows["eager"]["backward_flops"],
+        )
     load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
     lines = [f"{'variant':<10} {'step':>6} {'forward':>8} {'ops':>5} {'recompute GFLOP':>16}"]
-    lines += [f"{v:<10} {r['step_ratio']:>6.2f} {r['forward_ratio']:>8.2f} {r['forward_ops']:>5} "
-              f"{r['recompute_flops'] / 1e9:>16.3f}" for v, r in rows.items()]
+    lines += [
+        f"{v:<10} {r['step_ratio']:>6.2f} {r['forward_ratio']:>8.2f} {r['forward_ops']:>5} "
+        f"{r['recompute_flops'] / 1e9:>16.3f}"
+        for v, r in rows.items()
+    ]
     print("\n".join(lines))
     print(f"load average at the start: {load_text(load_start)}, at the end: {load_text(load_end)}")
     if not args.no_save:
         path = args.out or str(HERE / "results" / "selective_region_cpu.json")
-        meta = dict(torch=torch.__version__, memsave_version=memsave.__version__, cpu=cpu_model(),
-                    threads=torch.get_num_threads(), git_commit=git("rev-parse", "--short", "HEAD"),
-                    load_average_start=load_start, load_average_end=load_end, repeats=args.repeats,
-                    date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                    block="GPT2Block of GPT2LMHeadModel(n_layer=6, n_embd=256, n_head=4), x: 4 x 256 x 256 float32")
+        meta = dict(
+            torch=torch.__version__,
+            memsave_version=memsave.__version__,
+            cpu=cpu_model(),
+            threads=torch.get_num_threads(),
+            git_commit=git("rev-parse", "--short", "HEAD"),
+            load_average_start=load_start,
+            load_average_end=load_end,
+            repeats=args.repeats,
+            date=time.strftime("%Y-%m-%d %H:%M:%S"),
+            block="GPT2Block of GPT2LMHeadModel(n_layer=6, n_embd=256, n_head=4), x: 4 x 256 x 256 float32",
+        )
         with open(path, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=2)
         md = [
-            "# One selective region against a whole one (a GPT-2 block, CPU)", "",
+            "# One selective region against a whole one (a GPT-2 block, CPU)",
+            "",
             f"`python3 benchmarks/selective_region.py` on {meta['cpu']} ({meta['threads']} threads), torch "
             f"{meta['torch']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}), {meta['date']}; load "
             f"average {load_text(load_start)} -> {load_text(load_end)}. {meta['block']}. Step: forward + backward; "
-            f"forward: with grad on. Medians of {args.repeats} interleaved runs as ratios to eager's.", "",
+            f"forward: with grad on. Medians of {args.repeats} interleaved runs as ratios to eager's.",
+            "",
             "| variant | step / eager | forward / eager | aten ops in forward | matmul/attention GFLOP recomputed |",
             "|---|---|---|---|---|",
-            *(f"| {v} | {r['step_ratio']:.2f} | {r['forward_ratio']:.2f} | {r['forward_ops']} | "
-              f"{r['recompute_flops'] / 1e9:.3f} |" for v, r in rows.items()), ""]
+            *(
+                f"| {v} | {r['step_ratio']:.2f} | {r['forward_ratio']:.2f} | {r['forward_ops']} | "
+                f"{r['recompute_flops'] / 1e9:.3f} |"
+                for v, r in rows.items()
+            ),
+            "",
+        ]
         with open(os.path.splitext(path)[0] + ".md", "w") as f:
             f.write("\n".join(md))
         print(f"wrote {path} and its .md")

@@ -11,6 +11,7 @@ eager). Loss scaling does not change memory or the forward/backward the harness 
 pass over the gradients per step) is measured by ``benchmarks/amp_unscale_speed.py``. float16 rows are meant for a
 GPU: on CPU, autocast to float16 runs but is slow, and bfloat16 is the CPU's 16-bit format.
 """
+
 from __future__ import annotations
 
 from typing import Tuple

@@ -14,6 +14,7 @@ Rows (:data:`CONVERT_STRATEGIES`):
 * ``convert_dropout`` — Dropout swapped too. memsave's Dropout draws other (equally distributed) bits than torch's,
   so its gradients differ from eager wherever dropout is on: registered as not lossless.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -33,5 +34,10 @@ def _convert_dropout(model: nn.Module, arg: Optional[str], ctx: StrategyContext)
     return convert(model, dropout=True)
 
 
-register_strategy("convert_dropout", "memsave.convert(dropout=True): the masks and Dropout (other random bits than "
-                  "torch's: not bitwise)", apply=_convert_dropout, lossless=False, replace=True)
+register_strategy(
+    "convert_dropout",
+    "memsave.convert(dropout=True): the masks and Dropout (other random bits than torch's: not bitwise)",
+    apply=_convert_dropout,
+    lossless=False,
+    replace=True,
+)

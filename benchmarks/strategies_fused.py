@@ -1,4 +1,5 @@
-"""Fused-operator rows for the benchmark harness (registers ``fused:<choice>``): BatchNorm+activation recomputed inside the next conv,
+"""Fused-operator rows for the benchmark harness (registers ``fused:<choice>``): BatchNorm+activation recomputed inside
+the next conv,
 In-Place ABN, and LayerNorm/MLP fusion in the GPT-2-like model.
 
 Import it as a plugin of ``benchmarks/run.py``::
@@ -10,7 +11,8 @@ Import it as a plugin of ``benchmarks/run.py``::
 
 Rows (each rewrites a fresh copy of the model in place; parameter names and the state_dict do not change):
 
-* ``fused:batch_norm_act_conv2d`` -- ResNet-50: in every bottleneck, bn1 -> relu -> conv2 and bn2 -> relu -> conv3 become
+* ``fused:batch_norm_act_conv2d`` -- ResNet-50: in every bottleneck, bn1 -> relu -> conv2 and bn2 -> relu -> conv3
+  become
   ``fuse_batch_norm_act_conv2d`` pairs (the conv's input is recomputed in backward), the stem's bn1 -> relu a
   BatchNormAct2d. UNet (and any nn.Sequential): the ``batch_norm_act_conv2d`` / ``batch_norm_act`` convert patterns.
 * ``fused:inplace_abn`` -- ResNet-50: bn1/bn2 (+ relu) of every bottleneck and the stem become InPlaceABN2d with
@@ -21,6 +23,7 @@ Rows (each rewrites a fresh copy of the model in place; parameter names and the 
 None is bitwise lossless (the fused backward kernels round differently from torch's), hence ``lossless=False``;
 ``batch_norm_act_conv2d`` and ``layer_norm_mlp`` gradients equal eager's within float32 rounding.
 """
+
 from __future__ import annotations
 
 import types
@@ -32,6 +35,7 @@ from torch import nn
 from memsave.measurement.strategies import StrategyContext, register_strategy
 
 __all__ = ["FUSED_STRATEGIES", "fuse_gpt2", "fuse_resnet50"]
+
 
 # --------------------------------------------------------------------------------------------------------- ResNet-50
 def _bottlenecks(model: nn.Module) -> Iterator[nn.Module]:
@@ -88,8 +92,8 @@ def fuse_resnet50(model: nn.Module, inplace_abn: bool = False) -> nn.Module:
 
 def _fuse_sequentials(model: nn.Module, names: Tuple[str, ...]) -> int:
     """Apply the named fused convert patterns (only those) to every nn.Sequential; returns the number of fusions."""
-    from memsave.operators.convert import fused_patterns as cf
     from memsave.nn import activation_spec
+    from memsave.operators.convert import fused_patterns as cf
 
     builders = {
         "batch_norm_act_conv2d": ((nn.BatchNorm2d, None, nn.Conv2d), cf._build_batch_norm_act_conv2d),
@@ -106,9 +110,12 @@ def _fuse_sequentials(model: nn.Module, names: Tuple[str, ...]) -> int:
                 run = [module[j] for j in range(i, min(i + len(kinds), len(module)))]
                 if len(run) < len(kinds):
                     continue
-                ok = all((type(m) is k) if k is not None else (activation_spec(m) is not None
-                                                               and activation_spec(m)[0] != "identity")
-                         for m, k in zip(run, kinds))
+                ok = all(
+                    (type(m) is k)
+                    if k is not None
+                    else (activation_spec(m) is not None and activation_spec(m)[0] != "identity")
+                    for m, k in zip(run, kinds)
+                )
                 new = build(run) if ok else None
                 if new is not None:
                     for k, m in enumerate(new):
@@ -163,8 +170,13 @@ def _fuse(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Modu
 
 
 register_strategy(
-    "fused", "the fused operators by hand: batch_norm_act_conv2d (BN+ReLU recomputed inside the next conv, "
+    "fused",
+    "the fused operators by hand: batch_norm_act_conv2d (BN+ReLU recomputed inside the next conv, "
     "BatchNormAct2d elsewhere), inplace_abn (InPlaceABN2d with leaky_relu 0.01 for every BN+ReLU: a different "
     "activation, not eager's gradients), layer_norm_mlp (LayerNormLinear for ln_1->qkv, ln_2->fc1, ln_f->head, "
     "ActLinear for GELU->fc2); grads = eager's within float32 rounding",
-    choices=("batch_norm_act_conv2d", "inplace_abn", "layer_norm_mlp"), apply=_fuse, lossless=False, replace=True)
+    choices=("batch_norm_act_conv2d", "inplace_abn", "layer_norm_mlp"),
+    apply=_fuse,
+    lossless=False,
+    replace=True,
+)

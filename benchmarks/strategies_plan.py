@@ -35,6 +35,7 @@ __all__ = ["PLAN_RANGE_POINTS", "PLAN_STRATEGIES", "range_budget"]
 #: Budgets of the optimal rows, as points along [smallest feasible peak, eager's peak].
 PLAN_RANGE_POINTS: Tuple[float, ...] = (0.25, 0.5, 0.75)
 
+
 def range_budget(smallest: int, eager: int, point: float) -> int:
     """The budget ``point`` of the way from ``smallest`` to ``eager`` bytes (rounded down).
 
@@ -58,8 +59,14 @@ def _apply_plan_range(model: nn.Module, arg: Optional[str], ctx: StrategyContext
     return wrap(model, plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, strategy="optimal", budget=budget))
 
 
-register_strategy("plan_range", "memsave.plan(strategy='optimal') at <percent> of the way from the smallest "
-                  "feasible peak to eager's, + memsave.wrap", arg="<percent>", apply=_apply_plan_range, replace=True)
+register_strategy(
+    "plan_range",
+    "memsave.plan(strategy='optimal') at <percent> of the way from the smallest "
+    "feasible peak to eager's, + memsave.wrap",
+    arg="<percent>",
+    apply=_apply_plan_range,
+    replace=True,
+)
 
 #: The plan rows, in table order: sqrt(N) (memsave's own plan:sqrt) and the optimal plan along the feasible range.
 PLAN_STRATEGIES: Tuple[str, ...] = ("plan:sqrt",) + tuple(f"plan_range:{round(100 * p)}%" for p in PLAN_RANGE_POINTS)

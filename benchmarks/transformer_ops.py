@@ -25,6 +25,7 @@ each step.
 Writes ``benchmarks/results/transformer_ops_<device>.json`` with the machine, torch, memsave build, thread count and
 load average.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, ClassVar, Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -66,7 +67,11 @@ class LlamaRMSNorm(nn.Module):
 class LlamaMLP(nn.Module):
     """Hugging Face's LlamaMLP with the activation as an argument."""
 
-    ACTS = {"silu": nn.SiLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh")}
+    ACTS: ClassVar[Dict[str, nn.Module]] = {
+        "silu": nn.SiLU(),
+        "gelu": nn.GELU(),
+        "gelu_tanh": nn.GELU(approximate="tanh"),
+    }
 
     def __init__(self, hidden: int, intermediate: int, act: str = "silu") -> None:
         super().__init__()
@@ -97,11 +102,14 @@ def fused_qkv(eager: QKV) -> nn.Module:
     model = type(eager).__new__(type(eager))
     model.__dict__.update(copy.deepcopy(eager).__dict__)
     model.norm, (model.q_proj, model.k_proj, model.v_proj) = fuse_rms_norm_linear(
-        model.norm, model.q_proj, model.k_proj, model.v_proj)
+        model.norm, model.q_proj, model.k_proj, model.v_proj
+    )
     return model
 
 
-def cases(rows: int, hidden: int, dtype_names: List[str]) -> Dict[str, Tuple[Callable[[], Tuple[nn.Module, nn.Module]], Tuple[int, int], str]]:
+def cases(
+    rows: int, hidden: int, dtype_names: List[str]
+) -> Dict[str, Tuple[Callable[[], Tuple[nn.Module, nn.Module]], Tuple[int, int], str]]:
     """name -> (builder of (eager module, memsave module), input shape, dtype name)."""
     out: Dict[str, Tuple[Callable[[], Tuple[nn.Module, nn.Module]], Tuple[int, int], str]] = {}
 
@@ -216,28 +224,42 @@ def main(argv=None) -> int:
     if args.cases:
         all_cases = {k: v for k, v in all_cases.items() if any(s in k for s in args.cases)}
     rows = []
-    print(f"forward+backward, {args.rows} rows x hidden {args.hidden} on {args.device} "
-          f"({torch.get_num_threads()} threads), median of {args.repeats} interleaved steps; ratios memsave / eager")
-    print(f"{'case':<30} {'eager peak':>11} {'memsave':>9} {'ratio':>6} {'eager kept':>11} {'memsave':>9} {'ratio':>6} "
-          f"{'eager ms':>9} {'memsave':>8} {'ratio':>6}")
+    print(
+        f"forward+backward, {args.rows} rows x hidden {args.hidden} on {args.device} "
+        f"({torch.get_num_threads()} threads), median of {args.repeats} interleaved steps; ratios memsave / eager"
+    )
+    print(
+        f"{'case':<30} {'eager peak':>11} {'memsave':>9} {'ratio':>6} {'eager kept':>11} {'memsave':>9} {'ratio':>6} "
+        f"{'eager ms':>9} {'memsave':>8} {'ratio':>6}"
+    )
     mib = 2.0**20
     for name, (build, shape, dt) in all_cases.items():
         r = bench_case(build, shape, getattr(torch, dt), device, args.repeats)
         r = dict(case=name, rows=shape[0], hidden=shape[1], dtype=dt, **r)
         rows.append(r)
-        print(f"{name:<30} {r['eager_peak_bytes'] / mib:>9.1f}Mi {r['memsave_peak_bytes'] / mib:>7.1f}Mi "
-              f"{r['peak_ratio']:>6.2f} {r['eager_kept_bytes'] / mib:>9.1f}Mi {r['memsave_kept_bytes'] / mib:>7.1f}Mi "
-              f"{r['kept_ratio']:>6.2f} {1e3 * r['eager_s']:>9.1f} {1e3 * r['memsave_s']:>8.1f} {r['time_ratio']:>6.2f}",
-              flush=True)
+        print(
+            f"{name:<30} {r['eager_peak_bytes'] / mib:>9.1f}Mi {r['memsave_peak_bytes'] / mib:>7.1f}Mi "
+            f"{r['peak_ratio']:>6.2f} {r['eager_kept_bytes'] / mib:>9.1f}Mi {r['memsave_kept_bytes'] / mib:>7.1f}Mi "
+            f"{r['kept_ratio']:>6.2f} {1e3 * r['eager_s']:>9.1f} {1e3 * r['memsave_s']:>8.1f} {r['time_ratio']:>6.2f}",
+            flush=True,
+        )
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"load average at the end: {load}")
     if not args.no_save:
         out = args.out or os.path.join(os.path.dirname(__file__), "results", f"transformer_ops_{args.device}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        meta = dict(device=args.device, torch=torch.__version__, memsave=memsave.build_info(),
-                    threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine(),
-                    cpu_count=os.cpu_count(), load_average_end=load, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                    repeats=args.repeats, command="python3 benchmarks/transformer_ops.py " + " ".join(argv or sys.argv[1:]))
+        meta = dict(
+            device=args.device,
+            torch=torch.__version__,
+            memsave=memsave.build_info(),
+            threads=torch.get_num_threads(),
+            cpu=platform.processor() or platform.machine(),
+            cpu_count=os.cpu_count(),
+            load_average_end=load,
+            date=time.strftime("%Y-%m-%d %H:%M:%S"),
+            repeats=args.repeats,
+            command="python3 benchmarks/transformer_ops.py " + " ".join(argv or sys.argv[1:]),
+        )
         if args.device == "cuda":
             meta["gpu"] = torch.cuda.get_device_name()
             meta["cuda"] = torch.version.cuda

@@ -18,6 +18,7 @@ Run::
 Note: the UNet has BatchNorm, whose statistics see a micro-batch, not the whole batch, so accumulation is not
 exactly the large batch here (it is for BatchNorm-free models; tests/amp/test_accumulate.py checks that).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,11 +33,11 @@ if str(ROOT) not in sys.path:  # the UNet lives in benchmarks/models.py
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from benchmarks.strategies_amp import AutocastRunner  # noqa: E402
 
 import memsave  # noqa: E402
-from memsave.measurement.models import UNet  # noqa: E402
-from benchmarks.strategies_amp import AutocastRunner  # noqa: E402
 from memsave.amp import GradScaler  # noqa: E402
+from memsave.measurement.models import UNet  # noqa: E402
 from memsave.measurement.units import format_bytes  # noqa: E402
 from memsave.recompute.wrapping import wrap  # noqa: E402
 
@@ -57,8 +58,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", choices=tuple(SIZES), default=None, help="default: full on CUDA, cpu otherwise")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=("float16", "bfloat16"), default=None,
-                   help="autocast dtype; default float16 on CUDA, bfloat16 on CPU")
+    p.add_argument(
+        "--dtype",
+        choices=("float16", "bfloat16"),
+        default=None,
+        help="autocast dtype; default float16 on CUDA, bfloat16 on CPU",
+    )
     p.add_argument("--steps", type=int, default=2, help="timed steps per measurement (median)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -72,8 +77,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(k * b, 3, side, side, generator=gen).to(device)
     target = torch.randint(0, 2, (k * b, side, side), generator=gen).to(device)
-    print(f"UNet widths {cfg['width']}..{16 * cfg['width']}, {side}x{side} images, batch {k * b} = {k} x {b} on "
-          f"{device}; autocast {str(dtype).replace('torch.', '')} (size {size!r})")
+    print(
+        f"UNet widths {cfg['width']}..{16 * cfg['width']}, {side}x{side} images, batch {k * b} = {k} x {b} on "
+        f"{device}; autocast {str(dtype).replace('torch.', '')} (size {size!r})"
+    )
 
     def loss_on(t: torch.Tensor):
         return lambda out: F.cross_entropy(out.float(), t)
@@ -83,8 +90,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         ("float32, one batch of K*b", copy.deepcopy(base), x, target),
         ("float32, K x b accumulated", copy.deepcopy(base), x[:b], target[:b]),
         (f"{str(dtype)[6:]} autocast, K x b", AutocastRunner(copy.deepcopy(base), dtype), x[:b], target[:b]),
-        (f"{str(dtype)[6:]} + memsave checkpoint, K x b", AutocastRunner(checkpointed(copy.deepcopy(base)), dtype),
-         x[:b], target[:b]),
+        (
+            f"{str(dtype)[6:]} + memsave checkpoint, K x b",
+            AutocastRunner(checkpointed(copy.deepcopy(base)), dtype),
+            x[:b],
+            target[:b],
+        ),
     ]
     what = "max_memory_allocated" if device.type == "cuda" else "CPU allocator events"
     print(f"\n{'configuration':<40}{'peak (' + what + ')':>34}{'activations':>14}{'step':>12}")
@@ -92,11 +103,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     for name, model, xi, ti in configs:
         m = memsave.measure(model, xi, loss_fn=loss_on(ti), steps=args.steps)
         measurements[name] = m
-        print(f"{name:<40}{format_bytes(m.peak_bytes):>34}{format_bytes(m.activation_bytes):>14}"
-              f"{m.step_seconds * 1e3:>9.1f} ms")
+        print(
+            f"{name:<40}{format_bytes(m.peak_bytes):>34}{format_bytes(m.activation_bytes):>14}"
+            f"{m.step_seconds * 1e3:>9.1f} ms"
+        )
     first, last = measurements[configs[0][0]], measurements[configs[-1][0]]
-    print(f"\nlast vs first: peak {last.peak_bytes / first.peak_bytes:.0%}, "
-          f"activations {last.activation_bytes / first.activation_bytes:.0%}")
+    print(
+        f"\nlast vs first: peak {last.peak_bytes / first.peak_bytes:.0%}, "
+        f"activations {last.activation_bytes / first.activation_bytes:.0%}"
+    )
 
     # Train the last configuration: checkpointing + autocast + scaler + accumulation.
     model = checkpointed(copy.deepcopy(base))
@@ -115,8 +130,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             assert stepped, "the K-th micro-batch steps the optimizer"
             losses.append(total)
             state = "skipped (overflow)" if acc.last_skipped else "stepped"
-            print(f"window {window}: loss {total:.4f}, {state}, scale {scaler.get_scale():g}"
-                  f"{'' if scaler.is_enabled() else ' (scaler disabled: ' + str(dtype)[6:] + ' needs no scaling)'}")
+            print(
+                f"window {window}: loss {total:.4f}, {state}, scale {scaler.get_scale():g}"
+                f"{'' if scaler.is_enabled() else ' (scaler disabled: ' + str(dtype)[6:] + ' needs no scaling)'}"
+            )
     return {"size": size, "dtype": str(dtype), "measurements": measurements, "losses": losses}
 
 

@@ -34,8 +34,12 @@ SIZES = {  # batch, image side, first-level width
 
 def double_conv(c_in: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
-        nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
     )
 
 
@@ -128,11 +132,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     what = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "CPU allocator events"
     print(f"\n{'':<22}{'peak (' + what + ')':>42}{'activations':>16}{'step time':>12}")
     for name, m in (("eager", m_eager), ("memsave.checkpoint", m_ckpt)):
-        print(f"{name:<22}{format_bytes(m.peak_bytes):>42}{format_bytes(m.activation_bytes):>16}"
-              f"{m.step_seconds * 1e3:>9.1f} ms")
+        print(
+            f"{name:<22}{format_bytes(m.peak_bytes):>42}{format_bytes(m.activation_bytes):>16}"
+            f"{m.step_seconds * 1e3:>9.1f} ms"
+        )
     act = m_ckpt.activation_bytes / m_eager.activation_bytes
-    print(f"\nactivations kept: {act:.0%} of eager; peak: {m_ckpt.peak_bytes / m_eager.peak_bytes:.0%} of eager; "
-          f"step time x{m_ckpt.step_seconds / m_eager.step_seconds:.2f}")
+    print(
+        f"\nactivations kept: {act:.0%} of eager; peak: {m_ckpt.peak_bytes / m_eager.peak_bytes:.0%} of eager; "
+        f"step time x{m_ckpt.step_seconds / m_eager.step_seconds:.2f}"
+    )
     return {"size": size, "reentrant": reentrant_result, "identical": identical, "eager": m_eager, "checkpoint": m_ckpt}
 
 

@@ -43,8 +43,16 @@ def vgg16(width: int, hidden: int, classes: int, image: int) -> nn.Sequential:
     side = 7 if image >= 224 else image // 32
     if image >= 224:
         layers.append(nn.AdaptiveAvgPool2d(7))
-    layers += [nn.Flatten(1), nn.Linear(c_in * side * side, hidden), nn.ReLU(inplace=True), nn.Dropout(),
-               nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(), nn.Linear(hidden, classes)]
+    layers += [
+        nn.Flatten(1),
+        nn.Linear(c_in * side * side, hidden),
+        nn.ReLU(inplace=True),
+        nn.Dropout(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(inplace=True),
+        nn.Dropout(),
+        nn.Linear(hidden, classes),
+    ]
     return nn.Sequential(*layers)
 
 
@@ -85,8 +93,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
     variants = {
         "eager": lambda m: m,
-        "torch checkpoint_sequential(2)": lambda m: Segmented(m, torch.utils.checkpoint.checkpoint_sequential,
-                                                              use_reentrant=False),
+        "torch checkpoint_sequential(2)": lambda m: Segmented(
+            m, torch.utils.checkpoint.checkpoint_sequential, use_reentrant=False
+        ),
         "memsave checkpoint_sequential(2)": lambda m: Segmented(m, memsave.checkpoint_sequential),
     }
     loss_fn = lambda out: nn.functional.cross_entropy(out, y)  # noqa: E731
@@ -102,12 +111,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     print(f"\n{'':<34}{'peak (' + what + ')':>42}{'activations':>14}{'step time':>12}{'max |grad diff|':>17}")
     for name, m in results.items():
         diff = max(float((a - b).abs().max()) for a, b in zip(grads[name], grads["eager"]))
-        print(f"{name:<34}{format_bytes(m.peak_bytes):>42}{format_bytes(m.activation_bytes):>14}"
-              f"{m.step_seconds / base.step_seconds:>11.2f}x{diff:>17.3g}")
+        print(
+            f"{name:<34}{format_bytes(m.peak_bytes):>42}{format_bytes(m.activation_bytes):>14}"
+            f"{m.step_seconds / base.step_seconds:>11.2f}x{diff:>17.3g}"
+        )
     ms = results["memsave checkpoint_sequential(2)"]
-    print(f"\nmemsave: peak {ms.peak_bytes / base.peak_bytes:.0%} of eager, activations "
-          f"{ms.activation_bytes / base.activation_bytes:.0%} of eager."
-          "\nThe walk-through reported 14,222 MB -> 10,550 MB (74%) at about +35% time on a GPU (batch 64, 224x224).")
+    print(
+        f"\nmemsave: peak {ms.peak_bytes / base.peak_bytes:.0%} of eager, activations "
+        f"{ms.activation_bytes / base.activation_bytes:.0%} of eager."
+        "\nThe walk-through reported 14,222 MB -> 10,550 MB (74%) at about +35% time on a GPU (batch 64, 224x224)."
+    )
     identical = all(torch.equal(a, b) for a, b in zip(grads["memsave checkpoint_sequential(2)"], grads["eager"]))
     return {"size": size, "results": results, "identical": identical}
 

@@ -8,6 +8,7 @@
 - ``HF_HUB_OFFLINE=1``: the tests build transformers, timm and peft models from configs with random weights; an
   accidental download (``from_pretrained``, ``pretrained=True``) fails loudly instead of reaching the network.
 """
+
 from __future__ import annotations
 
 import os

@@ -24,6 +24,7 @@ Example:
     >>> memsave.wrap(model, (MyBlock,))           # recompute every MyBlock in backward
     >>> print(memsave.measure(model, x))          # peak and activation bytes of one training step
 """
+
 from __future__ import annotations
 
 import sys
@@ -32,7 +33,7 @@ from .extension import build_info, dispatch_table, load_extension
 
 _C = load_extension()  # before the parts: it registers the torch.ops.memsave schemas and kernels
 
-from . import measurement, recompute, operators, amp  # noqa: E402,I001  (registration order: the strategies list)
+from . import measurement, recompute, operators, amp  # noqa: E402,I001,F401  (registration order: the strategies list)
 from .amp import accumulate  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,

@@ -1,4 +1,5 @@
 """``python -m memsave {info,demo,bench,estimate}``: see :mod:`memsave.cli`."""
+
 import sys
 
 from memsave.cli import main

@@ -3,10 +3,19 @@
 Every error says what was wrong and what to do about it; a region's errors name the region (the ``name`` passed to
 :func:`memsave.checkpoint`, the qualified name of a wrapped module, or the function's ``__qualname__``).
 """
+
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "RecomputeMismatchError", "InplaceModificationError", "MemsaveWarning",
-           "InfeasibleBudgetError", "PlanMismatchError", "StrategyUnavailableError", "NoFakeKernelError"]
+__all__ = [
+    "CheckpointError",
+    "RecomputeMismatchError",
+    "InplaceModificationError",
+    "MemsaveWarning",
+    "InfeasibleBudgetError",
+    "PlanMismatchError",
+    "StrategyUnavailableError",
+    "NoFakeKernelError",
+]
 
 
 class CheckpointError(RuntimeError):

@@ -5,6 +5,7 @@ A C++ extension is tied to the exact torch it was compiled with (C++ ABI, dispat
 another torch fails with an undefined-symbol error at best and corrupts memory at worst, so the versions are compared
 *before* the shared library is loaded, and the error says how to rebuild.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,7 +16,10 @@ import torch
 
 __all__ = ["REBUILD_COMMAND", "build_info", "dispatch_table", "load_extension"]
 
-REBUILD_COMMAND = "pip install --no-build-isolation --force-reinstall --no-deps memsave  (or, in a checkout: pip install --no-build-isolation -e .)"
+REBUILD_COMMAND = (
+    "pip install --no-build-isolation --force-reinstall --no-deps memsave  "
+    "(or, in a checkout: pip install --no-build-isolation -e .)"
+)
 
 
 def load_extension() -> ModuleType:
@@ -36,7 +40,7 @@ def load_extension() -> ModuleType:
             + REBUILD_COMMAND
         ) from exc
     # The full version string, local tag included: 2.11.0+cu130 and 2.11.0+cpu are different binaries.
-    if config.TORCH_VERSION != torch.__version__:
+    if torch.__version__ != config.TORCH_VERSION:
         raise ImportError(
             f"memsave {config.MEMSAVE_VERSION} was built against torch {config.TORCH_VERSION} but torch "
             f"{torch.__version__} is installed. A C++ extension only works with the torch it was compiled for; "

@@ -4,20 +4,19 @@ test_accumulate_ddp.py).
 Gradients are captured at optimizer.step by a recording optimizer and compared with those of the large batch
 (close in float32: the sums run in another order) on a BatchNorm-free model.
 """
+
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List
 
 import pytest
 import torch
 from torch import nn
 
 import memsave
-from memsave.amp import accumulate
-from memsave.amp import GradScaler
-
 from helpers.models import gelu_mlp
+from memsave.amp import GradScaler, accumulate
 
 B, K, D_IN, D_OUT = 4, 3, 6, 3  # D_IN, D_OUT: the widths of gelu_mlp()
 
@@ -61,7 +60,7 @@ def test_k_micro_batches_give_the_large_batch_gradients(use_scaler: bool) -> Non
     opt = Recording(model.parameters())
     scaler = GradScaler("cpu", init_scale=2.0**12) if use_scaler else None
     acc = accumulate(model, opt, steps=K, scaler=scaler)
-    stepped = [acc.backward(_loss(model, x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])) for i in range(K)]
+    stepped = [acc.backward(_loss(model, x[i * B : (i + 1) * B], y[i * B : (i + 1) * B])) for i in range(K)]
     assert stepped == [False] * (K - 1) + [True]
     assert len(opt.seen) == 1
     _assert_close(opt.seen[0], _big_batch_grads(x, y))
@@ -97,7 +96,7 @@ def test_clipping_acts_on_unscaled_gradients() -> None:
     opt = Recording(model.parameters())
     acc = accumulate(model, opt, steps=K, scaler=GradScaler("cpu", init_scale=2.0**14), clip_grad_norm=max_norm)
     for i in range(K):
-        acc.backward(_loss(model, x[i * B:(i + 1) * B], y[i * B:(i + 1) * B]))
+        acc.backward(_loss(model, x[i * B : (i + 1) * B], y[i * B : (i + 1) * B]))
     clip = max_norm / (float(total) + 1e-6)
     _assert_close(opt.seen[0], [g * clip for g in want])
 
@@ -111,7 +110,7 @@ def test_flush_steps_a_partial_window_with_the_right_normalization(use_scaler: b
     acc = accumulate(model, opt, steps=5, scaler=GradScaler("cpu") if use_scaler else None)
     assert acc.flush() is False  # nothing to step
     for i in range(k):
-        assert acc.backward(_loss(model, x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])) is False
+        assert acc.backward(_loss(model, x[i * B : (i + 1) * B], y[i * B : (i + 1) * B])) is False
     assert acc.flush() is True
     assert acc.micro_step == 0 and len(opt.seen) == 1
     _assert_close(opt.seen[0], _big_batch_grads(x, y))  # the mean over the k micro-batches, not k/5 of it

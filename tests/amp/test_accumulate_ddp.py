@@ -6,6 +6,7 @@ of each window only. The final weights must match plain DDP fed each rank's whol
 float32: the micro-batch sums run in another order). The partial window's gradients never went through DDP's
 all-reduce (it ran under no_sync), so this also checks that flush() averages them across ranks itself.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,7 @@ WINDOWS = [K, K, 2]  # micro-batches per window; the last one is partial
 
 
 def _run(rank: int) -> Dict[str, Any]:
-    from memsave.amp import accumulate
-    from memsave.amp import GradScaler
+    from memsave.amp import GradScaler, accumulate
 
     gen = torch.Generator().manual_seed(10 + rank)  # every rank has its own data
     data = [(torch.randn(n * B, 6, generator=gen), torch.randn(n * B, 3, generator=gen)) for n in WINDOWS]
@@ -37,7 +37,7 @@ def _run(rank: int) -> Dict[str, Any]:
     calls = {"n": 0}
 
     # No annotations: DDP checks them, and `from __future__ import annotations` would turn them into strings.
-    def counting_hook(state, bucket):  # noqa: ANN001, ANN202
+    def counting_hook(state, bucket):
         state["n"] += 1
         return default_hooks.allreduce_hook(None, bucket)
 

@@ -4,11 +4,11 @@ References: torch._amp_foreach_non_finite_check_and_unscale_, torch._amp_update_
 (which supports device="cpu"), compared with torch.equal: memsave's scaler must reproduce torch's scale, growth
 tracker, skipped steps and weights exactly.
 """
+
 from __future__ import annotations
 
 import math
 import pickle
-import warnings
 from collections import defaultdict
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -18,9 +18,8 @@ from torch import nn
 
 import memsave
 import memsave.amp
-from memsave.amp import GradScaler, needs_grad_scaling
-
 from helpers import DTYPES
+from memsave.amp import GradScaler, needs_grad_scaling
 
 
 # ---------------------------------------------------------------------------------------------------- operators
@@ -102,8 +101,9 @@ def test_update_scale_matches_torch_with_hysteresis_one() -> None:
     assert scale.item() == pytest.approx(3e38) and tracker.item() == 0
 
 
-def _reference_update(scale: float, growth: int, overflows: int, found: bool, hysteresis: int,
-                      interval: int) -> Tuple[float, int, int]:
+def _reference_update(
+    scale: float, growth: int, overflows: int, found: bool, hysteresis: int, interval: int
+) -> Tuple[float, int, int]:
     if found:
         overflows = min(overflows + 1, hysteresis)
         return (scale * 0.5 if overflows >= hysteresis else scale), 0, overflows
@@ -123,7 +123,9 @@ def test_update_scale_hysteresis_backs_off_after_n_consecutive_overflows(hystere
     for f in pattern:
         found = torch.full((), float(f))
         torch.ops.memsave.amp_update_scale_(scale, tracker, overflow, found, 2.0, 0.5, 3, hysteresis)
-        memsave.amp.grad_scaler._update_scale_fallback(*fb, found, 2.0, 0.5, 3, hysteresis)  # the op-free path for other devices
+        memsave.amp.grad_scaler._update_scale_fallback(
+            *fb, found, 2.0, 0.5, 3, hysteresis
+        )  # the op-free path for other devices
         ref = _reference_update(*ref, bool(f), hysteresis, 3)
         assert (scale.item(), tracker.item(), overflow.item()) == ref
         assert (fb[0].item(), fb[1].item(), fb[2].item()) == ref
@@ -156,21 +158,36 @@ def test_operator_errors_are_clear() -> None:
     with pytest.raises(RuntimeError, match="per_tensor must be a contiguous float32 vector"):
         op([torch.ones(3)], found, inv, torch.zeros(2))
     with pytest.raises(RuntimeError, match="hysteresis must be >= 1"):
-        torch.ops.memsave.amp_update_scale_(torch.ones(()), torch.zeros((), dtype=torch.int32),
-                                            torch.zeros((), dtype=torch.int32), found, 2.0, 0.5, 10, 0)
+        torch.ops.memsave.amp_update_scale_(
+            torch.ones(()),
+            torch.zeros((), dtype=torch.int32),
+            torch.zeros((), dtype=torch.int32),
+            found,
+            2.0,
+            0.5,
+            10,
+            0,
+        )
 
 
 def test_opcheck(device: str) -> None:
     grads = [torch.randn(5, device=device), torch.randn(3, 4, device=device).half()]
     args = (grads, torch.zeros((), device=device), torch.full((), 0.5, device=device))
     torch.library.opcheck(torch.ops.memsave.unscale_and_check_.default, args)
-    torch.library.opcheck(torch.ops.memsave.unscale_and_check_.default,
-                          args + (torch.zeros(2, device=device),))
+    torch.library.opcheck(torch.ops.memsave.unscale_and_check_.default, args + (torch.zeros(2, device=device),))
     int_scalar = lambda v: torch.full((), v, dtype=torch.int32, device=device)  # noqa: E731
     torch.library.opcheck(
         torch.ops.memsave.amp_update_scale_.default,
-        (torch.full((), 8.0, device=device), int_scalar(1), int_scalar(0), torch.ones((), device=device),
-         2.0, 0.5, 2, 2),
+        (
+            torch.full((), 8.0, device=device),
+            int_scalar(1),
+            int_scalar(0),
+            torch.ones((), device=device),
+            2.0,
+            0.5,
+            2,
+            2,
+        ),
     )
 
 
@@ -193,8 +210,15 @@ def _inject(step: int, model: nn.Module) -> None:
         model[2].weight.grad[0, 0] = -math.inf
 
 
-def _train(scaler, steps: int = 20, seed: int = 0, inject: Optional[Inject] = _inject,
-           opt_cls=torch.optim.Adam, model: Optional[nn.Module] = None, clip: bool = False):
+def _train(
+    scaler,
+    steps: int = 20,
+    seed: int = 0,
+    inject: Optional[Inject] = _inject,
+    opt_cls=torch.optim.Adam,
+    model: Optional[nn.Module] = None,
+    clip: bool = False,
+):
     model = model if model is not None else _net(seed)
     opt = opt_cls(model.parameters(), lr=0.01)
     data = torch.Generator().manual_seed(seed + 1)
@@ -253,8 +277,9 @@ def test_state_dict_moves_both_ways() -> None:
     ours, theirs = GradScaler("cpu", **kw), torch.amp.GradScaler("cpu", **kw)
     _train(ours, steps=7)
     _train(theirs, steps=7)
-    assert {k: v for k, v in ours.state_dict().items() if not k.startswith(("hysteresis", "_hysteresis"))} == \
-        theirs.state_dict()
+    assert {
+        k: v for k, v in ours.state_dict().items() if not k.startswith(("hysteresis", "_hysteresis"))
+    } == theirs.state_dict()
 
     # memsave -> torch and torch -> memsave, each continued: identical to the uninterrupted runs.
     to_torch = torch.amp.GradScaler("cpu")
@@ -303,7 +328,7 @@ def test_overflow_diagnostics_name_the_parameters() -> None:
     _train(unnamed, steps=3)
     assert unnamed.last_overflow == ["param_groups[0][0] (8, 6)"]
     with pytest.raises(RuntimeError, match="overflow_diagnostics=model"):
-        GradScaler("cpu").last_overflow
+        _ = GradScaler("cpu").last_overflow
 
 
 def test_bf16_needs_no_scaling_and_disabled_scaler_is_a_pass_through() -> None:

@@ -6,6 +6,7 @@
 - here: the floating-point dtypes, the repository root, the autograd-engine probe and the gloo marker of the DDP
   tests.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,9 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 ROOT = Path(__file__).resolve().parents[2]
 
 #: For the tests that start a gloo process group (2 CPU processes).
-needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="needs torch.distributed gloo")
+needs_gloo = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo"
+)
 
 
 def in_backward() -> bool:

@@ -1,5 +1,6 @@
 """Shared helpers of the fused-operator tests (operators/test_batch_norm_act, test_inplace_abn, test_fused_linear,
 test_convert_fused): unfused torch references, error measures and the saved-tensor byte counter."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, Tuple
@@ -41,7 +42,9 @@ def assert_low_precision_ok(ours: Tensor, torchs: Tensor, ref64: Tensor, what: s
     be exact)."""
     floor = 0.5 * torch.finfo(ours.dtype).eps * ref64.abs().max().item()
     err_ours, err_torch = max_abs_err(ours, ref64), max_abs_err(torchs, ref64)
-    assert err_ours <= 2 * err_torch + floor, f"{what}: error {err_ours:.3g} > 2 x torch's {err_torch:.3g} + {floor:.3g}"
+    assert err_ours <= 2 * err_torch + floor, (
+        f"{what}: error {err_ours:.3g} > 2 x torch's {err_torch:.3g} + {floor:.3g}"
+    )
 
 
 def leaf_copies(*tensors: Any, dtype: Any = None) -> Tuple[Any, ...]:
@@ -93,8 +96,9 @@ def bn_reference(x, rm, rv, w, b, training, act, momentum=0.1, eps=1e-5):
     return TORCH_ACTS[act](TF.batch_norm(x, rm, rv, w, b, training, momentum, eps))
 
 
-def bn_inputs(shape=(4, 5, 6, 7), fmt=torch.contiguous_format, dtype=torch.float32, seed=0, bias_scale=1.0,
-              mean_scale=1.0):
+def bn_inputs(
+    shape=(4, 5, 6, 7), fmt=torch.contiguous_format, dtype=torch.float32, seed=0, bias_scale=1.0, mean_scale=1.0
+):
     """Seeded (x, weight, bias, running_mean, running_var) for a batch norm; x, weight and bias require grad.
     ``bias_scale`` and ``mean_scale`` scale the bias and the running mean."""
     g = torch.Generator().manual_seed(seed)

@@ -1,6 +1,7 @@
 """Hugging Face's Llama modules written out in plain torch (transformers/models/llama/modeling_llama.py): the eager
 compositions that memsave.nn.RMSNorm, RMSNormLinear and GatedMLP replace (tests/operators/test_rms_norm.py,
 test_gated_mlp.py)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Helpers of the 1-bit-mask and pooling operator tests (operators/test_relu, test_masks, test_max_pool2d): special
 values, strided views, bitwise comparison with torch and the saved-tensor byte counter."""
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,12 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    view = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
-            torch.bfloat16: torch.int16}[a.dtype]
+    view = {
+        torch.float32: torch.int32,
+        torch.float64: torch.int64,
+        torch.float16: torch.int16,
+        torch.bfloat16: torch.int16,
+    }[a.dtype]
     a, b = a.contiguous(), b.contiguous()
     if a.dtype == torch.bfloat16:
         both_nan = a.isnan() & b.isnan()

@@ -5,6 +5,7 @@ Each builder seeds torch itself, so two calls with the same seed give bitwise-id
 the transformer call their blocks through ``self.region`` (``None``: plain call), so a test can route every
 block through ``memsave.checkpoint`` or any other runner without touching the model: ``region(block, *args)``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Tuple, Type
@@ -19,8 +20,14 @@ def mlp(seed: int = 0, d_in: int = 16, hidden: int = 32, d_out: int = 8) -> nn.S
     """Linear/GELU/Tanh/Dropout stack: 7 modules, plain nn.Sequential."""
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Dropout(0.2),
-        nn.Linear(hidden, hidden), nn.Linear(hidden, d_out))
+        nn.Linear(d_in, hidden),
+        nn.GELU(),
+        nn.Linear(hidden, hidden),
+        nn.Tanh(),
+        nn.Dropout(0.2),
+        nn.Linear(hidden, hidden),
+        nn.Linear(hidden, d_out),
+    )
 
 
 def gelu_mlp(seed: int = 0, d_in: int = 6, hidden: int = 16, d_out: int = 3) -> nn.Sequential:
@@ -33,16 +40,27 @@ class ConvBlock(nn.Sequential):
     """Conv -> BatchNorm -> ReLU(inplace) -> Dropout."""
 
     def __init__(self, c_in: int, c_out: int, momentum: Optional[float] = 0.1, p: float = 0.2) -> None:
-        super().__init__(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out, momentum=momentum),
-                         nn.ReLU(inplace=True), nn.Dropout(p))
+        super().__init__(
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out, momentum=momentum),
+            nn.ReLU(inplace=True),
+            nn.Dropout(p),
+        )
 
 
 def cnn(seed: int = 0) -> nn.Sequential:
     """CNN with BatchNorm (one with ``momentum=None``) and Dropout: 8 modules, plain nn.Sequential."""
     torch.manual_seed(seed)
     return nn.Sequential(
-        ConvBlock(3, 8), ConvBlock(8, 8, momentum=None), nn.MaxPool2d(2), ConvBlock(8, 16),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.1), nn.Linear(16, 10))
+        ConvBlock(3, 8),
+        ConvBlock(8, 8, momentum=None),
+        nn.MaxPool2d(2),
+        ConvBlock(8, 16),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(0.1),
+        nn.Linear(16, 10),
+    )
 
 
 class BasicBlock(nn.Module):
@@ -65,13 +83,19 @@ class BasicBlock(nn.Module):
         out = self.bn2(self.conv2(out))
         return self.relu(out + identity)
 
+
 class DoubleConv(nn.Sequential):
     """The UNet block: (Conv -> BatchNorm -> ReLU(inplace)) x 2."""
 
     def __init__(self, c_in: int, c_out: int) -> None:
         super().__init__(
-            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
-            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+        )
 
 
 class SmallUNet(nn.Module):
@@ -129,8 +153,14 @@ class TransformerBlock(nn.Module):
 class TinyTransformer(nn.Module):
     """Token ids -> embedding (+ learned positions) -> blocks -> LayerNorm -> logits."""
 
-    def __init__(self, vocab: int = 50, d: int = 32, n_blocks: int = 4, seq: int = 8,
-                 block_cls: Type[nn.Module] = TransformerBlock) -> None:
+    def __init__(
+        self,
+        vocab: int = 50,
+        d: int = 32,
+        n_blocks: int = 4,
+        seq: int = 8,
+        block_cls: Type[nn.Module] = TransformerBlock,
+    ) -> None:
         super().__init__()
         self.region: Region = None
         self.embed = nn.Embedding(vocab, d)

@@ -10,8 +10,10 @@ import json
 import pytest
 import torch
 
+from helpers import models
 from memsave.errors import StrategyUnavailableError
 from memsave.measurement.comparison import Comparison, compare
+from memsave.measurement.measuring import measure
 from memsave.measurement.strategies import (
     StrategyContext,
     available_strategies,
@@ -21,9 +23,6 @@ from memsave.measurement.strategies import (
 )
 from memsave.measurement.units import parse_bytes
 from memsave.recompute import resolve_checkpoint_policy
-from memsave.measurement.measuring import measure
-
-from helpers import models
 
 
 def _loss(out: torch.Tensor) -> torch.Tensor:
@@ -50,17 +49,23 @@ def test_parse_strategy_names_and_combinations():
     assert {"checkpoint:<policy>", "plan:<budget>", "convert", "amp:fp16", "amp:bf16"} <= set(available_strategies())
 
 
-@pytest.mark.parametrize("bad,match", [
-    ("fsdp", r"unknown strategy 'fsdp'.*valid strategies: eager, checkpoint:<policy>, plan:<budget>, "
-             r"checkpoint_sequential:<segments>, torch_checkpoint:<policy>"),
-    ("eager+zero", r"unknown strategy 'zero' in 'eager\+zero'"),
-    ("", r"unknown strategy"),
-    ("convert+", r"unknown strategy"),
-    ("checkpoint", r"'checkpoint' needs an argument, e.g. checkpoint:<policy>"),
-    ("checkpoint:", r"needs an argument"),
-    ("eager:now", r"takes no argument"),
-    ("amp:fp8", r"accepts amp:fp16, amp:bf16"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (
+            "fsdp",
+            r"unknown strategy 'fsdp'.*valid strategies: eager, checkpoint:<policy>, plan:<budget>, "
+            r"checkpoint_sequential:<segments>, torch_checkpoint:<policy>",
+        ),
+        ("eager+zero", r"unknown strategy 'zero' in 'eager\+zero'"),
+        ("", r"unknown strategy"),
+        ("convert+", r"unknown strategy"),
+        ("checkpoint", r"'checkpoint' needs an argument, e.g. checkpoint:<policy>"),
+        ("checkpoint:", r"needs an argument"),
+        ("eager:now", r"takes no argument"),
+        ("amp:fp8", r"accepts amp:fp16, amp:bf16"),
+    ],
+)
 def test_parse_strategy_rejects_bad_names(bad, match):
     with pytest.raises(ValueError, match=match):
         parse_strategy(bad)
@@ -81,14 +86,25 @@ def test_registry_plugs_in_and_reports_missing_modules():
         assert parse_strategy("test-half-width+checkpoint:blocks").parts[0][0] is spec
     finally:
         unregister_strategy("test-half-width")
-    register_strategy("test-missing", "needs a module that does not exist", apply=lambda m, a, c: m,
-                      requires=("memsave.not_there:thing",))
-    register_strategy("test-missing-attr", "needs an attribute that does not exist", apply=lambda m, a, c: m,
-                      requires=("memsave.measurement.comparison:not_there",))
+    register_strategy(
+        "test-missing",
+        "needs a module that does not exist",
+        apply=lambda m, a, c: m,
+        requires=("memsave.not_there:thing",),
+    )
+    register_strategy(
+        "test-missing-attr",
+        "needs an attribute that does not exist",
+        apply=lambda m, a, c: m,
+        requires=("memsave.measurement.comparison:not_there",),
+    )
     try:
         model, x = models.build("mlp")
-        with pytest.raises(StrategyUnavailableError, match=r"'test-missing' needs memsave.not_there "
-                                                            r"\(python/memsave/not_there.py\)"):
+        with pytest.raises(
+            StrategyUnavailableError,
+            match=r"'test-missing' needs memsave.not_there "
+            r"\(python/memsave/not_there.py\)",
+        ):
             compare(model, x, strategies=["eager", "test-missing"])
         with pytest.raises(StrategyUnavailableError, match=r"needs memsave.measurement.comparison.not_there"):
             parse_strategy("test-missing-attr").check_available()
@@ -106,7 +122,7 @@ def test_checkpoint_policies_resolve_to_module_names():
     assert resolve_checkpoint_policy(tr, "TransformerBlock") == blocks
     assert resolve_checkpoint_policy(tr, blocks[0] + "," + blocks[-1]) == [blocks[0], blocks[-1]]
     # Nested selections keep the outermost only.
-    inner = [n for n, m in tr.named_modules() if n.startswith(blocks[0] + ".")][0]
+    inner = next(n for n, m in tr.named_modules() if n.startswith(blocks[0] + "."))
     assert resolve_checkpoint_policy(tr, f"{blocks[0]},{inner}") == [blocks[0]]
     # blocks is memsave.find_blocks: the CNN's three ConvBlocks, not its pooling/flatten/linear layers.
     cnn, _ = models.build("cnn")
@@ -114,11 +130,17 @@ def test_checkpoint_policies_resolve_to_module_names():
     seq = models.mlp()
     assert resolve_checkpoint_policy(seq, "all") == [str(i) for i in range(len(seq))]
     # A stack of single layers has no blocks: blocks says so (never one region per leaf layer).
-    with pytest.raises(ValueError, match=r"checkpoint:blocks: found no repeated blocks in Sequential .* \(this "
-                                         r"model has Dropout, GELU, Linear, Sequential, Tanh\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"checkpoint:blocks: found no repeated blocks in Sequential .* \(this "
+        r"model has Dropout, GELU, Linear, Sequential, Tanh\)",
+    ):
         resolve_checkpoint_policy(seq, "blocks")
-    with pytest.raises(ValueError, match=r"'Conv2d' is neither a submodule name nor a module class of Sequential; "
-                                         r"use 'blocks', 'all', a module class name \(this model has .*Linear"):
+    with pytest.raises(
+        ValueError,
+        match=r"'Conv2d' is neither a submodule name nor a module class of Sequential; "
+        r"use 'blocks', 'all', a module class name \(this model has .*Linear",
+    ):
         resolve_checkpoint_policy(seq, "Conv2d")
     with pytest.raises(ValueError, match="'nope.1' is neither"):
         resolve_checkpoint_policy(seq, "0,nope.1")
@@ -240,9 +262,29 @@ def test_bench_command_line(tmp_path, capsys):
     from memsave.cli import main
 
     out = tmp_path / "gpt2.json"
-    assert main(["bench", "--model", "gpt2", "--size", "tiny", "--device", "cpu", "--strategies",
-                 "eager,checkpoint:blocks", "--steps", "1", "--no-progress", "--breakdown", "2",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                "gpt2",
+                "--size",
+                "tiny",
+                "--device",
+                "cpu",
+                "--strategies",
+                "eager,checkpoint:blocks",
+                "--steps",
+                "1",
+                "--no-progress",
+                "--breakdown",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "gpt2 (tiny, batch 1)" in text and "checkpoint:blocks" in text and "activations by module" in text
     data = json.loads(out.read_text())

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from memsave.measurement import models as bench_models
-from memsave.measurement.tracker import LiveTensorTracker
-from memsave.measurement.strategies import StrategyContext, parse_strategy
-from memsave.measurement.estimation import OPTIMIZER_STATES, cuda_block_bytes, estimate, max_batch_size
 from memsave.measurement.allocator import cpu_memory_stats
+from memsave.measurement.estimation import OPTIMIZER_STATES, cuda_block_bytes, estimate, max_batch_size
 from memsave.measurement.measuring import measure
+from memsave.measurement.strategies import StrategyContext, parse_strategy
+from memsave.measurement.tracker import LiveTensorTracker
 
 
 def shape_ce(out: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,9 @@ def small_case(name: str):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     if name == "vgg16":
-        return bench_models.VGG16(width=16, hidden=64, num_classes=10, pool7=False, image=64), torch.randn(2, 3, 64, 64, generator=g)
+        return bench_models.VGG16(width=16, hidden=64, num_classes=10, pool7=False, image=64), torch.randn(
+            2, 3, 64, 64, generator=g
+        )
     if name == "unet":
         return bench_models.UNet(3, 2, width=16), torch.randn(1, 3, 64, 64, generator=g)
     if name == "resnet50":
@@ -48,9 +50,13 @@ def small_case(name: str):
     if name == "resnet50-w12":
         return bench_models.ResNet50(width=12, num_classes=10), torch.randn(2, 3, 32, 32, generator=g)
     if name == "vgg16-w12":
-        return bench_models.VGG16(width=12, hidden=64, num_classes=10, pool7=False, image=48), torch.randn(2, 3, 48, 48, generator=g)
-    return (bench_models.GPT(vocab=512, seq=128, d=128, heads=4, layers=2, dropout=0.1),
-            torch.randint(0, 512, (2, 128), generator=g))
+        return bench_models.VGG16(width=12, hidden=64, num_classes=10, pool7=False, image=48), torch.randn(
+            2, 3, 48, 48, generator=g
+        )
+    return (
+        bench_models.GPT(vocab=512, seq=128, d=128, heads=4, layers=2, dropout=0.1),
+        torch.randint(0, 512, (2, 128), generator=g),
+    )
 
 
 # --------------------------------------------------------------------------------------------------------- accuracy
@@ -60,7 +66,9 @@ def test_estimate_matches_allocator_peak_and_tracker(name):
     shape_ce(model(x)).backward()  # warm-up for all strategies: oneDNN primitives, lazy initialisation
     for strategy in ("eager", "checkpoint:blocks", "convert"):
         est = estimate(model, x, device="cpu", strategy=strategy, loss_fn=shape_ce)
-        runner = parse_strategy(strategy).prepare(copy.deepcopy(model), StrategyContext((x,), shape_ce, torch.device("cpu")))
+        runner = parse_strategy(strategy).prepare(
+            copy.deepcopy(model), StrategyContext((x,), shape_ce, torch.device("cpu"))
+        )
         for p in runner.parameters():
             p.grad = None
 
@@ -83,12 +91,32 @@ def test_estimate_matches_the_allocator_with_the_vector_width_capped_to_avx2():
     """The same accuracy test in a process whose oneDNN and ATen kernels are capped at AVX2, as on a CPU without
     AVX-512 (the estimate must not depend on which CPU of this kind CI lands on)."""
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", MEMSAVE_ISA_CAPPED="1")
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-                           env=env, capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert probe.returncode == 0 and probe.stdout.strip() in ("AVX2", "DEFAULT"), probe.stdout + probe.stderr
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", "test_estimate_matches_allocator_peak_and_tracker"],
-                         env=env, capture_output=True, text=True, timeout=900, cwd=str(Path(__file__).parent))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "test_estimate_matches_allocator_peak_and_tracker",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=str(Path(__file__).parent),
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert re.search(r"^6 passed", run.stdout, re.M), run.stdout[-1000:]
 
@@ -96,8 +124,9 @@ def test_estimate_matches_the_allocator_with_the_vector_width_capped_to_avx2():
 def test_activation_bytes_and_breakdown_match_measure():
     model, x = small_case("gpt2")
     est = estimate(model, x, device="cpu", strategy="checkpoint:blocks", loss_fn=shape_ce)
-    runner = parse_strategy("checkpoint:blocks").prepare(copy.deepcopy(model),
-                                                          StrategyContext((x,), shape_ce, torch.device("cpu")))
+    runner = parse_strategy("checkpoint:blocks").prepare(
+        copy.deepcopy(model), StrategyContext((x,), shape_ce, torch.device("cpu"))
+    )
     m = measure(runner, x, loss_fn=shape_ce, steps=1, warmup=0)
     assert est.activation_bytes == m.activation_bytes
     assert est.by_module == m.by_module
@@ -193,8 +222,9 @@ def test_estimate_bad_input():
 class _ConvNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
-                                      nn.ReLU(), nn.MaxPool2d(2))
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)
+        )
         self.head = nn.Linear(16 * 8 * 8, 10)
 
     def forward(self, x):
@@ -243,8 +273,26 @@ def test_estimate_command_line(tmp_path, capsys):
     from memsave.cli import main
 
     out = tmp_path / "est.json"
-    assert main(["estimate", "--model", "gpt2", "--size", "tiny", "--strategies", "eager,checkpoint:blocks",
-                 "--memory", "8MiB", "--optimizer", "adam", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "gpt2",
+                "--size",
+                "tiny",
+                "--strategies",
+                "eager,checkpoint:blocks",
+                "--memory",
+                "8MiB",
+                "--optimizer",
+                "adam",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "gpt2 (tiny, batch 1) on cuda" in text and "max batch (8MiB)" in text
     data = json.loads(out.read_text())
@@ -262,7 +310,8 @@ def test_cuda_estimate_matches_max_memory_allocated(name):
     for strategy in ("eager", "checkpoint:blocks"):
         est = estimate(case.model, *case.inputs, device=dev, strategy=strategy, loss_fn=case.loss_fn)
         assert not est.emulated
-        runner = parse_strategy(strategy).prepare(copy.deepcopy(case.model),
-                                                  StrategyContext(case.inputs, case.loss_fn, dev))
+        runner = parse_strategy(strategy).prepare(
+            copy.deepcopy(case.model), StrategyContext(case.inputs, case.loss_fn, dev)
+        )
         m = measure(runner, *case.inputs, loss_fn=case.loss_fn, steps=1)
         assert est.peak_bytes == pytest.approx(m.peak_bytes, rel=0.05), f"{name} {strategy}"

@@ -18,12 +18,12 @@ KIB4 = 4096  # bytes of torch.ones(1024)
 def test_cpu_steps_record_live_bytes_and_reset_the_peak():
     kept = []
     with MemoryMonitor(device="cpu") as monitor:
-        a = torch.ones(1024)            # 4 KiB, kept
-        b = torch.ones(4096)            # 16 KiB, dropped within the step
+        a = torch.ones(1024)  # 4 KiB, kept
+        b = torch.ones(4096)  # 16 KiB, dropped within the step
         del b
         s1 = monitor.step()
         kept.append(a)
-        c = torch.ones(2048)            # 8 KiB, dropped within the step
+        c = torch.ones(2048)  # 8 KiB, dropped within the step
         del c
         s2 = monitor.step(loss=0.5)
     assert (s1.step, s1.allocated_bytes, s1.peak_bytes) == (1, KIB4, 5 * KIB4)
@@ -84,9 +84,8 @@ def test_monitor_bad_arguments():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             MemoryMonitor(device="cuda")
-        with pytest.raises(RuntimeError, match="needs a CUDA device"):
-            with cuda_memory_snapshot("never.pickle"):
-                pass
+        with pytest.raises(RuntimeError, match="needs a CUDA device"), cuda_memory_snapshot("never.pickle"):
+            pass
 
 
 @pytest.mark.cuda
@@ -95,8 +94,8 @@ def test_cuda_steps_use_allocator_statistics(tmp_path):
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated(dev)
     with MemoryMonitor(device=dev) as monitor:
-        a = torch.ones(1 << 20, device=dev)           # 4 MiB kept
-        b = torch.ones(4 << 20, device=dev)           # 16 MiB dropped
+        a = torch.ones(1 << 20, device=dev)  # 4 MiB kept
+        b = torch.ones(4 << 20, device=dev)  # 16 MiB dropped
         del b
         s1 = monitor.step()
         s2 = monitor.step()

@@ -1,4 +1,5 @@
 """memsave::batch_norm_act and memsave.nn.BatchNormAct2d: against torch's unfused batch norm + activation."""
+
 from __future__ import annotations
 
 import copy
@@ -9,9 +10,6 @@ import torch.nn.functional as TF
 from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
-from memsave import functional as MF
-from memsave.nn import BatchNormAct2d
-
 from helpers.fused import (
     BN_FORMATS,
     FLOAT32_RTOL,
@@ -24,6 +22,8 @@ from helpers.fused import (
     rel_err,
     saved_bytes,
 )
+from memsave import functional as MF
+from memsave.nn import BatchNormAct2d
 
 ACTS = list(TORCH_ACTS)
 FORMATS = BN_FORMATS
@@ -72,10 +72,12 @@ def test_gradcheck_float64(act):
     x, w, b, rm, rv = _inputs(shape=(3, 2, 3, 2), dtype=torch.float64, seed=1)
     torch.autograd.gradcheck(lambda x, w, b: MF.batch_norm_act(x, None, None, w, b, True, act=act), (x, w, b))
     # Eval and non-affine: the same kernel with other coefficients; fast mode (random projections) suffices.
-    torch.autograd.gradcheck(lambda x, w, b: MF.batch_norm_act(x, rm, rv, w, b, False, act=act), (x, w, b),
-                             fast_mode=True)
-    torch.autograd.gradcheck(lambda x: MF.batch_norm_act(x, None, None, None, None, True, act=act), (x,),
-                             fast_mode=True)
+    torch.autograd.gradcheck(
+        lambda x, w, b: MF.batch_norm_act(x, rm, rv, w, b, False, act=act), (x, w, b), fast_mode=True
+    )
+    torch.autograd.gradcheck(
+        lambda x: MF.batch_norm_act(x, None, None, None, None, True, act=act), (x,), fast_mode=True
+    )
 
 
 def test_gradcheck_float64_channels_last():
@@ -84,7 +86,8 @@ def test_gradcheck_float64_channels_last():
 
 
 @pytest.mark.parametrize(
-    "case", ["train", "eval", "no_affine_no_stats", "channels_last", "bfloat16_input_float32_params"],
+    "case",
+    ["train", "eval", "no_affine_no_stats", "channels_last", "bfloat16_input_float32_params"],
 )
 def test_opcheck(case):
     x, w, b, rm, rv = _inputs(shape=(3, 4, 3, 3), dtype=torch.float64)
@@ -257,8 +260,10 @@ def test_conv_bnact_conv_saves_a_full_tensor(act):
     so there the two are equal: fusing into the conv (test below) is what saves a tensor around a relu."""
     torch.manual_seed(0)
     conv1, conv2 = nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(16, 8, 3, padding=1)
-    bn, act_mod = nn.BatchNorm2d(16), {"relu": nn.ReLU(), "leaky_relu": nn.LeakyReLU(0.01), "gelu": nn.GELU(),
-                                      "silu": nn.SiLU()}[act]
+    bn, act_mod = (
+        nn.BatchNorm2d(16),
+        {"relu": nn.ReLU(), "leaky_relu": nn.LeakyReLU(0.01), "gelu": nn.GELU(), "silu": nn.SiLU()}[act],
+    )
     eager = nn.Sequential(conv1, bn, act_mod, conv2)
     fused = nn.Sequential(conv1, BatchNormAct2d.from_batchnorm(bn, act=act), conv2)
     x = torch.randn(4, 8, 16, 16, requires_grad=True)
@@ -317,8 +322,9 @@ def test_cuda_low_precision_and_opcheck(dtype):
         torch.autograd.grad(y64, (x64, w64, b64), g.double()),
     ):
         assert_low_precision_ok(o.to(t.dtype), t, r, f"grad {name}")
-    torch.library.opcheck(torch.ops.memsave.batch_norm_act.default,
-                          (x_lp, wc, bc, None, None, True, 0.1, 1e-5, "silu", 0.0))
+    torch.library.opcheck(
+        torch.ops.memsave.batch_norm_act.default, (x_lp, wc, bc, None, None, True, 0.1, 1e-5, "silu", 0.0)
+    )
 
 
 # ------------------------------------------------------------------------------------- batch_norm_act_conv2d
@@ -350,8 +356,24 @@ def test_bn_act_conv_matches_unfused_float32(conv, act, training):
     w, b = _conv_params(4, 6, spec)
     x2, bw2, bb2, w2, b2 = leaf_copies(x, bw, bb, w, b)
     rm2, rv2 = rm.clone(), rv.clone()
-    y = MF.batch_norm_act_conv2d(x, rm, rv, bw, bb, w, b, training, 0.1, 1e-5, act, None, spec["stride"],
-                                 spec["padding"], spec["dilation"], spec["groups"])
+    y = MF.batch_norm_act_conv2d(
+        x,
+        rm,
+        rv,
+        bw,
+        bb,
+        w,
+        b,
+        training,
+        0.1,
+        1e-5,
+        act,
+        None,
+        spec["stride"],
+        spec["padding"],
+        spec["dilation"],
+        spec["groups"],
+    )
     y2 = _conv_reference(x2, rm2, rv2, bw2, bb2, w2, b2, training, act, spec)
     assert y.shape == y2.shape and rel_err(y, y2) <= FLOAT32_RTOL
     assert torch.equal(rm, rm2) and torch.equal(rv, rv2)
@@ -369,7 +391,8 @@ def test_bn_act_conv_gradcheck_float64(act):
     w, b = _conv_params(2, 3, spec, dtype=torch.float64)
     torch.autograd.gradcheck(
         lambda x, bw, bb, w, b: MF.batch_norm_act_conv2d(x, None, None, bw, bb, w, b, True, act=act, padding=1),
-        (x, bw, bb, w, b), fast_mode=act != "relu",  # the silu case exercises the same path; random projections
+        (x, bw, bb, w, b),
+        fast_mode=act != "relu",  # the silu case exercises the same path; random projections
     )
 
 
@@ -380,8 +403,24 @@ def test_bn_act_conv_opcheck():
     cases = [
         (x, bw, bb, rm, rv, True, 0.1, 1e-5, "relu", 0.0, w, b, [1, 1], [1, 1], [1, 1], 1),
         (x, None, None, None, None, True, 0.1, 1e-5, "gelu", 0.0, w2, None, [2, 2], [0, 0], [1, 1], 2),
-        (x.detach().to(memory_format=torch.channels_last).requires_grad_(), bw, bb, rm, rv, False, 0.1, 1e-5,
-         "leaky_relu", 0.1, w, b, [1, 1], [2, 2], [2, 2], 1),
+        (
+            x.detach().to(memory_format=torch.channels_last).requires_grad_(),
+            bw,
+            bb,
+            rm,
+            rv,
+            False,
+            0.1,
+            1e-5,
+            "leaky_relu",
+            0.1,
+            w,
+            b,
+            [1, 1],
+            [2, 2],
+            [2, 2],
+            1,
+        ),
     ]
     for args in cases:
         torch.library.opcheck(torch.ops.memsave.batch_norm_act_conv2d.default, args)
@@ -390,17 +429,34 @@ def test_bn_act_conv_opcheck():
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
     torch.library.opcheck(
         torch.ops.memsave.batch_norm_act_conv2d_backward.default,
-        (torch.randn_like(out), plain[0], plain[1], plain[2], mean, invstd, True, "relu", 0.0, plain[10], True,
-         [1, 1], [1, 1], [1, 1], 1),
+        (
+            torch.randn_like(out),
+            plain[0],
+            plain[1],
+            plain[2],
+            mean,
+            invstd,
+            True,
+            "relu",
+            0.0,
+            plain[10],
+            True,
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            1,
+        ),
     )
-    torch.library.opcheck(torch.ops.memsave.batch_norm_act_apply.default,
-                          (plain[0], mean, invstd, plain[1], plain[2], "silu", 0.0))
+    torch.library.opcheck(
+        torch.ops.memsave.batch_norm_act_apply.default, (plain[0], mean, invstd, plain[1], plain[2], "silu", 0.0)
+    )
 
 
 def test_batch_norm_act_apply_recomputes_the_output():
     x, bw, bb, _, _ = _inputs(shape=(3, 4, 5, 5), dtype=torch.float64)
-    y, mean, invstd = torch.ops.memsave.batch_norm_act(x.detach(), bw.detach(), bb.detach(), None, None, True, 0.1,
-                                                       1e-5, "gelu", 0.0)
+    y, mean, invstd = torch.ops.memsave.batch_norm_act(
+        x.detach(), bw.detach(), bb.detach(), None, None, True, 0.1, 1e-5, "gelu", 0.0
+    )
     again = torch.ops.memsave.batch_norm_act_apply(x.detach(), mean, invstd, bw.detach(), bb.detach(), "gelu", 0.0)
     assert rel_err(again, y) <= 1e-14
 
@@ -419,8 +475,12 @@ def test_bn_act_conv_low_precision(dtype):
     assert_low_precision_ok(y, yt, y64, "output")
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(13)).to(dtype)
     names = ("input", "bn weight", "bn bias", "conv weight", "conv bias")
-    for name, o, t, r in zip(names, torch.autograd.grad(y, args, g), torch.autograd.grad(yt, at, g),
-                             torch.autograd.grad(y64, a64, g.double())):
+    for name, o, t, r in zip(
+        names,
+        torch.autograd.grad(y, args, g),
+        torch.autograd.grad(yt, at, g),
+        torch.autograd.grad(y64, a64, g.double()),
+    ):
         assert_low_precision_ok(o.to(t.dtype), t, r, f"grad {name}")
 
 
@@ -428,8 +488,9 @@ def test_fuse_batch_norm_act_conv2d_module_keys_stats_and_modes():
     from memsave.nn import BatchNormActConv2d, DeferredBatchNormAct2d, fuse_batch_norm_act_conv2d
 
     torch.manual_seed(0)
-    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
-                        nn.Conv2d(8, 4, 3, padding=1))
+    ref = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1)
+    )
     model = copy.deepcopy(ref)
     model[1], model[3] = fuse_batch_norm_act_conv2d(model[1], model[2], model[3])
     model[2] = nn.Identity()
@@ -445,7 +506,8 @@ def test_fuse_batch_norm_act_conv2d_module_keys_stats_and_modes():
         assert torch.equal(v, v2), k
     standalone = BatchNormActConv2d(8, 4, 3, padding=1, act="silu")
     assert sorted(standalone.state_dict()) == sorted(
-        ["weight", "bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"])
+        ["weight", "bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+    )
     assert standalone(torch.randn(2, 8, 5, 5)).shape == (2, 4, 5, 5)
     with pytest.raises(ValueError, match="padding"):
         fuse_batch_norm_act_conv2d(nn.BatchNorm2d(8), "relu", nn.Conv2d(8, 4, 3, padding="same"))
@@ -460,8 +522,12 @@ def test_conv_bn_act_conv_fused_into_the_conv_saves_a_full_tensor(act):
     from memsave.nn import fuse_batch_norm_act_conv2d
 
     torch.manual_seed(0)
-    eager = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), {"relu": nn.ReLU(), "gelu": nn.GELU()}[act],
-                          nn.Conv2d(16, 8, 3, padding=1))
+    eager = nn.Sequential(
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        {"relu": nn.ReLU(), "gelu": nn.GELU()}[act],
+        nn.Conv2d(16, 8, 3, padding=1),
+    )
     fused = copy.deepcopy(eager)
     fused[1], fused[3] = fuse_batch_norm_act_conv2d(fused[1], fused[2], fused[3])
     fused[2] = nn.Identity()

@@ -1,5 +1,6 @@
 """memsave.convert: converted VGG-like and ResNet-like models equal the originals, state_dict keys are kept, the
 summary says where a mask pays, include/exclude, and the Sequential-pattern extension point."""
+
 from __future__ import annotations
 
 import copy
@@ -10,6 +11,7 @@ from torch import nn
 
 import memsave
 import memsave.nn as mnn
+from helpers.models import BasicBlock
 from memsave.operators.convert import (
     ConvertReport,
     convert,
@@ -18,8 +20,6 @@ from memsave.operators.convert import (
     sequential_patterns,
     unregister_sequential_pattern,
 )
-
-from helpers.models import BasicBlock
 
 # The four module swaps of this file; with include= these, fused Sequential patterns registered elsewhere (which
 # need a BatchNorm or Linear included too) stay out of the bitwise comparisons.
@@ -33,13 +33,27 @@ def vgg_like(seed: int = 0) -> nn.Module:
         def __init__(self) -> None:
             super().__init__()
             self.features = nn.Sequential(
-                nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(8, 8, 3, padding=1),
-                nn.ReLU(inplace=True), nn.MaxPool2d(2, 2),
-                nn.Conv2d(8, 16, 3, padding=1), nn.LeakyReLU(0.1), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
-                nn.MaxPool2d(2, 2))
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(8, 8, 3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2, 2),
+                nn.Conv2d(8, 16, 3, padding=1),
+                nn.LeakyReLU(0.1),
+                nn.Conv2d(16, 16, 3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d(2, 2),
+            )
             self.classifier = nn.Sequential(
-                nn.Flatten(), nn.Linear(16 * 4 * 4, 32), nn.ReLU(True), nn.Dropout(0.5), nn.Linear(32, 32),
-                nn.ReLU(True), nn.Dropout(0.5), nn.Linear(32, 10))
+                nn.Flatten(),
+                nn.Linear(16 * 4 * 4, 32),
+                nn.ReLU(True),
+                nn.Dropout(0.5),
+                nn.Linear(32, 32),
+                nn.ReLU(True),
+                nn.Dropout(0.5),
+                nn.Linear(32, 10),
+            )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.classifier(self.features(x))
@@ -50,8 +64,16 @@ def vgg_like(seed: int = 0) -> nn.Module:
 def resnet_like(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1),
-        BasicBlock(8, 8), BasicBlock(8, 16, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+        nn.Conv2d(3, 8, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(8),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+        BasicBlock(8, 8),
+        BasicBlock(8, 16, stride=2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
 
 
 def step(model: nn.Module, x: torch.Tensor, seed: int = 123):
@@ -243,7 +265,8 @@ def test_sequential_pattern_registry():
         assert type(m3[0]) is nn.Linear and isinstance(m3[1], mnn.ReLU)
         # a pattern that moves parameters is refused and undone
         register_sequential_pattern(
-            "test_linear_relu", (nn.Linear, nn.ReLU), lambda ms: [nn.Identity(), nn.Sequential(ms[0], nn.ReLU())])
+            "test_linear_relu", (nn.Linear, nn.ReLU), lambda ms: [nn.Identity(), nn.Sequential(ms[0], nn.ReLU())]
+        )
         m4 = copy.deepcopy(ref)
         with pytest.raises(ValueError, match="state_dict keys"):
             convert(m4, fuse=True)

@@ -1,5 +1,6 @@
 """memsave.convert with the fused Sequential patterns: BN -> act, LayerNorm -> Linear, act -> Linear, and the
 opt-in Conv -> BN -> act In-Place ABN pattern."""
+
 from __future__ import annotations
 
 import copy
@@ -7,9 +8,8 @@ import copy
 import torch
 from torch import nn
 
-import memsave  # noqa: F401
-from memsave.operators.convert import fused_patterns as _convert_fused
-from memsave.operators.convert import convert, plan_convert, sequential_patterns
+import memsave
+from helpers.fused import FLOAT32_RTOL, module_state, rel_err, saved_bytes
 from memsave.nn import (
     ActLinear,
     BatchNormAct2d,
@@ -19,17 +19,27 @@ from memsave.nn import (
     InPlaceABN2d,
     LayerNormLinear,
 )
-
-from helpers.fused import FLOAT32_RTOL, module_state, rel_err, saved_bytes
+from memsave.operators.convert import convert, plan_convert, sequential_patterns
+from memsave.operators.convert import fused_patterns as _convert_fused
 
 
 def _cnn() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
-        nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU(),
-        nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.LeakyReLU(0.1),
-        nn.Flatten(), nn.LayerNorm(8 * 6 * 6), nn.Linear(8 * 6 * 6, 32), nn.SiLU(), nn.Linear(32, 10),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.GELU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.BatchNorm2d(8, momentum=None),
+        nn.LeakyReLU(0.1),
+        nn.Flatten(),
+        nn.LayerNorm(8 * 6 * 6),
+        nn.Linear(8 * 6 * 6, 32),
+        nn.SiLU(),
+        nn.Linear(32, 10),
     )
 
 
@@ -58,8 +68,19 @@ def test_convert_fuses_sequential_patterns_keeping_keys_values_and_gradients():
     convert(model, fuse=True)
     kinds = [type(m) for m in model]
     assert kinds == [
-        nn.Conv2d, DeferredBatchNormAct2d, nn.Identity, BatchNormActConv2d, DeferredBatchNormAct2d, nn.Identity,
-        BatchNormActConv2d, BatchNormAct2d, nn.Identity, nn.Flatten, DeferredLayerNorm, LayerNormLinear, nn.Identity,
+        nn.Conv2d,
+        DeferredBatchNormAct2d,
+        nn.Identity,
+        BatchNormActConv2d,
+        DeferredBatchNormAct2d,
+        nn.Identity,
+        BatchNormActConv2d,
+        BatchNormAct2d,
+        nn.Identity,
+        nn.Flatten,
+        DeferredLayerNorm,
+        LayerNormLinear,
+        nn.Identity,
         ActLinear,
     ]
     assert (model[1].act, model[4].act, model[7].act, model[7].act_param) == ("relu", "gelu", "leaky_relu", 0.1)
@@ -94,8 +115,11 @@ def test_converted_model_keeps_fewer_bytes():
 def test_declined_and_unsupported_cases():
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16),  # relu -> Linear: nothing to save, left to the mask swap
-        nn.LayerNorm(8), nn.Linear(16, 4),  # shapes do not chain (would fail in forward anyway): declined
+        nn.Linear(16, 16),
+        nn.ReLU(),
+        nn.Linear(16, 16),  # relu -> Linear: nothing to save, left to the mask swap
+        nn.LayerNorm(8),
+        nn.Linear(16, 4),  # shapes do not chain (would fail in forward anyway): declined
     )
     convert(model, fuse=True)
     assert type(model[1]) is memsave.nn.ReLU and type(model[2]) is nn.Linear
@@ -117,8 +141,9 @@ def test_include_exclude_and_plan():
 
 def test_transformer_mlp_sequential():
     torch.manual_seed(0)
-    mlp = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 128), nn.GELU(approximate="tanh"), nn.Linear(128, 32),
-                        nn.Dropout(0.0))
+    mlp = nn.Sequential(
+        nn.LayerNorm(32), nn.Linear(32, 128), nn.GELU(approximate="tanh"), nn.Linear(128, 32), nn.Dropout(0.0)
+    )
     ref = copy.deepcopy(mlp)
     convert(mlp, fuse=True)
     assert [type(m) for m in mlp][:4] == [DeferredLayerNorm, LayerNormLinear, nn.Identity, ActLinear]
@@ -132,8 +157,14 @@ def test_transformer_mlp_sequential():
 
 def test_opt_in_inplace_abn_pattern():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.LeakyReLU(0.05),
-                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.LeakyReLU(0.05),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+    )
     ref = copy.deepcopy(model)
     _convert_fused.register_inplace_abn_pattern()
     try:
@@ -158,8 +189,9 @@ def test_opt_in_inplace_abn_pattern():
 def test_benchmark_rewrites_keep_keys_and_gradients():
     """The fused benchmark rows (benchmarks/strategies_fused.py) rewrite ResNet-50 and the GPT-2-like model in
     place: same parameter names, gradients equal to eager's within float32 rounding."""
-    from memsave.measurement import models as bench_models
     from benchmarks import strategies_fused
+
+    from memsave.measurement import models as bench_models
 
     for name, fuse in (("resnet50", strategies_fused.fuse_resnet50), ("gpt2", strategies_fused.fuse_gpt2)):
         case = bench_models.build(name, "tiny")

@@ -9,6 +9,7 @@ LM called with labels computes Hugging Face's loss (shift, ignore_index, num_ite
 linear_cross_entropy and returns an empty ``[batch, seq, 0]`` tensor as ``.logits``. Unsupported parts are
 skipped with a reason in the report, never converted wrongly.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,31 +35,66 @@ def _ids(seed: int = 1, batch: int = 2) -> torch.Tensor:
 def _llama_family(name: str) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         cfg = getattr(transformers, f"{name}Config")(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=72,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            use_cache=False,
+        )
         return getattr(transformers, f"{name}ForCausalLM")(cfg)
+
     return build
 
 
 def _gpt2() -> nn.Module:
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        use_cache=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(cfg)
 
 
 CAUSAL_LMS: Dict[str, Tuple[Callable[[], nn.Module], Dict[str, str]]] = {
     # model -> (builder, {module name: new class} the report must show)
-    "llama": (_llama_family("Llama"), {"model.layers.0.self_attn.q_proj": "memsave.RMSNormLinear",
-                                       "model.layers.1.mlp": "memsave.GatedMLP",
-                                       "model.layers.0.input_layernorm": "memsave.DeferredRMSNorm",
-                                       "model.norm": "memsave.RMSNorm", "lm_head": "memsave.CausalLMHead"}),
-    "mistral": (_llama_family("Mistral"), {"model.layers.1.mlp": "memsave.GatedMLP",
-                                           "lm_head": "memsave.CausalLMHead"}),
-    "qwen2": (_llama_family("Qwen2"), {"model.layers.0.self_attn.v_proj": "memsave.RMSNormLinear",
-                                       "lm_head": "memsave.CausalLMHead"}),
+    "llama": (
+        _llama_family("Llama"),
+        {
+            "model.layers.0.self_attn.q_proj": "memsave.RMSNormLinear",
+            "model.layers.1.mlp": "memsave.GatedMLP",
+            "model.layers.0.input_layernorm": "memsave.DeferredRMSNorm",
+            "model.norm": "memsave.RMSNorm",
+            "lm_head": "memsave.CausalLMHead",
+        },
+    ),
+    "mistral": (
+        _llama_family("Mistral"),
+        {"model.layers.1.mlp": "memsave.GatedMLP", "lm_head": "memsave.CausalLMHead"},
+    ),
+    "qwen2": (
+        _llama_family("Qwen2"),
+        {"model.layers.0.self_attn.v_proj": "memsave.RMSNormLinear", "lm_head": "memsave.CausalLMHead"},
+    ),
     "qwen3": (_llama_family("Qwen3"), {"model.layers.0.mlp": "memsave.GatedMLP", "lm_head": "memsave.CausalLMHead"}),
-    "gpt2": (_gpt2, {"transformer.h.0.mlp.c_proj": "memsave.ActLinear", "transformer.h.1.mlp.act": "Identity",
-                     "lm_head": "memsave.CausalLMHead"}),
+    "gpt2": (
+        _gpt2,
+        {
+            "transformer.h.0.mlp.c_proj": "memsave.ActLinear",
+            "transformer.h.1.mlp.act": "Identity",
+            "lm_head": "memsave.CausalLMHead",
+        },
+    ),
 }
 
 
@@ -223,8 +259,15 @@ def test_default_convert_leaves_a_transformer_alone():
 
 
 def test_unsupported_activation_is_skipped_with_a_reason():
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=72, num_hidden_layers=1,
-                                   num_attention_heads=4, hidden_act="quick_gelu", use_cache=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=72,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        hidden_act="quick_gelu",
+        use_cache=False,
+    )
     model = transformers.LlamaForCausalLM(cfg)
     report = plan_convert(model, fuse=True)
     skipped = {e.name: e.detail for e in report.entries if e.verdict == "skipped"}
@@ -234,8 +277,9 @@ def test_unsupported_activation_is_skipped_with_a_reason():
     assert isinstance(model.model.layers[0].self_attn.q_proj, memsave.nn.RMSNormLinear)  # the rest still fused
     assert isinstance(model.model.layers[0].post_attention_layernorm, memsave.nn.RMSNorm)
 
-    gpt = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, activation_function="quick_gelu"))
+    gpt = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, activation_function="quick_gelu")
+    )
     report = plan_convert(gpt, fuse=True)
     assert any(e.verdict == "skipped" and "QuickGELU" in e.detail for e in report.entries), report
 
@@ -253,8 +297,10 @@ def test_custom_loss_function_and_softcapping_are_not_fused():
 def test_lora_adapters_added_before_convert_stay_exact_and_after_convert_are_refused():
     peft = pytest.importorskip("peft")
     torch.manual_seed(0)
-    eager = peft.get_peft_model(_llama_family("Llama")(), peft.LoraConfig(
-        r=4, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False))
+    eager = peft.get_peft_model(
+        _llama_family("Llama")(),
+        peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False),
+    )
     ours = copy.deepcopy(eager)
     report = plan_convert(ours, fuse=True)
     details = {e.name: e.detail for e in report.entries}
@@ -287,8 +333,14 @@ def test_timm_mlp_with_dropout_is_skipped():
 
 
 def _bert() -> nn.Module:
-    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=64, max_position_embeddings=64)
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return transformers.BertForMaskedLM(cfg)
 
 
@@ -317,8 +369,9 @@ def test_bert_feed_forward_fused():
 
 def _vit() -> nn.Module:
     timm = pytest.importorskip("timm")
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
-                             num_classes=10)
+    return timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2, num_classes=10
+    )
 
 
 def test_timm_vit_mlp_and_norms_fused():
@@ -346,19 +399,28 @@ def test_llama_anchor_peak_is_at_most_half_of_eager():
     peak of one training step; benchmarks/convert_zoo.py measures 0.33)."""
     from memsave.measurement.allocator import step_peak_bytes
 
-    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=4, use_cache=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     eager = transformers.LlamaForCausalLM(cfg)
     ours = memsave.convert(copy.deepcopy(eager), fuse=True)
     ids = torch.randint(0, 32000, (2, 256), generator=torch.Generator().manual_seed(1))
     peaks, losses = {}, {}
     for name, model in (("eager", eager), ("convert", ours)):
+
         def step() -> None:
             model.zero_grad(set_to_none=True)
             loss = model(ids, labels=ids).loss
             losses[name] = loss.item()
             loss.backward()
+
         step()
         model.zero_grad(set_to_none=True)
         peaks[name] = step_peak_bytes(step, torch.device("cpu"))

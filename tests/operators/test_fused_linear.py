@@ -1,5 +1,6 @@
 """memsave::layer_norm_linear, layer_norm_apply, act_linear and memsave.nn.LayerNormLinear / ActLinear: against the
 unfused torch modules, plus the transformer-block saved-bytes claim."""
+
 from __future__ import annotations
 
 import copy
@@ -10,9 +11,6 @@ import torch.nn.functional as TF
 from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
-from memsave import functional as MF
-from memsave.nn import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_layer_norm_linear
-
 from helpers.fused import (
     FLOAT32_RTOL,
     TORCH_ACTS,
@@ -22,6 +20,8 @@ from helpers.fused import (
     rel_err,
     saved_bytes,
 )
+from memsave import functional as MF
+from memsave.nn import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_layer_norm_linear
 
 
 def _ln_inputs(shape=(3, 5, 16), out_features=12, dtype=torch.float32, seed=0, affine=True, bias=True):
@@ -77,16 +77,24 @@ def test_layer_norm_linear_gradcheck_float64():
 
 def test_layer_norm_linear_opcheck():
     x, lw, lb, w, b = _ln_inputs((2, 3, 8), out_features=6, dtype=torch.float64)
-    for args in ((x, [8], lw, lb, 1e-5, w, b), (x, [8], None, None, 1e-5, w, None), (x, [3, 8], None, None, 1e-5, w, b)):
+    for args in (
+        (x, [8], lw, lb, 1e-5, w, b),
+        (x, [8], None, None, 1e-5, w, None),
+        (x, [3, 8], None, None, 1e-5, w, b),
+    ):
         torch.library.opcheck(torch.ops.memsave.layer_norm_linear.default, args)
     out, mean, rstd = torch.ops.memsave.layer_norm_linear(x, [8], lw, lb, 1e-5, w, b)
     d = [t.detach() for t in (x, lw, lb, w)]
     gy = torch.randn_like(out)
-    torch.library.opcheck(torch.ops.memsave.layer_norm_linear_backward.default,
-                          (gy, d[0], [8], mean, rstd, d[1], d[2], d[3], True))
-    torch.library.opcheck(torch.ops.memsave.layer_norm_linear_backward.default,
-                          (gy, d[0], [8], mean, rstd, None, None, d[3], False))
-    torch.library.opcheck(torch.ops.memsave.layer_norm_apply.default, (d[0], [8], mean, rstd, d[1], d[2], torch.float32))
+    torch.library.opcheck(
+        torch.ops.memsave.layer_norm_linear_backward.default, (gy, d[0], [8], mean, rstd, d[1], d[2], d[3], True)
+    )
+    torch.library.opcheck(
+        torch.ops.memsave.layer_norm_linear_backward.default, (gy, d[0], [8], mean, rstd, None, None, d[3], False)
+    )
+    torch.library.opcheck(
+        torch.ops.memsave.layer_norm_apply.default, (d[0], [8], mean, rstd, d[1], d[2], torch.float32)
+    )
     torch.library.opcheck(torch.ops.memsave.layer_norm_apply.default, (d[0], [8], mean, rstd, None, None))
 
 
@@ -170,28 +178,33 @@ def test_act_linear_opcheck():
     torch.library.opcheck(torch.ops.memsave.act_linear.default, (x, w, None, "leaky_relu", 0.2))
     torch.library.opcheck(torch.ops.memsave.act_linear.default, (x.detach().float(), w.float(), b.float(), "silu", 0.0))
     gy = torch.randn(2, 3, 6, dtype=torch.float64)
-    torch.library.opcheck(torch.ops.memsave.act_linear_backward.default,
-                          (gy, x.detach(), w.detach(), True, "gelu_tanh", 0.0))
+    torch.library.opcheck(
+        torch.ops.memsave.act_linear_backward.default, (gy, x.detach(), w.detach(), True, "gelu_tanh", 0.0)
+    )
     xt = x.detach().transpose(0, 1)  # non-contiguous input: the input gradient is still contiguous
-    torch.library.opcheck(torch.ops.memsave.act_linear_backward.default,
-                          (gy.transpose(0, 1), xt, w.detach(), False, "elu", 1.0))
+    torch.library.opcheck(
+        torch.ops.memsave.act_linear_backward.default, (gy.transpose(0, 1), xt, w.detach(), False, "elu", 1.0)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("act", ["gelu", "silu"])
 def test_act_linear_low_precision(dtype, act):
     g = torch.Generator().manual_seed(7)
-    args = [torch.randn(4, 8, 32, generator=g).to(dtype).requires_grad_(),
-            (torch.randn(24, 32, generator=g) / 6).to(dtype).requires_grad_(),
-            torch.randn(24, generator=g).to(dtype).requires_grad_()]
+    args = [
+        torch.randn(4, 8, 32, generator=g).to(dtype).requires_grad_(),
+        (torch.randn(24, 32, generator=g) / 6).to(dtype).requires_grad_(),
+        torch.randn(24, generator=g).to(dtype).requires_grad_(),
+    ]
     a64, at = leaf_copies(*args, dtype=torch.float64), leaf_copies(*args)
     y = MF.act_linear(*args, act=act)
     yt = TF.linear(TORCH_ACTS[act](at[0]), at[1], at[2])
     y64 = TF.linear(TORCH_ACTS[act](a64[0]), a64[1], a64[2])
     assert_low_precision_ok(y, yt, y64, "output")
     gy = torch.randn(y.shape, generator=g).to(dtype)
-    for name, o, t, r in zip(("input", "weight", "bias"), _grads(y, args, gy), _grads(yt, at, gy),
-                             _grads(y64, a64, gy.double())):
+    for name, o, t, r in zip(
+        ("input", "weight", "bias"), _grads(y, args, gy), _grads(yt, at, gy), _grads(y64, a64, gy.double())
+    ):
         assert_low_precision_ok(o, t, r, f"grad {name}")
 
 
@@ -205,8 +218,9 @@ def test_act_linear_autocast_cpu_bfloat16():
         y, y2 = fused(x), fc(TF.gelu(x2))
     assert y.dtype == torch.bfloat16 and torch.equal(y, y2)
     gy = torch.randn_like(y)
-    for o, r in zip(torch.autograd.grad(y, (x, fused.weight, fused.bias), gy),
-                    torch.autograd.grad(y2, (x2, fc.weight, fc.bias), gy)):
+    for o, r in zip(
+        torch.autograd.grad(y, (x, fused.weight, fused.bias), gy), torch.autograd.grad(y2, (x2, fc.weight, fc.bias), gy)
+    ):
         assert o.dtype == r.dtype and torch.equal(o, r)
 
 
@@ -241,8 +255,9 @@ def test_fuse_layer_norm_linear_keeps_state_dict_keys_and_values():
     y, y2 = model(x), ref(x2)
     assert rel_err(y, y2) <= FLOAT32_RTOL
     gy = torch.randn_like(y)
-    for o, r in zip(torch.autograd.grad(y, [x, *model.parameters()], gy),
-                    torch.autograd.grad(y2, [x2, *ref.parameters()], gy)):
+    for o, r in zip(
+        torch.autograd.grad(y, [x, *model.parameters()], gy), torch.autograd.grad(y2, [x2, *ref.parameters()], gy)
+    ):
         assert rel_err(o, r) <= FLOAT32_RTOL
     model.load_state_dict(ref.state_dict())
     copied = copy.deepcopy(model)  # the norm reference follows the copy
@@ -319,8 +334,10 @@ def test_transformer_block_keeps_at_most_70_percent():
     assert fused_bytes <= 0.70 * eager_bytes, (fused_bytes, eager_bytes)
     assert rel_err(y_fused, y_eager) <= FLOAT32_RTOL
     gy = torch.randn_like(y_eager)
-    for o, r in zip(torch.autograd.grad(y_fused, [x, *fused.parameters()], gy),
-                    torch.autograd.grad(y_eager, [x, *block.parameters()], gy)):
+    for o, r in zip(
+        torch.autograd.grad(y_fused, [x, *fused.parameters()], gy),
+        torch.autograd.grad(y_eager, [x, *block.parameters()], gy),
+    ):
         assert rel_err(o, r) <= FLOAT32_RTOL
 
 
@@ -338,9 +355,18 @@ def test_cuda_fused_linear_matches_float64_and_autocast():
     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(9))
     for o, r in zip(_grads(y, cu, gy.cuda()), _grads(y64, a64, gy.double())):
         assert rel_err(o.cpu(), r) <= FLOAT32_RTOL
-    torch.library.opcheck(torch.ops.memsave.layer_norm_apply.default,
-                          (cu[0].detach().half(), [64], torch.zeros(4, 16, 1, device="cuda"),
-                           torch.ones(4, 16, 1, device="cuda"), None, None, torch.float16))
+    torch.library.opcheck(
+        torch.ops.memsave.layer_norm_apply.default,
+        (
+            cu[0].detach().half(),
+            [64],
+            torch.zeros(4, 16, 1, device="cuda"),
+            torch.ones(4, 16, 1, device="cuda"),
+            None,
+            None,
+            torch.float16,
+        ),
+    )
     # autocast: the norm in float32, the Linear in float16, as torch does.
     ln, fc = nn.LayerNorm(64).cuda(), nn.Linear(64, 48).cuda()
     fused = LayerNormLinear.from_modules(ln, fc)

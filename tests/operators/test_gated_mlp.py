@@ -1,5 +1,6 @@
 """memsave::gated_act, gated_act_linear and memsave.nn.GatedMLP: against the eager composition
 ``down(act(gate(x)) * up(x))`` (Hugging Face's LlamaMLP) and a float64 reference, plus what each keeps."""
+
 from __future__ import annotations
 
 import copy
@@ -10,12 +11,19 @@ import torch.nn.functional as TF
 from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
+from helpers.fused import (
+    FLOAT32_RTOL,
+    TORCH_ACTS,
+    assert_low_precision_ok,
+    leaf_copies,
+    module_state,
+    rel_err,
+    saved_bytes,
+)
+from helpers.llama import LlamaMLP, LlamaRMSNorm
 from memsave import functional as MF
 from memsave.measurement.allocator import cpu_memory_stats
 from memsave.nn import GatedMLP
-
-from helpers.fused import FLOAT32_RTOL, TORCH_ACTS, assert_low_precision_ok, leaf_copies, module_state, rel_err, saved_bytes
-from helpers.llama import LlamaMLP, LlamaRMSNorm
 
 GATED = ("silu", "gelu", "gelu_tanh", "relu", "identity")
 
@@ -58,7 +66,9 @@ def test_gated_act_opcheck():
     gate, up = _gate_up((2, 3, 8), dtype=torch.float64)
     for act in ("silu", "gelu_tanh"):
         torch.library.opcheck(torch.ops.memsave.gated_act.default, (gate, up, act))
-    torch.library.opcheck(torch.ops.memsave.gated_act.default, (gate.detach().bfloat16(), up.detach().bfloat16(), "gelu"))
+    torch.library.opcheck(
+        torch.ops.memsave.gated_act.default, (gate.detach().bfloat16(), up.detach().bfloat16(), "gelu")
+    )
     gy = torch.randn(2, 3, 8, dtype=torch.float64)
     torch.library.opcheck(torch.ops.memsave.gated_act_backward.default, (gy, gate.detach(), up.detach(), "silu"))
     gt, ut = gate.detach().transpose(0, 1), up.detach().transpose(0, 1)  # non-contiguous
@@ -95,8 +105,9 @@ def test_gated_act_linear_error_at_most_twice_torchs(dtype, act):
     assert y.dtype == dtype
     assert_low_precision_ok(y, yt, y64, "output")
     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
-    for name, o, t, r in zip(("gate", "up", "weight", "bias"), _grads(y, args, gy), _grads(yt, at, gy),
-                             _grads(y64, a64, gy.double())):
+    for name, o, t, r in zip(
+        ("gate", "up", "weight", "bias"), _grads(y, args, gy), _grads(yt, at, gy), _grads(y64, a64, gy.double())
+    ):
         assert_low_precision_ok(o, t, r, f"grad {name}")
 
 
@@ -105,8 +116,9 @@ def test_gated_act_linear_gradcheck_float64():
     w, b = _down(5, 4, dtype=torch.float64)
     for act in ("silu", "gelu"):
         torch.autograd.gradcheck(lambda g, u, w, b: MF.gated_act_linear(g, u, w, b, act), (gate, up, w, b))
-    torch.autograd.gradcheck(lambda g, u, w: MF.gated_act_linear(g, u, w, None, "gelu_tanh"), (gate, up, w),
-                             fast_mode=True)
+    torch.autograd.gradcheck(
+        lambda g, u, w: MF.gated_act_linear(g, u, w, None, "gelu_tanh"), (gate, up, w), fast_mode=True
+    )
 
 
 def test_gated_act_linear_opcheck():
@@ -130,7 +142,9 @@ def test_gated_act_linear_autocast_cpu_bfloat16():
         y, y2 = ours(x), eager(x2)
     assert y.dtype == y2.dtype == torch.bfloat16 and rel_err(y, y2) <= 1e-2
     g = torch.randn_like(y)
-    for o, r in zip(torch.autograd.grad(y, [x, *ours.parameters()], g), torch.autograd.grad(y2, [x2, *eager.parameters()], g)):
+    for o, r in zip(
+        torch.autograd.grad(y, [x, *ours.parameters()], g), torch.autograd.grad(y2, [x2, *eager.parameters()], g)
+    ):
         assert o.dtype == r.dtype == torch.float32 and rel_err(o, r) <= 2e-2
 
 
@@ -140,7 +154,11 @@ def test_gated_mlp_has_llama_keys_and_shares_modules():
     eager = LlamaMLP(16, 40)
     torch.manual_seed(0)
     ours = GatedMLP(16, 40)
-    assert list(ours.state_dict()) == list(eager.state_dict()) == ["gate_proj.weight", "up_proj.weight", "down_proj.weight"]
+    assert (
+        list(ours.state_dict())
+        == list(eager.state_dict())
+        == ["gate_proj.weight", "up_proj.weight", "down_proj.weight"]
+    )
     for a, b in zip(ours.parameters(), eager.parameters()):
         assert torch.equal(a, b)  # same initialization as the nn.Linear layers
     shared = GatedMLP.from_modules(eager.gate_proj, eager.up_proj, eager.down_proj, act="silu")
@@ -150,11 +168,14 @@ def test_gated_mlp_has_llama_keys_and_shares_modules():
     y, y2 = shared(x), eager(x2)
     assert rel_err(y, y2) <= FLOAT32_RTOL
     gy = torch.randn_like(y)
-    for o, r in zip(torch.autograd.grad(y, [x, *shared.parameters()], gy),
-                    torch.autograd.grad(y2, [x2, *eager.parameters()], gy)):
+    for o, r in zip(
+        torch.autograd.grad(y, [x, *shared.parameters()], gy), torch.autograd.grad(y2, [x2, *eager.parameters()], gy)
+    ):
         assert rel_err(o, r) <= FLOAT32_RTOL
     biased = GatedMLP(8, 12, act="gelu", bias=True)
-    assert sorted(biased.state_dict()) == sorted(f"{p}_proj.{k}" for p in ("gate", "up", "down") for k in ("weight", "bias"))
+    assert sorted(biased.state_dict()) == sorted(
+        f"{p}_proj.{k}" for p in ("gate", "up", "down") for k in ("weight", "bias")
+    )
     assert "act=gelu" in repr(biased)
 
 
@@ -220,8 +241,12 @@ def test_cuda_gated_act_linear_error_at_most_twice_torchs_and_matches_cpu(dtype)
     y64 = TF.linear(TF.silu(a64[0]) * a64[1], a64[2], a64[3])
     assert_low_precision_ok(y.cpu(), yt.cpu(), y64, "output")
     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7)).to(dtype)
-    for name, o, t, r in zip(("gate", "up", "weight", "bias"), _grads(y, cu, gy.cuda()), _grads(yt, ct, gy.cuda()),
-                             _grads(y64, a64, gy.double())):
+    for name, o, t, r in zip(
+        ("gate", "up", "weight", "bias"),
+        _grads(y, cu, gy.cuda()),
+        _grads(yt, ct, gy.cuda()),
+        _grads(y64, a64, gy.double()),
+    ):
         assert_low_precision_ok(o.cpu(), t.cpu(), r, f"grad {name}")
     # The same per-element math as the CPU kernel.
     p_cpu = MF.gated_act(gate.detach(), up.detach(), "gelu")
@@ -249,8 +274,9 @@ def test_llama_mlp_block_with_fused_norm_keeps_keys_values_and_three_tensors():
         layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
     ref = copy.deepcopy(layer)
     mlp = layer.mlp
-    layer.post_attention_layernorm, (gate, up) = fuse_rms_norm_linear(layer.post_attention_layernorm, mlp.gate_proj,
-                                                                      mlp.up_proj)
+    layer.post_attention_layernorm, (gate, up) = fuse_rms_norm_linear(
+        layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj
+    )
     layer.mlp = GatedMLP.from_modules(gate, up, mlp.down_proj, act="silu")
     assert list(layer.state_dict()) == list(ref.state_dict())
     x = torch.randn(2, 8, 64, requires_grad=True)
@@ -260,6 +286,7 @@ def test_llama_mlp_block_with_fused_norm_keeps_keys_values_and_three_tensors():
     assert kept == x.numel() * 4 + 2 * 2 * 8 * 176 * 4  # x, gate, up
     assert rel_err(y, y2) <= FLOAT32_RTOL
     gy = torch.randn_like(y)
-    for o, r in zip(torch.autograd.grad(y, [x, *layer.parameters()], gy),
-                    torch.autograd.grad(y2, [x2, *ref.parameters()], gy)):
+    for o, r in zip(
+        torch.autograd.grad(y, [x, *layer.parameters()], gy), torch.autograd.grad(y2, [x2, *ref.parameters()], gy)
+    ):
         assert rel_err(o, r) <= FLOAT32_RTOL

@@ -1,4 +1,5 @@
 """memsave::inplace_abn and memsave.nn.InPlaceABN2d: against torch's unfused batch norm + activation."""
+
 from __future__ import annotations
 
 import math
@@ -9,13 +10,9 @@ import torch.nn.functional as TF
 from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
-from memsave import functional as MF
-from memsave.nn import InPlaceABN2d
-
 from helpers.fused import (
     BN_FORMATS,
     FLOAT32_RTOL,
-    TORCH_ACTS,
     assert_low_precision_ok,
     bn_inputs,
     bn_reference,
@@ -24,6 +21,8 @@ from helpers.fused import (
     rel_err,
     saved_bytes,
 )
+from memsave import functional as MF
+from memsave.nn import InPlaceABN2d
 
 ACTS = ["leaky_relu", "elu", "identity"]
 FORMATS = BN_FORMATS
@@ -85,8 +84,18 @@ def test_opcheck(case):
     elif case == "channels_last":
         args = (x.to(memory_format=torch.channels_last), w, b, rm, rv, True, 0.1, 1e-5, "elu", 0.5)
     elif case == "non_dense":
-        args = (torch.randn(3, 4, 3, 6, dtype=torch.float64)[..., ::2], w, b, rm, rv, True, 0.1, 1e-5,
-                "leaky_relu", 0.1)
+        args = (
+            torch.randn(3, 4, 3, 6, dtype=torch.float64)[..., ::2],
+            w,
+            b,
+            rm,
+            rv,
+            True,
+            0.1,
+            1e-5,
+            "leaky_relu",
+            0.1,
+        )
     torch.library.opcheck(torch.ops.memsave.inplace_abn.default, args)
     out = args[0].clone()
     _, invstd = torch.ops.memsave.inplace_abn(out, *args[1:])
@@ -284,6 +293,16 @@ def test_cuda_matches_float64_reference(act, fmt):
 @pytest.mark.cuda
 def test_cuda_opcheck_half():
     x, w, b, _, _ = _inputs(shape=(4, 8, 6, 6), seed=9)
-    args = (x.detach().half().cuda(), w.detach().cuda().requires_grad_(), b.detach().cuda().requires_grad_(), None,
-            None, True, 0.1, 1e-5, "leaky_relu", 0.01)
+    args = (
+        x.detach().half().cuda(),
+        w.detach().cuda().requires_grad_(),
+        b.detach().cuda().requires_grad_(),
+        None,
+        None,
+        True,
+        0.1,
+        1e-5,
+        "leaky_relu",
+        0.01,
+    )
     torch.library.opcheck(torch.ops.memsave.inplace_abn.default, args)

@@ -1,6 +1,7 @@
 """memsave::linear_cross_entropy (and its tile kernels), memsave.functional.linear_cross_entropy and
 memsave.nn.LinearCrossEntropy: against torch's F.linear + F.cross_entropy in float64, float32 and 16-bit, plus the
 memory claims (allocator-level, CPU) of issue 13."""
+
 from __future__ import annotations
 
 import math
@@ -11,11 +12,10 @@ import torch.nn.functional as TF
 from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
+from helpers.fused import assert_low_precision_ok, leaf_copies, max_abs_err
 from memsave import functional as MF
 from memsave.measurement.allocator import cpu_memory_stats, cpu_peak_bytes
 from memsave.nn import LinearCrossEntropy
-
-from helpers.fused import assert_low_precision_ok, leaf_copies, max_abs_err
 
 OP = torch.ops.memsave.linear_cross_entropy
 REDUCTIONS = ("mean", "sum", "none")
@@ -31,7 +31,7 @@ def _inputs(shape=(4, 5), hidden=16, classes=50, dtype=torch.float32, bias=True,
     b = torch.randn(classes, generator=g, dtype=torch.float64) if bias else None
     t = torch.randint(0, classes, shape, generator=g)
     if ignore:
-        t.view(-1)[:: 3] = -100
+        t.view(-1)[::3] = -100
     leaves = [x.to(device=device, dtype=dtype).requires_grad_() if x is not None else None for x in (h, w, b)]
     return leaves[0], leaves[1], leaves[2], t.to(device)
 
@@ -39,8 +39,13 @@ def _inputs(shape=(4, 5), hidden=16, classes=50, dtype=torch.float32, bias=True,
 def _reference(h, w, t, b=None, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
     """torch's composition, classes last, rows flattened."""
     z = TF.linear(h, w, b)
-    loss = TF.cross_entropy(z.reshape(-1, z.shape[-1]), t.reshape(-1), ignore_index=ignore_index,
-                            label_smoothing=label_smoothing, reduction=reduction)
+    loss = TF.cross_entropy(
+        z.reshape(-1, z.shape[-1]),
+        t.reshape(-1),
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+    )
     return loss.reshape(t.shape) if reduction == "none" else loss
 
 
@@ -51,8 +56,9 @@ def _grads(loss, inputs, grad):
 
 def _ours(h, w, t, b=None, tiles=(0, 0), ignore_index=-100, label_smoothing=0.0, reduction="mean"):
     if tiles == (0, 0):
-        return MF.linear_cross_entropy(h, w, t, b, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                                       reduction=reduction)
+        return MF.linear_cross_entropy(
+            h, w, t, b, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction
+        )
     return OP(h, w, t, b, ignore_index, label_smoothing, reduction, *tiles)[0]
 
 
@@ -70,8 +76,12 @@ def _check_against_float64(dtype, tiles, reduction, label_smoothing, bias, shape
     assert_low_precision_ok(loss, loss_t, loss_64, "loss")
     g = torch.randn(loss.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
     names = ("hidden", "weight", "bias")
-    for name, o, r, r64 in zip(names, _grads(loss, (h, w, b), g.to(dtype)), _grads(loss_t, (ht, wt, bt), g.to(dtype)),
-                               _grads(loss_64, (h64, w64, b64), g)):
+    for name, o, r, r64 in zip(
+        names,
+        _grads(loss, (h, w, b), g.to(dtype)),
+        _grads(loss_t, (ht, wt, bt), g.to(dtype)),
+        _grads(loss_64, (h64, w64, b64), g),
+    ):
         assert o.dtype == dtype and o.shape == r64.shape
         assert_low_precision_ok(o, r, r64, f"grad {name}")
 
@@ -120,8 +130,12 @@ def test_large_vocabulary_within_twice_torchs_error(dtype):
     h64, w64 = leaf_copies(h, w, dtype=torch.float64)
     loss, loss_t, loss_64 = MF.linear_cross_entropy(h, w, t), _reference(ht, wt, t), _reference(h64, w64, t)
     assert_low_precision_ok(loss, loss_t, loss_64, "loss")
-    for name, o, r, r64 in zip(("hidden", "weight"), _grads(loss, (h, w), None), _grads(loss_t, (ht, wt), None),
-                               _grads(loss_64, (h64, w64), None)):
+    for name, o, r, r64 in zip(
+        ("hidden", "weight"),
+        _grads(loss, (h, w), None),
+        _grads(loss_t, (ht, wt), None),
+        _grads(loss_64, (h64, w64), None),
+    ):
         assert_low_precision_ok(o, r, r64, f"grad {name}")
 
 
@@ -205,14 +219,18 @@ def test_gradcheck_float64(reduction, label_smoothing):
     h, w, b, t = _inputs((2, 3), hidden=5, classes=9, dtype=torch.float64)
     fn = lambda h, w, b: OP(h, w, t, b, -100, label_smoothing, reduction, 2, 4)[0]  # noqa: E731
     torch.autograd.gradcheck(fn, (h, w, b))
-    torch.autograd.gradcheck(lambda h, w: MF.linear_cross_entropy(h, w, t, reduction=reduction,
-                                                                  label_smoothing=label_smoothing), (h, w))
+    torch.autograd.gradcheck(
+        lambda h, w: MF.linear_cross_entropy(h, w, t, reduction=reduction, label_smoothing=label_smoothing), (h, w)
+    )
 
 
 def test_opcheck():
     h, w, b, t = _inputs((2, 3), hidden=8, classes=20, dtype=torch.float64)
-    for args in ((h, w, t, b, -100, 0.0, "mean", 0, 0), (h, w, t, None, -100, 0.1, "none", 2, 6),
-                 (h.float(), w.float(), t.clamp(min=1), None, 1, 0.0, "sum", 0, 0)):
+    for args in (
+        (h, w, t, b, -100, 0.0, "mean", 0, 0),
+        (h, w, t, None, -100, 0.1, "none", 2, 6),
+        (h.float(), w.float(), t.clamp(min=1), None, 1, 0.0, "sum", 0, 0),
+    ):
         torch.library.opcheck(OP.default, args)
     loss, lse = OP(h, w, t, b, -100, 0.1, "none", 2, 6)
     d = [x.detach() for x in (h, w, b)]
@@ -227,8 +245,10 @@ def test_opcheck():
     state[:, 0] = -math.inf
     tf = t.reshape(-1)
     torch.library.opcheck(torch.ops.memsave.cross_entropy_tile_lse_.default, (logits, tf, state, 4, 20, -100, 0.1))
-    torch.library.opcheck(torch.ops.memsave.cross_entropy_tile_grad_.default,
-                          (logits.clone(), tf, lse, torch.ones(1, dtype=torch.float64), 4, 20, -100, 0.1))
+    torch.library.opcheck(
+        torch.ops.memsave.cross_entropy_tile_grad_.default,
+        (logits.clone(), tf, lse, torch.ones(1, dtype=torch.float64), 4, 20, -100, 0.1),
+    )
 
 
 def test_double_backward_raises():
@@ -240,7 +260,7 @@ def test_double_backward_raises():
 
 
 def test_only_needed_gradients_are_computed():
-    h, w, b, t = _inputs(dtype=torch.float64)
+    h, w, _b, t = _inputs(dtype=torch.float64)
     w_frozen = w.detach()
     loss = MF.linear_cross_entropy(h, w_frozen, t)
     (gh,) = torch.autograd.grad(loss, (h,))
@@ -248,8 +268,17 @@ def test_only_needed_gradients_are_computed():
     (gh2,) = torch.autograd.grad(_reference(h2, w_frozen, t), (h2,))
     assert max_abs_err(gh, gh2) <= 1e-12
     out = torch.ops.memsave.linear_cross_entropy_backward(
-        torch.tensor(1.0, dtype=torch.float64), h.detach(), w_frozen, t, None,
-        OP(h.detach(), w_frozen, t)[1], -100, 0.0, "mean", [False, True, False])
+        torch.tensor(1.0, dtype=torch.float64),
+        h.detach(),
+        w_frozen,
+        t,
+        None,
+        OP(h.detach(), w_frozen, t)[1],
+        -100,
+        0.0,
+        "mean",
+        [False, True, False],
+    )
     assert out[0].numel() == 0 and out[1].shape == w.shape and out[2].numel() == 0
 
 
@@ -278,7 +307,7 @@ def test_tile_lse_is_an_online_log_sum_exp():
     state = torch.zeros(6, 3, dtype=torch.float64)
     state[:, 0] = -math.inf
     for c0 in range(0, 37, 10):  # four tiles, the last one narrow
-        torch.ops.memsave.cross_entropy_tile_lse_(z[:, c0:c0 + 10].contiguous(), t, state, c0, 37, -100, 0.0)
+        torch.ops.memsave.cross_entropy_tile_lse_(z[:, c0 : c0 + 10].contiguous(), t, state, c0, 37, -100, 0.0)
     lse = state[:, 0] + state[:, 1].log()
     keep = t != -100
     assert torch.allclose(lse[keep], torch.logsumexp(z.double(), 1)[keep], rtol=1e-6)
@@ -289,13 +318,24 @@ def test_tile_lse_is_an_online_log_sum_exp():
 def test_softmax_exp_within_two_ulp_and_special_values():
     """cross_entropy_tile_grad_ with lse 0, scale 1 and a target outside the tile computes exp(z) itself: the
     polynomial exp that the CPU and CUDA kernels share."""
-    z = torch.cat([torch.linspace(-87.0, 88.0, 200001), torch.tensor([0.0, -1e-8, 1e-8, -87.5, -100.0, 89.0, 1e30,
-                                                                      -math.inf, math.inf, math.nan])])
+    z = torch.cat(
+        [
+            torch.linspace(-87.0, 88.0, 200001),
+            torch.tensor([0.0, -1e-8, 1e-8, -87.5, -100.0, 89.0, 1e30, -math.inf, math.inf, math.nan]),
+        ]
+    )
     rows = z.reshape(1, -1).contiguous()
     out = rows.clone()
-    torch.ops.memsave.cross_entropy_tile_grad_(out, torch.tensor([rows.shape[1]]), torch.zeros(1, dtype=torch.float64),
-                                               torch.ones(1),
-                                               0, rows.shape[1] + 1, -100, 0.0)
+    torch.ops.memsave.cross_entropy_tile_grad_(
+        out,
+        torch.tensor([rows.shape[1]]),
+        torch.zeros(1, dtype=torch.float64),
+        torch.ones(1),
+        0,
+        rows.shape[1] + 1,
+        -100,
+        0.0,
+    )
     out = out[0]
     ref = torch.exp(z.double())
     finite = (z >= -87.3) & (z <= 88.0)  # below -87.34 it returns 0 (documented)
@@ -400,6 +440,7 @@ def test_forward_backward_peak_is_under_a_quarter_of_eager():
         def run():
             h.grad = w.grad = None
             fn(h, w, t).backward()
+
         return run
 
     step(_reference)()  # warm-up: first-call allocations are not part of a step
@@ -429,8 +470,9 @@ def test_module_constructs_like_linear_and_loads_an_lm_head():
     loss = head(h, t)
     ref = TF.cross_entropy(lin(h2).reshape(-1, 50), t.reshape(-1))
     assert max_abs_err(loss, ref) <= 1e-5
-    for o, r in zip(torch.autograd.grad(loss, (h, head.weight, head.bias)),
-                    torch.autograd.grad(ref, (h2, lin.weight, lin.bias))):
+    for o, r in zip(
+        torch.autograd.grad(loss, (h, head.weight, head.bias)), torch.autograd.grad(ref, (h2, lin.weight, lin.bias))
+    ):
         assert max_abs_err(o, r) <= 1e-5 * max(1.0, r.abs().max().item())
     with pytest.raises(ValueError, match="reduction"):
         LinearCrossEntropy(16, 50, reduction="avg")

@@ -1,6 +1,7 @@
 """memsave.nn.fuse_rms_norm_linear, RMSNorm and GatedMLP swapped by hand into a Hugging Face LlamaForCausalLM (the
 README's recipe; memsave.convert does it for you): same state_dict keys, same loss, gradients within float32
 rounding, fewer activation bytes. Built from a config with random weights; nothing is downloaded."""
+
 from __future__ import annotations
 
 import copy
@@ -18,16 +19,25 @@ def _swap(model) -> None:
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj) = fuse_rms_norm_linear(
-            layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
+            layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj
+        )
         layer.post_attention_layernorm, (gate, up) = fuse_rms_norm_linear(
-            layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj)
+            layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj
+        )
         layer.mlp = GatedMLP.from_modules(gate, up, mlp.down_proj, act="silu")
     model.model.norm = RMSNorm.from_module(model.model.norm)
 
 
 def test_llama_with_memsave_modules_matches_eager_and_keeps_less():
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     eager = transformers.LlamaForCausalLM(cfg)
     ours = copy.deepcopy(eager)

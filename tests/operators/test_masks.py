@@ -1,5 +1,6 @@
 """memsave::leaky_relu and memsave::dropout (the other 1-bit mask operators), and what all mask operators share:
 torch.compile(fullgraph=True), autocast and checkpoint recompute."""
+
 from __future__ import annotations
 
 import math
@@ -7,14 +8,17 @@ import math
 import pytest
 import torch
 
-import memsave  # noqa: F401  (loads the operators)
+import memsave
 import memsave.functional as MF
-
 from helpers import DTYPES
 from helpers.masks import assert_matches_torch, bits_equal, saved_bytes, special_values, strided_views
 
-OPMATH = {torch.float32: torch.float32, torch.float64: torch.float64, torch.float16: torch.float32,
-          torch.bfloat16: torch.float32}
+OPMATH = {
+    torch.float32: torch.float32,
+    torch.float64: torch.float64,
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+}
 
 
 def unpack_mask(mask: torch.Tensor, n: int) -> torch.Tensor:
@@ -34,8 +38,9 @@ def test_leaky_relu_opcheck(device, dtype):
     torch.library.opcheck(torch.ops.memsave.leaky_relu_.default, (x.clone(), 0.1))
     torch.library.opcheck(torch.ops.memsave.leaky_relu_.default, (x.clone().requires_grad_() * 1, 0.2))
     _, mask = torch.ops.memsave.leaky_relu(x, 0.1)
-    torch.library.opcheck(torch.ops.memsave.leaky_relu_backward.default,
-                          (torch.randn_like(x).requires_grad_(), mask, 0.1))
+    torch.library.opcheck(
+        torch.ops.memsave.leaky_relu_backward.default, (torch.randn_like(x).requires_grad_(), mask, 0.1)
+    )
 
 
 def test_leaky_relu_gradcheck_float64(device):
@@ -52,15 +57,20 @@ def test_leaky_relu_bitwise_equal_to_torch_cpu_float32(shape, slope):
     base = special_values(math.prod(shape), torch.float32, seed=shape[-1]).view(shape)
     for label, x in strided_views(base):
         g = special_values(x.numel(), torch.float32, seed=9).view(x.shape)
-        assert_matches_torch(lambda t: MF.leaky_relu(t, slope), lambda t: torch.nn.functional.leaky_relu(t, slope),
-                             x, g, label)
+        assert_matches_torch(
+            lambda t: MF.leaky_relu(t, slope), lambda t: torch.nn.functional.leaky_relu(t, slope), x, g, label
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_leaky_relu_all_dtypes_match_torch(dtype):
     x = special_values(1000, dtype, seed=4).view(10, 100)
-    assert_matches_torch(lambda t: MF.leaky_relu(t, 0.1), lambda t: torch.nn.functional.leaky_relu(t, 0.1), x,
-                         torch.randn(10, 100).to(dtype))
+    assert_matches_torch(
+        lambda t: MF.leaky_relu(t, 0.1),
+        lambda t: torch.nn.functional.leaky_relu(t, 0.1),
+        x,
+        torch.randn(10, 100).to(dtype),
+    )
 
 
 def test_leaky_relu_inplace_any_slope_and_saved_bytes():

@@ -1,5 +1,6 @@
 """memsave::max_pool2d / max_pool2d_backward: opcheck, gradcheck, bitwise equality with torch over random arguments
 and strides, the 1-byte saved argmax, and the arguments it refuses."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,6 @@ import torch.nn.functional as TF
 import memsave  # noqa: F401  (loads the operators)
 import memsave.functional as MF
 import memsave.nn as mnn
-
 from helpers import DTYPES
 from helpers.masks import assert_matches_torch, saved_bytes
 
@@ -27,12 +27,15 @@ def test_opcheck(device, dtype):
     x = torch.randn(2, 3, 9, 8, dtype=dtype, device=device)
     for args in [op_args(2, 2, 0, 1, False), op_args(3, (2, 1), 1, (1, 2), True)]:
         torch.library.opcheck(torch.ops.memsave.max_pool2d.default, (x.clone().requires_grad_(), *args))
-    torch.library.opcheck(torch.ops.memsave.max_pool2d.default,
-                          (x[0].transpose(1, 2).requires_grad_(), *op_args(3, 2, 1, 1, False)))  # 3D, strided
+    torch.library.opcheck(
+        torch.ops.memsave.max_pool2d.default, (x[0].transpose(1, 2).requires_grad_(), *op_args(3, 2, 1, 1, False))
+    )  # 3D, strided
     k, s, p, d, ceil = op_args(3, 2, 1, 1, True)
     out, argmax = torch.ops.memsave.max_pool2d(x, k, s, p, d, ceil)
-    torch.library.opcheck(torch.ops.memsave.max_pool2d_backward.default,
-                          (torch.randn_like(out).requires_grad_(), argmax, list(x.shape), k, s, p, d))
+    torch.library.opcheck(
+        torch.ops.memsave.max_pool2d_backward.default,
+        (torch.randn_like(out).requires_grad_(), argmax, list(x.shape), k, s, p, d),
+    )
 
 
 def test_gradcheck_float64(device):
@@ -78,15 +81,24 @@ def test_bitwise_equal_to_torch_cpu_float32(seed):
     if seed % 4 == 1:
         base.view(-1)[3] = math.nan
     for label, x in layouts(base):
-        assert_matches_torch(lambda t: MF.max_pool2d(t, k, s, p, d, ceil), lambda t: TF.max_pool2d(t, k, s, p, d, ceil),
-                             x, lambda y: torch.randn(y.shape), (label, k, s, p, d, ceil, shape))
+        assert_matches_torch(
+            lambda t: MF.max_pool2d(t, k, s, p, d, ceil),
+            lambda t: TF.max_pool2d(t, k, s, p, d, ceil),
+            x,
+            lambda y: torch.randn(y.shape),
+            (label, k, s, p, d, ceil, shape),
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_dtypes_match_torch(dtype):
     x = torch.randn(2, 3, 11, 10).to(dtype)
-    assert_matches_torch(lambda t: MF.max_pool2d(t, 3, 2, 1), lambda t: TF.max_pool2d(t, 3, 2, 1), x,
-                         lambda y: torch.randn(y.shape).to(dtype))
+    assert_matches_torch(
+        lambda t: MF.max_pool2d(t, 3, 2, 1),
+        lambda t: TF.max_pool2d(t, 3, 2, 1),
+        x,
+        lambda y: torch.randn(y.shape).to(dtype),
+    )
 
 
 def test_largest_window_and_return_indices():
@@ -103,8 +115,13 @@ def test_largest_window_and_return_indices():
 
 def test_argument_forms_like_torch():
     x = torch.randn(1, 2, 9, 9)
-    for kwargs in [dict(kernel_size=3), dict(kernel_size=(3,)), dict(kernel_size=[2, 3], stride=()),
-                   dict(kernel_size=3, stride=[2], padding=(1,), dilation=(2,)), dict(kernel_size=2, stride=None)]:
+    for kwargs in [
+        dict(kernel_size=3),
+        dict(kernel_size=(3,)),
+        dict(kernel_size=[2, 3], stride=()),
+        dict(kernel_size=3, stride=[2], padding=(1,), dilation=(2,)),
+        dict(kernel_size=2, stride=None),
+    ]:
         assert torch.equal(MF.max_pool2d(x, **kwargs), TF.max_pool2d(x, **kwargs)), kwargs
 
 
@@ -133,7 +150,7 @@ def test_module_matches_torch_module():
     x = torch.randn(2, 4, 13, 13)
     assert torch.equal(ours(x), ref(x))
     ours_i = mnn.MaxPool2d(2, return_indices=True)
-    y, idx = ours_i(x)
+    _y, idx = ours_i(x)
     assert torch.equal(idx, torch.nn.MaxPool2d(2, return_indices=True)(x)[1])
 
 

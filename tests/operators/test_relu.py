@@ -1,5 +1,6 @@
 """memsave::relu / relu_ / relu_backward: opcheck, gradcheck, bitwise equality with torch, saved bytes, in-place
 semantics and bad input."""
+
 from __future__ import annotations
 
 import math
@@ -9,10 +10,8 @@ import torch
 
 import memsave  # noqa: F401  (loads the operators)
 import memsave.functional as MF
-
 from helpers import DTYPES
 from helpers.masks import assert_matches_torch, bits_equal, saved_bytes, special_values, strided_views
-
 
 # ---- opcheck / gradcheck -------------------------------------------------------------------------------------------
 
@@ -77,7 +76,7 @@ def test_empty(shape):
     assert y.shape == x.shape
     y.sum().backward()
     assert x.grad.shape == x.shape
-    out, mask = torch.ops.memsave.relu(x.detach())
+    _out, mask = torch.ops.memsave.relu(x.detach())
     assert mask.numel() == 0
     assert torch.ops.memsave.relu_(x.detach().clone()).numel() == 0
 

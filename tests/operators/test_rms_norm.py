@@ -1,5 +1,6 @@
 """memsave::rms_norm, rms_norm_linear and memsave.nn.RMSNorm / RMSNormLinear / fuse_rms_norm_linear: against
 Hugging Face's LlamaRMSNorm formula (the eager composition) and a float64 reference, plus what each keeps."""
+
 from __future__ import annotations
 
 import copy
@@ -10,12 +11,11 @@ import torch.nn.functional as TF
 from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
+from helpers.fused import FLOAT32_RTOL, assert_low_precision_ok, leaf_copies, module_state, rel_err, saved_bytes
+from helpers.llama import LlamaRMSNorm
 from memsave import functional as MF
 from memsave.measurement.allocator import cpu_memory_stats
 from memsave.nn import DeferredRMSNorm, RMSNorm, RMSNormLinear, fuse_rms_norm_linear
-
-from helpers.fused import FLOAT32_RTOL, assert_low_precision_ok, leaf_copies, module_state, rel_err, saved_bytes
-from helpers.llama import LlamaRMSNorm
 
 
 def hf_rms_norm(x, w, eps=1e-6):
@@ -73,8 +73,9 @@ def test_rms_norm_error_at_most_twice_torchs(dtype):
     assert y.dtype == dtype
     assert_low_precision_ok(y, yt, y64, "output")
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-    for name, o, t, r in zip(("input", "weight"), _grads(y, (x, w), g), _grads(yt, (xt, wt), g),
-                             _grads(y64, (x64, w64), g.double())):
+    for name, o, t, r in zip(
+        ("input", "weight"), _grads(y, (x, w), g), _grads(yt, (xt, wt), g), _grads(y64, (x64, w64), g.double())
+    ):
         assert_low_precision_ok(o, t, r, f"grad {name}")
 
 
@@ -116,8 +117,12 @@ def test_rms_norm_gradcheck_float64():
 
 def test_rms_norm_opcheck():
     x, w = _inputs((2, 3, 8), dtype=torch.float64)
-    for args in ((x, w, 1e-6), (x, None, 1e-5), (x.detach().float(), w.detach().float(), 1e-6),
-                 (x.detach().bfloat16(), w.detach().float(), 1e-6)):
+    for args in (
+        (x, w, 1e-6),
+        (x, None, 1e-5),
+        (x.detach().float(), w.detach().float(), 1e-6),
+        (x.detach().bfloat16(), w.detach().float(), 1e-6),
+    ):
         torch.library.opcheck(torch.ops.memsave.rms_norm.default, args)
     out, rstd = torch.ops.memsave.rms_norm(x.detach(), w.detach(), 1e-6)
     assert rstd.shape == (2, 3) and rstd.dtype == torch.float64
@@ -177,7 +182,7 @@ def test_rms_norm_linear_single_weight_returns_a_tensor_and_unused_outputs_get_z
     ws, _ = _linears(outs=(8, 4))
     y = MF.rms_norm_linear(x, w, ws[0])
     assert isinstance(y, torch.Tensor) and y.shape == (4, 8)
-    q, k = MF.rms_norm_linear(x, w, ws)
+    q, _k = MF.rms_norm_linear(x, w, ws)
     q.sum().backward()  # k unused: its weight gets a zero gradient, the rest as for q alone
     assert torch.equal(ws[1].grad, torch.zeros_like(ws[1]))
     x2, w2, a2 = leaf_copies(x, w, ws[0])
@@ -201,16 +206,21 @@ def test_rms_norm_linear_error_at_most_twice_torchs(dtype):
     g = torch.Generator().manual_seed(7)
     gs = [torch.randn(y.shape, generator=g).to(dtype) for y in ys]
     names = ("input", "norm_weight", "weight0", "weight1", "bias0", "bias1")
-    for name, o, t, r in zip(names, torch.autograd.grad(ys, args, gs), torch.autograd.grad(yts, at, gs),
-                             torch.autograd.grad(y64s, a64, [t.double() for t in gs])):
+    for name, o, t, r in zip(
+        names,
+        torch.autograd.grad(ys, args, gs),
+        torch.autograd.grad(yts, at, gs),
+        torch.autograd.grad(y64s, a64, [t.double() for t in gs]),
+    ):
         assert_low_precision_ok(o, t, r, f"grad {name}")
 
 
 def test_rms_norm_linear_gradcheck_float64():
     x, w = _inputs((2, 3, 5), dtype=torch.float64)
     ws, bs = _linears(d=5, outs=(4, 3), bias=True, dtype=torch.float64)
-    torch.autograd.gradcheck(lambda x, w, a, b, c, d: MF.rms_norm_linear(x, w, [a, b], [c, d], eps=1e-3),
-                             (x, w, *ws, *bs))
+    torch.autograd.gradcheck(
+        lambda x, w, a, b, c, d: MF.rms_norm_linear(x, w, [a, b], [c, d], eps=1e-3), (x, w, *ws, *bs)
+    )
     torch.autograd.gradcheck(lambda x, a: MF.rms_norm_linear(x, None, a), (x, ws[0]), fast_mode=True)
 
 
@@ -221,10 +231,12 @@ def test_rms_norm_linear_opcheck():
         torch.library.opcheck(torch.ops.memsave.rms_norm_linear.default, args)
     d = [t.detach() for t in (x, w, *ws)]
     gys = [torch.randn(2, 3, 6, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)]
-    torch.library.opcheck(torch.ops.memsave.rms_norm_linear_backward.default,
-                          (gys, d[0], d[1], 1e-6, d[2:], [True, False]))
-    torch.library.opcheck(torch.ops.memsave.rms_norm_linear_backward.default,
-                          ([gys[0], None], d[0], None, 1e-6, d[2:], [False, False]))
+    torch.library.opcheck(
+        torch.ops.memsave.rms_norm_linear_backward.default, (gys, d[0], d[1], 1e-6, d[2:], [True, False])
+    )
+    torch.library.opcheck(
+        torch.ops.memsave.rms_norm_linear_backward.default, ([gys[0], None], d[0], None, 1e-6, d[2:], [False, False])
+    )
 
 
 def test_rms_norm_linear_autocast_cpu_bfloat16():
@@ -237,8 +249,10 @@ def test_rms_norm_linear_autocast_cpu_bfloat16():
         y, y2 = fused(x), fc(norm(x2))
     assert y.dtype == y2.dtype == torch.bfloat16 and rel_err(y, y2) <= 1e-2
     g = torch.randn_like(y)
-    for o, r in zip(torch.autograd.grad(y, (x, fused.weight, fused.norm.weight), g),
-                    torch.autograd.grad(y2, (x2, fc.weight, norm.weight), g)):
+    for o, r in zip(
+        torch.autograd.grad(y, (x, fused.weight, fused.norm.weight), g),
+        torch.autograd.grad(y2, (x2, fc.weight, norm.weight), g),
+    ):
         assert o.dtype == r.dtype == torch.float32 and rel_err(o, r) <= 2e-2
 
 
@@ -255,7 +269,10 @@ def test_rms_norm_module_loads_llama_weights_and_keys():
     x = torch.randn(3, 16)
     assert rel_err(ours(x), eager(x)) <= FLOAT32_RTOL and torch.equal(ours(x), shared(x))
     torch_norm = nn.RMSNorm(16, eps=None)
-    assert RMSNorm.from_module(torch_norm).eps is None and rel_err(RMSNorm.from_module(torch_norm)(x), torch_norm(x)) <= 1e-6
+    assert (
+        RMSNorm.from_module(torch_norm).eps is None
+        and rel_err(RMSNorm.from_module(torch_norm)(x), torch_norm(x)) <= 1e-6
+    )
     assert RMSNorm(8, elementwise_affine=False).weight is None and "eps=1e-06" in repr(RMSNorm(8))
 
 
@@ -265,8 +282,11 @@ def test_fuse_rms_norm_linear_llama_attention_keeps_keys_and_values():
     class Attention(nn.Module):
         def __init__(self, d):
             super().__init__()
-            self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d, bias=False), nn.Linear(d, 8, bias=False), nn.Linear(
-                d, 8, bias=False)
+            self.q_proj, self.k_proj, self.v_proj = (
+                nn.Linear(d, d, bias=False),
+                nn.Linear(d, 8, bias=False),
+                nn.Linear(d, 8, bias=False),
+            )
 
         def forward(self, h):
             return self.q_proj(h).sum(-1) + self.k_proj(h).sum(-1) * self.v_proj(h).mean(-1)
@@ -286,7 +306,8 @@ def test_fuse_rms_norm_linear_llama_attention_keeps_keys_and_values():
     ref = copy.deepcopy(layer)
     attn = layer.self_attn
     layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj) = fuse_rms_norm_linear(
-        layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
+        layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj
+    )
     assert isinstance(layer.input_layernorm, DeferredRMSNorm) and isinstance(attn.k_proj, RMSNormLinear)
     assert list(layer.state_dict()) == list(ref.state_dict())
     x = torch.randn(2, 5, 16, requires_grad=True)
@@ -294,15 +315,16 @@ def test_fuse_rms_norm_linear_llama_attention_keeps_keys_and_values():
     y, y2 = layer(x), ref(x2)
     assert rel_err(y, y2) <= FLOAT32_RTOL
     gy = torch.randn_like(y)
-    for o, r in zip(torch.autograd.grad(y, [x, *layer.parameters()], gy),
-                    torch.autograd.grad(y2, [x2, *ref.parameters()], gy)):
+    for o, r in zip(
+        torch.autograd.grad(y, [x, *layer.parameters()], gy), torch.autograd.grad(y2, [x2, *ref.parameters()], gy)
+    ):
         assert rel_err(o, r) <= FLOAT32_RTOL
     layer.load_state_dict(ref.state_dict())
     copied = copy.deepcopy(layer)
     assert copied.self_attn.v_proj._norm() is copied.input_layernorm
     assert rel_err(copied(x), y2) <= FLOAT32_RTOL
     # One fused Linear: the single-module form.
-    deferred, fused = fuse_rms_norm_linear(LlamaRMSNorm(16), nn.Linear(16, 4))
+    _deferred, fused = fuse_rms_norm_linear(LlamaRMSNorm(16), nn.Linear(16, 4))
     assert isinstance(fused, RMSNormLinear) and "preceding DeferredRMSNorm" in repr(fused)
 
 
@@ -319,8 +341,12 @@ def test_rms_norm_saved_bytes_in_a_llama_attention_input():
     """RMSNorm -> q/k/v: eager keeps x, the normalized tensor and the norm's output (float32: 3 units); the fused
     operator keeps x only."""
     torch.manual_seed(0)
-    norm, q, k, v = LlamaRMSNorm(256), nn.Linear(256, 256, bias=False), nn.Linear(256, 64, bias=False), nn.Linear(
-        256, 64, bias=False)
+    norm, q, k, v = (
+        LlamaRMSNorm(256),
+        nn.Linear(256, 256, bias=False),
+        nn.Linear(256, 64, bias=False),
+        nn.Linear(256, 64, bias=False),
+    )
     x = torch.randn(4, 64, 256, requires_grad=True)
 
     def eager():
@@ -388,8 +414,12 @@ def test_cuda_rms_norm_error_at_most_twice_torchs_and_matches_cpu(dtype):
     y, yt, y64 = MF.rms_norm(xc, wc), hf_rms_norm(xt, wt), ref_rms_norm(x64, w64)
     assert_low_precision_ok(y.cpu(), yt.cpu(), y64, "output")
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(9)).to(dtype)
-    for name, o, t, r in zip(("input", "weight"), _grads(y, (xc, wc), g.cuda()), _grads(yt, (xt, wt), g.cuda()),
-                             _grads(y64, (x64, w64), g.double())):
+    for name, o, t, r in zip(
+        ("input", "weight"),
+        _grads(y, (xc, wc), g.cuda()),
+        _grads(yt, (xt, wt), g.cuda()),
+        _grads(y64, (x64, w64), g.double()),
+    ):
         assert_low_precision_ok(o.cpu(), t.cpu(), r, f"grad {name}")
     # The same per-element math as the CPU kernel: equal up to the reductions' summation order.
     assert rel_err(y.cpu().double(), MF.rms_norm(x.detach(), w.detach()).double()) <= 2 * torch.finfo(dtype).eps

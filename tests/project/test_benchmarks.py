@@ -4,14 +4,13 @@ import json
 
 import pytest
 import torch
-
-from memsave.measurement import models as bench_models
 from benchmarks import run as bench_run
 from benchmarks import strategies as bench_strategies
-from memsave.measurement.strategies import StrategyContext, parse_strategy, register_strategy, unregister_strategy
 
-from memsave.measurement.tracker import LiveTensorTracker
+from memsave.measurement import models as bench_models
 from memsave.measurement.allocator import cpu_memory_stats
+from memsave.measurement.strategies import StrategyContext, parse_strategy, register_strategy, unregister_strategy
+from memsave.measurement.tracker import LiveTensorTracker
 
 PER_BLOCK = ("torch.checkpoint/block", "memsave.checkpoint/block")
 
@@ -58,8 +57,9 @@ def test_rows_are_names_of_memsave_registry_and_a_registered_kind_becomes_a_row(
         with pytest.raises(ValueError, match="valid strategies: eager"):
             bench_strategies.get(["no-such-strategy"])
         assert [s.name for s in bench_strategies.get(["test-identity:x"])] == ["eager", "test-identity:x"]
-        rows = bench_run.run_model("vgg16", "tiny", ["test-identity:x"], torch.device("cpu"), steps=1, warmup=0,
-                                   log=lambda *a: None)
+        rows = bench_run.run_model(
+            "vgg16", "tiny", ["test-identity:x"], torch.device("cpu"), steps=1, warmup=0, log=lambda *a: None
+        )
         assert calls == [("VGG16", "x", "cpu")]
         assert [r["strategy"] for r in rows] == ["eager", "test-identity:x"]
         assert rows[1]["max_grad_diff"] == 0.0 and rows[1]["activation_bytes"] == rows[0]["activation_bytes"]
@@ -68,19 +68,25 @@ def test_rows_are_names_of_memsave_registry_and_a_registered_kind_becomes_a_row(
 
 
 def test_missing_requirement_skips_the_row():
-    register_strategy("test-needs-missing", "needs a module that is not there", apply=lambda m, a, c: m,
-                      requires=("memsave_no_such_module:thing",))
+    register_strategy(
+        "test-needs-missing",
+        "needs a module that is not there",
+        apply=lambda m, a, c: m,
+        requires=("memsave_no_such_module:thing",),
+    )
     try:
-        rows = bench_run.run_model("vgg16", "tiny", ["test-needs-missing"], torch.device("cpu"), steps=1, warmup=0,
-                                   log=lambda *a: None)
+        rows = bench_run.run_model(
+            "vgg16", "tiny", ["test-needs-missing"], torch.device("cpu"), steps=1, warmup=0, log=lambda *a: None
+        )
         assert "needs memsave_no_such_module" in rows[1]["skipped"]
     finally:
         unregister_strategy("test-needs-missing")
 
 
 def test_harness_end_to_end(tmp_path):
-    result = bench_run.main(["--models", "vgg16", "unet", "--size", "tiny", "--steps", "1", "--warmup", "0",
-                             "--out-dir", str(tmp_path)])
+    result = bench_run.main(
+        ["--models", "vgg16", "unet", "--size", "tiny", "--steps", "1", "--warmup", "0", "--out-dir", str(tmp_path)]
+    )
     rows = result["rows"]
     assert [r["strategy"] for r in rows[:5]] == list(bench_strategies.DEFAULT_STRATEGIES)
     assert len(rows) == 10 and not any("error" in r or "skipped" in r for r in rows), rows
@@ -100,8 +106,15 @@ def test_plan_rows_run_within_the_feasible_range_and_stay_exact():
     assert strategies_plan.range_budget(100, 200, 0.25) == 125
     with pytest.raises(ValueError, match="within"):
         strategies_plan.range_budget(100, 200, 1.5)
-    rows = bench_run.run_model("gpt2", "tiny", list(strategies_plan.PLAN_STRATEGIES), torch.device("cpu"), steps=1,
-                               warmup=0, log=lambda *a: None)
+    rows = bench_run.run_model(
+        "gpt2",
+        "tiny",
+        list(strategies_plan.PLAN_STRATEGIES),
+        torch.device("cpu"),
+        steps=1,
+        warmup=0,
+        log=lambda *a: None,
+    )
     assert [r["strategy"] for r in rows] == ["eager", *strategies_plan.PLAN_STRATEGIES]
     assert not any("error" in r or "skipped" in r for r in rows), rows
     # Every plan is lossless: gradients bitwise equal to eager's; each keeps fewer activations than eager.
@@ -138,9 +151,11 @@ def test_per_block_checkpoint_halves_activations_at_cpu_size(name):
 
     eager_t, eager_a, _ = forward_bytes("eager")
     torch_t, torch_a, _ = forward_bytes("torch_checkpoint:blocks")
-    ms_t, ms_a, ms_model = forward_bytes("checkpoint:blocks")
-    print(f"{name}: eager {eager_t} / {eager_a} B, torch per block {torch_t} / {torch_a} B, "
-          f"memsave per block {ms_t} / {ms_a} B (tracker / allocator)")
+    ms_t, ms_a, _ms_model = forward_bytes("checkpoint:blocks")
+    print(
+        f"{name}: eager {eager_t} / {eager_a} B, torch per block {torch_t} / {torch_a} B, "
+        f"memsave per block {ms_t} / {ms_a} B (tracker / allocator)"
+    )
     for eager, tc, ms in ((eager_t, torch_t, ms_t), (eager_a, torch_a, ms_a)):
         assert tc <= 0.5 * eager
         assert ms <= 0.5 * eager

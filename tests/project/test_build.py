@@ -1,4 +1,5 @@
 """The build layer: build_info, the torch-version guard, and `python -m memsave info`."""
+
 import importlib
 import subprocess
 import sys

@@ -110,8 +110,23 @@ def _stdout(capsys: pytest.CaptureFixture, argv: List[str]) -> str:
 # ------------------------------------------------------------------------------------------------ --model / --input
 def test_bench_user_model_with_a_float_input(user_models, tmp_path, capsys):
     out = tmp_path / "cnn.json"
-    text = _stdout(capsys, ["bench", "--model", f"{MOD}:make_cnn", "--input", "2,3,16,16", "--device", "cpu",
-                            "--steps", "1", "--no-progress", "--json", str(out)])
+    text = _stdout(
+        capsys,
+        [
+            "bench",
+            "--model",
+            f"{MOD}:make_cnn",
+            "--input",
+            "2,3,16,16",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--no-progress",
+            "--json",
+            str(out),
+        ],
+    )
     assert f"{MOD}:make_cnn (input 2x3x16x16 float32)" in text and "checkpoint:blocks" in text
     data = json.loads(out.read_text())
     assert data["model"] == f"{MOD}:make_cnn" and data["size"] is None and data["batch"] == 2
@@ -122,8 +137,24 @@ def test_bench_user_model_with_a_float_input(user_models, tmp_path, capsys):
 
 def test_estimate_user_language_model_with_token_input_and_dict_output(user_models, tmp_path, capsys):
     out = tmp_path / "lm.json"
-    text = _stdout(capsys, ["estimate", "--model", f"{MOD}:TinyLM", "--model-kwargs", '{"vocab": 40, "layers": 3}',
-                            "--input", "tokens:2,16:40", "--device", "cpu", "--memory", "4MiB", "--json", str(out)])
+    text = _stdout(
+        capsys,
+        [
+            "estimate",
+            "--model",
+            f"{MOD}:TinyLM",
+            "--model-kwargs",
+            '{"vocab": 40, "layers": 3}',
+            "--input",
+            "tokens:2,16:40",
+            "--device",
+            "cpu",
+            "--memory",
+            "4MiB",
+            "--json",
+            str(out),
+        ],
+    )
     assert f"{MOD}:TinyLM (input 2x16 token ids < 40) on cpu" in text and "max batch (4MiB)" in text
     data = json.loads(out.read_text())
     assert data["config"] == {"inputs": ["tokens:2,16:40"], "model_kwargs": {"vocab": 40, "layers": 3}}
@@ -134,16 +165,49 @@ def test_estimate_user_language_model_with_token_input_and_dict_output(user_mode
 
 def test_bench_token_ids_stay_below_the_vocabulary(user_models, capsys):
     # An id >= vocab would make the embedding raise: the real (not fake) inputs of bench are drawn below it.
-    text = _stdout(capsys, ["bench", "--model", f"{MOD}:TinyLM", "--model-kwargs", '{"vocab": 7}', "--input",
-                            "tokens:4,32:7", "--device", "cpu", "--steps", "1", "--no-progress"])
+    text = _stdout(
+        capsys,
+        [
+            "bench",
+            "--model",
+            f"{MOD}:TinyLM",
+            "--model-kwargs",
+            '{"vocab": 7}',
+            "--input",
+            "tokens:4,32:7",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--no-progress",
+        ],
+    )
     assert "(input 4x32 token ids < 7)" in text
 
 
 def test_several_inputs_a_batch_override_and_a_file_path(user_models, capsys):
     path = user_models / f"{MOD}.py"
-    text = _stdout(capsys, ["bench", "--model", f"{path}:TwoInputs", "--input", "2,4", "--input", "2,5",
-                            "--batch", "3", "--device", "cpu", "--steps", "1", "--no-progress",
-                            "--strategies", "eager,checkpoint:all"])
+    text = _stdout(
+        capsys,
+        [
+            "bench",
+            "--model",
+            f"{path}:TwoInputs",
+            "--input",
+            "2,4",
+            "--input",
+            "2,5",
+            "--batch",
+            "3",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--no-progress",
+            "--strategies",
+            "eager,checkpoint:all",
+        ],
+    )
     assert f"{path}:TwoInputs (inputs 3x4 float32, 3x5 float32)" in text and "checkpoint:all" in text
 
 
@@ -152,11 +216,14 @@ def test_builtin_models_keep_size_and_batch(capsys):
     assert "unet (tiny, batch 3) on cpu" in text
 
 
-@pytest.mark.parametrize("text, shape, vocab", [
-    ("8,3,64,64", (8, 3, 64, 64), None),
-    (" 4, 16 ", (4, 16), None),
-    ("tokens:2,128:50257", (2, 128), 50257),
-])
+@pytest.mark.parametrize(
+    "text, shape, vocab",
+    [
+        ("8,3,64,64", (8, 3, 64, 64), None),
+        (" 4, 16 ", (4, 16), None),
+        ("tokens:2,128:50257", (2, 128), 50257),
+    ],
+)
 def test_parse_input(text, shape, vocab):
     spec = parse_input(text)
     assert spec == InputSpec(shape, vocab)
@@ -164,11 +231,12 @@ def test_parse_input(text, shape, vocab):
     t = spec.make(torch.device("cpu"), torch.Generator().manual_seed(0), batch=2)
     assert t.shape == (2,) + shape[1:] and t.dtype == (torch.float32 if vocab is None else torch.int64)
     if vocab is not None:
-        assert 0 <= int(t.min()) and int(t.max()) < vocab
+        assert int(t.min()) >= 0 and int(t.max()) < vocab
 
 
-@pytest.mark.parametrize("text", ["", "8x3x64", "2,-1", "2,0", "2,3.5", "tokens:2,8", "tokens:2,8:0", "tokens::5",
-                                  "float:2,3"])
+@pytest.mark.parametrize(
+    "text", ["", "8x3x64", "2,-1", "2,0", "2,3.5", "tokens:2,8", "tokens:2,8:0", "tokens::5", "float:2,3"]
+)
 def test_parse_input_rejects(text):
     with pytest.raises(UsageError, match="--input"):
         parse_input(text)
@@ -226,7 +294,11 @@ ERRORS = [
     (["bench", "--model", "resnet50", "--input", "2,3"], 2, "--input and --model-kwargs are for MODULE:CALLABLE"),
     (["bench", "--model", "no_such_module_xyz:make"], 2, "--input"),
     (["bench", "--model", "no_such_module_xyz:make", "--input", "2,3"], 2, "no module named 'no_such_module_xyz'"),
-    (["bench", "--model", f"{MOD}:make_cnm", "--input", "2,3"], 2, "has no attribute 'make_cnm'; did you mean make_cnn"),
+    (
+        ["bench", "--model", f"{MOD}:make_cnm", "--input", "2,3"],
+        2,
+        "has no attribute 'make_cnm'; did you mean make_cnn",
+    ),
     (["bench", "--model", f"{MOD}:NOT_CALLABLE", "--input", "2,3"], 2, "is not callable"),
     (["bench", "--model", f"{MOD}:not_a_module", "--input", "2,3"], 2, "not a torch.nn.Module"),
     (["bench", "--model", "no/such/file.py:make", "--input", "2,3"], 2, "no such file"),
@@ -246,10 +318,16 @@ ERRORS = [
     (["bench", "--model", f"{MOD}:broken", "--input", "2,3"], 1, "calling it failed: RuntimeError: cannot build"),
     (["bench", "--model", "fails_on_import:make", "--input", "2,3"], 1, "importing fails_on_import failed"),
     (["bench", *_CNN, "--model-kwargs", '{"depth": 3}'], 1, "unexpected keyword argument 'depth'"),
-    (["bench", "--model", f"{MOD}:make_cnn", "--input", "2,4,8,8", "--device", "cpu", "--no-progress"], 1,
-     "bench: memsave_cli_test_models:make_cnn (input 2x4x8x8 float32) failed: RuntimeError: Given groups=1"),
-    (["estimate", "--model", f"{MOD}:make_cnn", "--input", "2,4,8,8", "--device", "cpu"], 1,
-     "estimate: memsave_cli_test_models:make_cnn (input 2x4x8x8 float32) failed:"),
+    (
+        ["bench", "--model", f"{MOD}:make_cnn", "--input", "2,4,8,8", "--device", "cpu", "--no-progress"],
+        1,
+        "bench: memsave_cli_test_models:make_cnn (input 2x4x8x8 float32) failed: RuntimeError: Given groups=1",
+    ),
+    (
+        ["estimate", "--model", f"{MOD}:make_cnn", "--input", "2,4,8,8", "--device", "cpu"],
+        1,
+        "estimate: memsave_cli_test_models:make_cnn (input 2x4x8x8 float32) failed:",
+    ),
     (["bench", *_CNN, "--input", "2,3", "--no-progress"], 1, "failed: TypeError"),  # forward takes one input
 ]
 
@@ -285,23 +363,44 @@ def test_help_documents_the_model_and_input_forms(capsys):
             main([command, "--help"])
         assert info.value.code == 0
         text = capsys.readouterr().out
-        for needle in ("MODULE:CALLABLE", "tokens:SHAPE:VOCAB", "tokens:2,128:50257", "--model-kwargs",
-                       "torchvision.models:resnet18", "cross-entropy", "--traceback"):
+        for needle in (
+            "MODULE:CALLABLE",
+            "tokens:SHAPE:VOCAB",
+            "tokens:2,128:50257",
+            "--model-kwargs",
+            "torchvision.models:resnet18",
+            "cross-entropy",
+            "--traceback",
+        ):
             assert needle in text, (command, needle)
 
 
 def test_module_entry_point_fails_in_one_line(tmp_path):
     # The process as a user runs it (same memsave as this test imports), from outside the checkout.
     env = dict(os.environ, MEMSAVE_TRACEBACK="")
-    where = subprocess.run([sys.executable, "-c", "import memsave; print(memsave.__file__)"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import memsave; print(memsave.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(where).resolve() == Path(memsave.__file__).resolve()
-    r = subprocess.run([sys.executable, "-m", "memsave", "bench", "--model", "no_such_module_xyz:f", "--input", "2,3"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "memsave", "bench", "--model", "no_such_module_xyz:f", "--input", "2,3"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip().splitlines() == ["memsave: error: --model 'no_such_module_xyz:f': no module named "
-                                             "'no_such_module_xyz' (is it installed, or in the current directory or "
-                                             "on PYTHONPATH?)"]
+    assert r.stderr.strip().splitlines() == [
+        "memsave: error: --model 'no_such_module_xyz:f': no module named "
+        "'no_such_module_xyz' (is it installed, or in the current directory or "
+        "on PYTHONPATH?)"
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ from a wheel
@@ -324,7 +423,9 @@ def test_cli_from_a_wheel_in_a_fresh_virtualenv(tmp_path):
     """
     import importlib.util
 
-    missing = [m for m in ("torchvision", "scikit_build_core", "pybind11", "ninja") if importlib.util.find_spec(m) is None]
+    missing = [
+        m for m in ("torchvision", "scikit_build_core", "pybind11", "ninja") if importlib.util.find_spec(m) is None
+    ]
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: `bash tools/setup.sh --test` installs them")
     t0 = time.perf_counter()
@@ -335,10 +436,28 @@ def test_cli_from_a_wheel_in_a_fresh_virtualenv(tmp_path):
 
     # 1. The wheel, CPU kernels only (one build at a time on this machine: the lock tools/setup.sh takes).
     build_dir = REPO / "build" / "wheel-test"
-    env = dict(os.environ, MEMSAVE_CUDA="OFF", CCACHE_BASEDIR=str(REPO), CCACHE_NOHASHDIR="true",
-               CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2"))
-    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-build-isolation",
-           "--no-deps", "-w", str(dist), f"-Cbuild-dir={build_dir}", "-Ccmake.define.MEMSAVE_CUDA=OFF", str(REPO)]
+    env = dict(
+        os.environ,
+        MEMSAVE_CUDA="OFF",
+        CCACHE_BASEDIR=str(REPO),
+        CCACHE_NOHASHDIR="true",
+        CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-build-isolation",
+        "--no-deps",
+        "-w",
+        str(dist),
+        f"-Cbuild-dir={build_dir}",
+        "-Ccmake.define.MEMSAVE_CUDA=OFF",
+        str(REPO),
+    ]
     if shutil.which("flock"):
         cmd = ["flock", "/tmp/memsave-build.lock"] + cmd
     _check(cmd, REPO, env, timeout=3600)
@@ -349,13 +468,17 @@ def test_cli_from_a_wheel_in_a_fresh_virtualenv(tmp_path):
     # 2. A fresh virtualenv with the wheel (no dependencies from an index), then torch & co made visible (after the
     #    install, so that pip does not see the system's memsave).
     venv = tmp_path / "venv"
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "MEMSAVE_TRACEBACK", "VIRTUAL_ENV")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "MEMSAVE_TRACEBACK", "VIRTUAL_ENV")
+    }
     clean.update(PYTHONNOUSERSITE="1", PATH=f"{venv / 'bin'}{os.pathsep}{clean.get('PATH', '')}")
     _check([sys.executable, "-m", "venv", str(venv)], outside, clean)
     py = str(venv / "bin" / "python")
-    _check([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", str(wheels[0])], outside,
-           clean)
+    _check(
+        [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", str(wheels[0])], outside, clean
+    )
     purelib = _check([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], outside, clean).stdout
     import numpy
     import torchvision
@@ -365,8 +488,9 @@ def test_cli_from_a_wheel_in_a_fresh_virtualenv(tmp_path):
     Path(purelib.strip(), "memsave_test_dependencies.pth").write_text("\n".join(folders) + "\n")
 
     # 3. The wheel's memsave and its compiled extension are the ones imported, not a checkout's.
-    where = _check([py, "-c", "import memsave, memsave._C; print(memsave.__file__); print(memsave._C.__file__)"],
-                   outside, clean).stdout.split()
+    where = _check(
+        [py, "-c", "import memsave, memsave._C; print(memsave.__file__); print(memsave._C.__file__)"], outside, clean
+    ).stdout.split()
     for path in where:
         assert Path(path).resolve().is_relative_to(venv.resolve()), where
 
@@ -376,18 +500,55 @@ def test_cli_from_a_wheel_in_a_fresh_virtualenv(tmp_path):
     assert "memsave::relu" in r.stdout and "CPU" in r.stdout
     r = _check([py, "-m", "memsave", "demo", "--size", "tiny", "--steps", "1", "--device", "cpu"], outside, clean)
     assert "checkpoint:Block" in r.stdout and "eager" in r.stdout
-    r = _check([py, "-m", "memsave", "bench", "--model", "resnet50", "--size", "tiny", "--device", "cpu",
-                "--steps", "1", "--no-progress"], outside, clean)
+    r = _check(
+        [
+            py,
+            "-m",
+            "memsave",
+            "bench",
+            "--model",
+            "resnet50",
+            "--size",
+            "tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--no-progress",
+        ],
+        outside,
+        clean,
+    )
     assert "resnet50 (tiny, batch 2)" in r.stdout and "checkpoint:blocks" in r.stdout
-    r = _check([py, "-m", "memsave", "estimate", "--model", "torchvision.models:resnet18", "--input", "8,3,64,64",
-                "--device", "cpu"], outside, clean)
+    r = _check(
+        [
+            py,
+            "-m",
+            "memsave",
+            "estimate",
+            "--model",
+            "torchvision.models:resnet18",
+            "--input",
+            "8,3,64,64",
+            "--device",
+            "cpu",
+        ],
+        outside,
+        clean,
+    )
     assert "torchvision.models:resnet18 (input 8x3x64x64 float32) on cpu" in r.stdout
     rows = {line.split()[0] for line in r.stdout.splitlines()[3:]}
     assert rows == {"eager", "checkpoint:blocks"}, r.stdout
 
     # 5. The console script, and a failure from the installed package: one line, exit code 2.
-    r = subprocess.run([str(venv / "bin" / "memsave"), "bench", "--model", "alexnet"], cwd=outside, env=clean,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(venv / "bin" / "memsave"), "bench", "--model", "alexnet"],
+        cwd=outside,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("memsave: error: unknown model 'alexnet'")
     print(f"wheel built in {t_build:.0f} s; installed and run in {time.perf_counter() - t0 - t_build:.0f} s")

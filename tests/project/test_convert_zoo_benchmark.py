@@ -1,5 +1,6 @@
 """benchmarks/convert_zoo.py at a tiny size: every variant runs, convert(fuse=True) matches eager's loss and keeps
 fewer activation bytes, and the JSON has the machine facts and memsave's real version."""
+
 import json
 
 import pytest
@@ -8,7 +9,7 @@ import memsave
 
 pytest.importorskip("transformers")
 
-from benchmarks import convert_zoo  # noqa: E402
+from benchmarks import convert_zoo
 
 
 def test_convert_zoo_benchmark_runs_and_convert_keeps_less(tmp_path, capsys):

@@ -40,8 +40,7 @@ def test_demo(capsys):
     assert demo.main(["--size", "tiny", "--steps", "1", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha() and "  " in line}
-    assert {"eager", "torch_checkpoint:Block", "checkpoint:Block",
-            "checkpoint_sequential:2"} <= set(rows), out
+    assert {"eager", "torch_checkpoint:Block", "checkpoint:Block", "checkpoint_sequential:2"} <= set(rows), out
     # columns: strategy, peak (2 tokens), activations (2), ratio, grad diff, BN stats
     for name in ("checkpoint:Block", "checkpoint_sequential:2"):
         assert rows[name][-2] == "0" and rows[name][-1] == "yes", rows[name]

@@ -1,6 +1,7 @@
 """benchmarks/frontier.py at a tiny size: every variant has a row (measured, or skipped with its reason), memsave's
 rows give eager's gradients bitwise, plan rows are within their budgets, recompute FLOPs are counted, and the JSON,
 markdown and plot are written; the frontier marking and the matched compile budget on hand-made numbers."""
+
 import json
 
 import pytest
@@ -10,15 +11,32 @@ import memsave
 
 pytest.importorskip("transformers")
 
-from benchmarks import frontier  # noqa: E402
+from benchmarks import frontier
 
 
 def test_frontier_benchmark_runs(tmp_path, capsys):
     threads = torch.get_num_threads()
     out = tmp_path / "frontier.json"
     try:
-        assert frontier.main(["--quick", "--models", "gpt2", "--threads", "1", "--repeats", "1",
-                              "--fractions", "0", "0.5", "--out", str(out)]) == 0
+        assert (
+            frontier.main(
+                [
+                    "--quick",
+                    "--models",
+                    "gpt2",
+                    "--threads",
+                    "1",
+                    "--repeats",
+                    "1",
+                    "--fractions",
+                    "0",
+                    "0.5",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)
     data = json.loads(out.read_text())
@@ -26,8 +44,18 @@ def test_frontier_benchmark_runs(tmp_path, capsys):
     assert data["meta"]["fractions"] == [0.0, 0.5]
     (res,) = data["results"]
     rows = res["variants"]
-    assert list(rows) == ["eager", "torch blocks", "wrap", "sqrt", "module 0%", "module 50%", "selective 0%",
-                          "selective 50%", "compile 0%", "compile 50%"]
+    assert list(rows) == [
+        "eager",
+        "torch blocks",
+        "wrap",
+        "sqrt",
+        "module 0%",
+        "module 50%",
+        "selective 0%",
+        "selective 50%",
+        "compile 0%",
+        "compile 50%",
+    ]
     assert rows["eager"]["recompute_flops"] == 0 and rows["eager"]["grad_rel_err"] == 0.0
     for name in ("torch blocks", "wrap"):
         assert rows[name]["grad_rel_err"] == 0.0
@@ -58,7 +86,7 @@ def test_mark_frontier_keeps_the_rows_nothing_beats():
         "eager": dict(peak_bytes=100, time_ratio=1.0),
         "blocks": dict(peak_bytes=50, time_ratio=1.3),
         "selective": dict(peak_bytes=50, time_ratio=1.1),  # same peak as blocks, faster: blocks drops off
-        "module": dict(peak_bytes=70, time_ratio=1.2),      # beaten on both by selective
+        "module": dict(peak_bytes=70, time_ratio=1.2),  # beaten on both by selective
         "skipped": dict(skipped="no plan fits"),
     }
     frontier.mark_frontier(rows)

@@ -1,4 +1,5 @@
-"""examples/compare_memory.ipynb runs headless from top to bottom (so it never rots) and is committed without outputs."""
+"""examples/compare_memory.ipynb runs headless from top to bottom (so it never rots) and is committed without
+outputs."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def test_notebook_executes_headless():
     pytest.importorskip("matplotlib")
     pytest.importorskip("pandas")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    )
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start

@@ -1,5 +1,6 @@
 """benchmarks/real_models.py at a tiny size: every variant has a row (measured, or skipped with its reason), memsave's
 rows give eager's gradients bitwise, plan rows are within their budgets, and the JSON has the machine facts."""
+
 import json
 
 import pytest
@@ -9,21 +10,35 @@ import memsave
 
 pytest.importorskip("transformers")
 
-from benchmarks import real_models  # noqa: E402
+from benchmarks import real_models
 
 
 def test_real_models_benchmark_runs(tmp_path, capsys):
     threads = torch.get_num_threads()
     out = tmp_path / "real.json"
     try:
-        assert real_models.main(["--quick", "--models", "gpt2", "--no-compile", "--threads", "1", "--repeats", "1",
-                                 "--out", str(out)]) == 0
+        assert (
+            real_models.main(
+                ["--quick", "--models", "gpt2", "--no-compile", "--threads", "1", "--repeats", "1", "--out", str(out)]
+            )
+            == 0
+        )
     finally:
         torch.set_num_threads(threads)
     data = json.loads(out.read_text())
     meta = data["meta"]
-    assert {"device", "torch", "transformers", "timm", "torchvision", "threads", "cpu", "git_commit",
-            "load_average_start", "load_average_end"} <= set(meta)
+    assert {
+        "device",
+        "torch",
+        "transformers",
+        "timm",
+        "torchvision",
+        "threads",
+        "cpu",
+        "git_commit",
+        "load_average_start",
+        "load_average_end",
+    } <= set(meta)
     assert meta["memsave_version"] == memsave.__version__ != "0.0.0"
     (res,) = data["results"]
     rows = res["variants"]

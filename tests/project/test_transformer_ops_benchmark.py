@@ -1,5 +1,6 @@
 """benchmarks/transformer_ops.py at a tiny size: every case runs, the memsave variant keeps less than eager, and the
 JSON has the machine facts."""
+
 import json
 
 from benchmarks import transformer_ops

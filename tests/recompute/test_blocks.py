@@ -2,23 +2,23 @@
 
 The real architectures (Hugging Face, timm, torchvision) are in test_real_models.py.
 """
+
 from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 import pytest
 import torch
 from torch import nn
 
 import memsave
+from helpers import models
 from memsave.errors import MemsaveWarning
 from memsave.measurement import models as bench_models
 from memsave.measurement.strategies import StrategyContext, parse_strategy
 from memsave.recompute import find_blocks, is_wrapped, resolve_checkpoint_policy
-
-from helpers import models
 
 
 def _wrapped(model: nn.Module) -> List[str]:
@@ -122,8 +122,9 @@ def _holder(**lists: List[nn.Module]) -> nn.Module:
 
 def test_largest_family_by_parameters_then_members_then_order() -> None:
     # Fewer members but more parameters wins.
-    model = _holder(small=[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(5)],
-                    big=[Block(8, 64) for _ in range(2)])
+    model = _holder(
+        small=[nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(5)], big=[Block(8, 64) for _ in range(2)]
+    )
     assert find_blocks(model) == ["big.0", "big.1"]
     # The same parameters (64): more members wins.
     model = _holder(two=[Lin(2) for _ in range(2)], four=[OtherLin(1) for _ in range(4)])
@@ -179,7 +180,7 @@ class Layer(Block):
 class PreTrained(nn.Module):
     """Hugging Face's convention: the layer classes to keep whole, by name (embeddings listed too)."""
 
-    _no_split_modules = ["Embeddings", "Layer"]
+    _no_split_modules: ClassVar[List[str]] = ["Embeddings", "Layer"]
 
     def __init__(self) -> None:
         super().__init__()
@@ -240,8 +241,13 @@ class CacheWritingLayer(nn.Module):
         super().__init__()
         self.k = nn.Linear(4, 4)
 
-    def forward(self, h: torch.Tensor, past_key_values: Optional[Dict[int, List[torch.Tensor]]] = None,
-                use_cache: bool = False, **kwargs: Any) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        past_key_values: Optional[Dict[int, List[torch.Tensor]]] = None,
+        use_cache: bool = False,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         k = self.k(h)
         if use_cache and past_key_values is not None:
             past_key_values.setdefault(id(self), []).append(k)

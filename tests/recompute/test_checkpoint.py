@@ -1,5 +1,6 @@
 """Behaviour of memsave.checkpoint / checkpointed / checkpoint_sequential beyond the model-level exactness suite:
 argument kinds, nesting, autograd entry points, RNG and autocast replay, state replay, and every error."""
+
 from __future__ import annotations
 
 import copy
@@ -13,17 +14,12 @@ import pytest
 import torch
 from torch import nn
 
-from memsave.recompute import state as _state
-from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
-from memsave.errors import InplaceModificationError, RecomputeMismatchError
-
 from helpers import Counter, in_backward
 from helpers import grads as _grads
 from helpers import leaf as _leaf
-
-
-
-
+from memsave.errors import InplaceModificationError, RecomputeMismatchError
+from memsave.recompute import state as _state
+from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
 
 # ---- recompute really happens, activations really are dropped ----------------------------------------------
 
@@ -89,12 +85,26 @@ def test_kwargs_nested_containers_and_non_tensors() -> None:
     Pair = namedtuple("Pair", "a b")
     a, b, c, d = (_leaf(4, seed=i) for i in range(4))
 
-    def f(x: Dict[str, Any], pair: Pair, items: List[Any], scale: float, tag: str, nothing: None,
-          *, bias: torch.Tensor, mode: str = "sum") -> Dict[str, Any]:
+    def f(
+        x: Dict[str, Any],
+        pair: Pair,
+        items: List[Any],
+        scale: float,
+        tag: str,
+        nothing: None,
+        *,
+        bias: torch.Tensor,
+        mode: str = "sum",
+    ) -> Dict[str, Any]:
         assert tag == "hello" and nothing is None and mode == "mul"
         h = x["first"].sin() * scale + pair.a.cos() * pair.b + items[0].exp() * items[1]
-        return {"out": (h * bias, [h.tanh(), None]), "count": 3, "name": tag, "none": None,
-                "ordered": OrderedDict(z=h.sigmoid())}
+        return {
+            "out": (h * bias, [h.tanh(), None]),
+            "count": 3,
+            "name": tag,
+            "none": None,
+            "ordered": OrderedDict(z=h.sigmoid()),
+        }
 
     def loss(out: Dict[str, Any]) -> torch.Tensor:
         return out["out"][0].sum() + out["out"][1][0].pow(2).sum() + out["ordered"]["z"].sum()
@@ -221,10 +231,10 @@ def test_retain_graph_with_batchnorm_updates_buffers_once() -> None:
 def test_higher_order_gradients() -> None:
     x = _leaf(6)
     f = lambda t: t.sin().exp() * t  # noqa: E731
-    g, = torch.autograd.grad(checkpoint(f, x).sum(), x, create_graph=True)
-    gg, = torch.autograd.grad(g.pow(2).sum(), x)
-    g_ref, = torch.autograd.grad(f(x).sum(), x, create_graph=True)
-    gg_ref, = torch.autograd.grad(g_ref.pow(2).sum(), x)
+    (g,) = torch.autograd.grad(checkpoint(f, x).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.pow(2).sum(), x)
+    (g_ref,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+    (gg_ref,) = torch.autograd.grad(g_ref.pow(2).sum(), x)
     assert torch.equal(g, g_ref) and torch.equal(gg, gg_ref)
 
 
@@ -309,8 +319,12 @@ def test_training_flag_flipped_between_forward_and_backward() -> None:
 
 def test_buffers_momentum_none_and_instance_norm() -> None:
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.InstanceNorm2d(4, affine=True,
-                        track_running_stats=True), nn.ReLU())
+    net = nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.BatchNorm2d(4, momentum=None),
+        nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
+        nn.ReLU(),
+    )
     ours = copy.deepcopy(net)
     x = _leaf(3, 2, 6, 6)
     for _ in range(3):
@@ -452,9 +466,17 @@ def test_checkpoint_sequential_segments_and_last_segment_eager() -> None:
 def test_checkpoint_sequential_peels_leading_inplace_modules() -> None:
     # VGG-like: with 2 segments the second segment starts with ReLU(inplace=True).
     torch.manual_seed(0)
-    vgg = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3, padding=1),
-                        nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(inplace=True),
-                        nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+    vgg = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(4, 4, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(4, 4, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(4, 4, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+    )
     ours = copy.deepcopy(vgg)
     x = _leaf(2, 3, 8, 8)
     vgg(x).sum().backward()
@@ -532,8 +554,10 @@ def test_inplace_change_of_input_between_forward_and_backward() -> None:
     h = x * 2
     y = checkpointed(lambda t: t.sin(), name="blk")(h)
     h.add_(1)
-    with pytest.raises(InplaceModificationError,
-                       match="modified by an inplace operation: argument args\\[0\\] of checkpointed region 'blk'"):
+    with pytest.raises(
+        InplaceModificationError,
+        match="modified by an inplace operation: argument args\\[0\\] of checkpointed region 'blk'",
+    ):
         y.sum().backward()
     # Eager reports the same situation:
     h = x * 2
@@ -651,8 +675,9 @@ def test_cuda_rng_replayed_on_every_device() -> None:
 @pytest.mark.cuda
 def test_cuda_batchnorm_dropout_block_matches_eager() -> None:
     torch.manual_seed(0)
-    block = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
-                          nn.Dropout(0.3)).cuda()
+    block = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(), nn.Dropout(0.3)
+    ).cuda()
     ours = copy.deepcopy(block)
     x = torch.randn(4, 3, 16, 16, device="cuda", requires_grad=True)
     with torch.backends.cudnn.flags(deterministic=True, benchmark=False):

@@ -8,6 +8,7 @@
 
 Every comparison is bitwise, with eager or with torch's own checkpoint.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,20 +23,16 @@ import torch.utils.checkpoint as torch_ckpt
 from torch import nn
 
 import memsave
-from memsave.errors import CheckpointError, MemsaveWarning, RecomputeMismatchError
-from memsave.recompute import state as _state
-
 from helpers import Counter, in_backward
 from helpers import grads as _grads
 from helpers import leaf as _leaf
-
-
+from memsave.errors import CheckpointError, MemsaveWarning, RecomputeMismatchError
+from memsave.recompute import state as _state
 
 
 def _clear(*tensors: torch.Tensor) -> None:
     for t in tensors:
         t.grad = None
-
 
 
 # ==== item 2: torch's keywords ================================================================================
@@ -60,10 +57,18 @@ def test_name_and_strict_go_to_the_region_function_exactly_like_torch() -> None:
 
 def test_torch_keywords_are_accepted_with_torch_meaning() -> None:
     x = _leaf(5)
-    for kw in ({"use_reentrant": False}, {"use_reentrant": None}, {"determinism_check": "none"},
-               {"determinism_check": "default"}, {"early_stop": False}, {"early_stop": True}, {"debug": True},
-               {"preserve_rng_state": True}, {"context_fn": torch_ckpt.noop_context_fn},
-               {"context_fn": lambda: (contextlib.nullcontext(), contextlib.nullcontext())}):
+    for kw in (
+        {"use_reentrant": False},
+        {"use_reentrant": None},
+        {"determinism_check": "none"},
+        {"determinism_check": "default"},
+        {"early_stop": False},
+        {"early_stop": True},
+        {"debug": True},
+        {"preserve_rng_state": True},
+        {"context_fn": torch_ckpt.noop_context_fn},
+        {"context_fn": lambda: (contextlib.nullcontext(), contextlib.nullcontext())},
+    ):
         results = []
         for impl, extra in ((torch_ckpt.checkpoint, {"use_reentrant": False}), (memsave.checkpoint, kw)):
             x.grad = None
@@ -128,9 +133,17 @@ def test_context_fn_wraps_forward_and_every_recompute() -> None:
     y = memsave.checkpoint(f, x, use_reentrant=False, context_fn=lambda: (scope("forward"), Reusable())).sum()
     y.backward(retain_graph=True)
     y.backward()
-    assert events == ["enter forward grad=True", "forward body", "exit forward",
-                      "enter recompute", "backward body", "exit recompute",
-                      "enter recompute", "backward body", "exit recompute"]
+    assert events == [
+        "enter forward grad=True",
+        "forward body",
+        "exit forward",
+        "enter recompute",
+        "backward body",
+        "exit recompute",
+        "enter recompute",
+        "backward body",
+        "exit recompute",
+    ]
 
 
 def test_determinism_check_none_skips_the_metadata_comparison() -> None:
@@ -162,8 +175,11 @@ def test_debug_lists_both_runs_saved_tensors_on_a_mismatch() -> None:
         return t[: n["k"] + 2].sin().exp()
 
     y = memsave.checkpoint(grows, _leaf(8), use_reentrant=False, debug=True)
-    with pytest.raises(RecomputeMismatchError, match=r"(?s)debug=True.*#0: forward SliceBackward0 \(3,\).*"
-                                                     r"recompute SliceBackward0 \(4,\)"):
+    with pytest.raises(
+        RecomputeMismatchError,
+        match=r"(?s)debug=True.*#0: forward SliceBackward0 \(3,\).*"
+        r"recompute SliceBackward0 \(4,\)",
+    ):
         y.sum().backward()
     n["k"] = 0
     y = memsave.checkpoint(grows, _leaf(8), use_reentrant=False)
@@ -225,9 +241,15 @@ def _tiny_transformers_model(kind: str) -> nn.Module:
     if kind == "gpt2":
         config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=101)
         return transformers.GPT2LMHeadModel(config).train()
-    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
-                                      max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=101,
+        max_position_embeddings=64,
+    )
     return transformers.LlamaForCausalLM(config).train()
 
 
@@ -248,7 +270,8 @@ def test_transformers_checkpointing_through_memsave(kind: str) -> None:
     else:  # transformers 4.x
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model._set_gradient_checkpointing(
-        enable=True, gradient_checkpointing_func=functools.partial(memsave_checkpoint, use_reentrant=False))
+        enable=True, gradient_checkpointing_func=functools.partial(memsave_checkpoint, use_reentrant=False)
+    )
     ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(1))
     torch.manual_seed(5)
     model(input_ids=ids, labels=ids).loss.backward()
@@ -268,7 +291,7 @@ def test_transformers_checkpointing_through_memsave(kind: str) -> None:
 def _penalty_region(lin: nn.Module, bn: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     def f(t: torch.Tensor) -> torch.Tensor:
         h = nn.functional.dropout(bn(lin(t)).tanh(), 0.2)
-        g, = torch.autograd.grad(h.pow(2).sum(), t, create_graph=True)  # needs tensors the region saved
+        (g,) = torch.autograd.grad(h.pow(2).sum(), t, create_graph=True)  # needs tensors the region saved
         return h.sum(1) + g.pow(2).sum(1)  # gradient penalty
 
     return f
@@ -302,7 +325,7 @@ def test_autograd_grad_inside_region_meta_learning_step() -> None:
 
     def adapted_loss(weight: torch.Tensor) -> torch.Tensor:
         inner = (x @ weight).tanh().sub(target).pow(2).mean()
-        g, = torch.autograd.grad(inner, weight, create_graph=True)
+        (g,) = torch.autograd.grad(inner, weight, create_graph=True)
         fast = weight - 0.1 * g
         return (x @ fast).sin().pow(2).mean()
 
@@ -324,7 +347,7 @@ def test_backward_inside_a_module_call_replays_its_buffers() -> None:
         def forward(self, t: torch.Tensor) -> torch.Tensor:
             self.avg = 0.5 * self.avg + t.detach().mean(0) + 1
             h = (t * self.avg).exp()
-            g, = torch.autograd.grad(h.sum(), t, create_graph=True)
+            (g,) = torch.autograd.grad(h.sum(), t, create_graph=True)
             return h + g
 
     eager, ours = Ema(), Ema()
@@ -353,7 +376,7 @@ def test_saved_leaves_are_handed_back_by_identity() -> None:
 
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None]:
-            t, scale = ctx.saved_tensors
+            _t, scale = ctx.saved_tensors
             seen["scale"], seen["factor"] = scale, getattr(scale, "factor", None)
             return grad * scale.factor, None  # reads a Python attribute of the saved tensor
 
@@ -389,7 +412,7 @@ def test_saved_leaves_are_handed_back_by_identity() -> None:
 
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None]:
-            b, = ctx.saved_tensors
+            (b,) = ctx.saved_tensors
             buf_seen.append(b)
             return grad * b, None
 
@@ -499,8 +522,8 @@ class _ReadsTwice(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        t, = ctx.saved_tensors
-        t_again, = ctx.saved_tensors
+        (t,) = ctx.saved_tensors
+        (t_again,) = ctx.saved_tensors
         return grad * t.exp() + 0 * t_again
 
 
@@ -619,8 +642,10 @@ def test_list_argument_appended_after_the_call_does_not_change_the_recompute() -
     ours = copy.deepcopy(layers)
     x = _leaf(2, 4, 5, 5)
     results = []
-    for model, run in ((layers, lambda layer, feats: layer(feats)),
-                       (ours, lambda layer, feats: memsave.checkpoint(layer, feats, use_reentrant=False))):
+    for model, run in (
+        (layers, lambda layer, feats: layer(feats)),
+        (ours, lambda layer, feats: memsave.checkpoint(layer, feats, use_reentrant=False)),
+    ):
         features = [x]
         for layer in model:
             features.append(run(layer, features))  # the same list object, grown after each call

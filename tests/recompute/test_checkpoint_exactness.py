@@ -5,6 +5,7 @@ and each entry point (checkpoint, checkpointed, checkpoint_sequential, wrap), tw
 backward, SGD step) must leave outputs, input gradients, parameter gradients, parameters, every buffer and the
 RNG state bitwise equal to the eager model's. Also shows the cases torch.utils.checkpoint gets wrong.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,10 +17,9 @@ import torch
 import torch.utils.checkpoint as torch_ckpt
 from torch import nn
 
+from helpers import models
 from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
 from memsave.recompute.wrapping import wrap
-
-from helpers import models
 
 Forward = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
@@ -36,6 +36,7 @@ def _per_child(runner: Callable[..., Any]) -> Forward:
         for child in model:
             x = runner(child, x)
         return x
+
     return forward
 
 
@@ -43,6 +44,7 @@ def _set_region(runner: Callable[..., Any]) -> Forward:
     def forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         model.region = runner
         return model(x)
+
     return forward
 
 
@@ -75,15 +77,24 @@ def _strategies(name: str) -> Dict[str, Any]:
         "checkpoint": (None, _set_region(checkpoint)),
         # checkpointed on the forward method of the block class: every instance is a region.
         "checkpointed": ("class", _plain),
-        "checkpoint_sequential": (None, lambda m, ids: m.readout(checkpoint_sequential(m.blocks, 2, m.embed_tokens(ids)))),
+        "checkpoint_sequential": (
+            None,
+            lambda m, ids: m.readout(checkpoint_sequential(m.blocks, 2, m.embed_tokens(ids))),
+        ),
         "wrap": (lambda m: wrap(m, models.TransformerBlock), _plain),
     }
 
 
 def _train(model: nn.Module, x: torch.Tensor, forward: Forward, steps: int = 2) -> Dict[str, List[torch.Tensor]]:
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    record: Dict[str, List[torch.Tensor]] = {"out": [], "x_grad": [], "grads": [], "params": [], "buffers": [],
-                                             "rng": []}
+    record: Dict[str, List[torch.Tensor]] = {
+        "out": [],
+        "x_grad": [],
+        "grads": [],
+        "params": [],
+        "buffers": [],
+        "rng": [],
+    }
     torch.manual_seed(1234)
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -109,7 +120,8 @@ def _assert_bitwise(expected: Dict[str, List[torch.Tensor]], got: Dict[str, List
         for i, (e, g) in enumerate(zip(expected[key], got[key])):
             assert e.shape == g.shape and torch.equal(e, g), (
                 f"{what}: {key}[{i}] differs from eager (max abs diff "
-                f"{(e.double() - g.double()).abs().max().item() if e.shape == g.shape else 'shape'})")
+                f"{(e.double() - g.double()).abs().max().item() if e.shape == g.shape else 'shape'})"
+            )
 
 
 MODELS = ["mlp", "cnn", "unet", "transformer"]
@@ -156,6 +168,7 @@ def _count_recomputes(model: nn.Module) -> Dict[str, int]:
             if torch._C._current_graph_task_id() != -1:
                 calls["backward"] += 1
             return forward(*args, **kwargs)
+
         return run
 
     for m in model.modules():
@@ -189,8 +202,9 @@ def test_spectral_norm_power_iteration_replayed() -> None:
     # spectral_norm updates its u/v buffers in a forward pre-hook and uses them in forward: the recompute must
     # start from the forward's buffer values, not the updated ones (torch.utils.checkpoint gets this wrong).
     torch.manual_seed(0)
-    eager = nn.Sequential(nn.utils.spectral_norm(nn.Linear(6, 6)), nn.Tanh(),
-                          nn.utils.parametrizations.spectral_norm(nn.Linear(6, 3)))
+    eager = nn.Sequential(
+        nn.utils.spectral_norm(nn.Linear(6, 6)), nn.Tanh(), nn.utils.parametrizations.spectral_norm(nn.Linear(6, 3))
+    )
     ours, ref_torch = copy.deepcopy(eager), copy.deepcopy(eager)
     x = torch.randn(4, 6)
     eager(x).sum().backward()

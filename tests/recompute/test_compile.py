@@ -7,6 +7,7 @@ floating-point operations, so not bitwise), buffers updated once, and the compil
 checkpointed step. Models are built without dropout: random operations under compile draw from inductor's generator,
 not eager's, with or without memsave.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,11 @@ def _step(model: nn.Module, call: Callable[[nn.Module], torch.Tensor]) -> Dict[s
     torch.manual_seed(0)
     loss = call(model)
     loss.backward()
-    return {"loss": loss.detach(), "grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None},
-            "buffers": {n: b.detach().clone() for n, b in model.named_buffers()}}
+    return {
+        "loss": loss.detach(),
+        "grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None},
+        "buffers": {n: b.detach().clone() for n, b in model.named_buffers()},
+    }
 
 
 def _assert_same_step(got: Dict[str, Any], want: Dict[str, Any]) -> None:
@@ -50,8 +54,16 @@ def _assert_same_step(got: Dict[str, Any], want: Dict[str, Any]) -> None:
 
 def _gpt2(layers: int, width: int) -> nn.Module:
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=4, n_positions=128, vocab_size=128,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = transformers.GPT2Config(
+        n_layer=layers,
+        n_embd=width,
+        n_head=4,
+        n_positions=128,
+        vocab_size=128,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).train()
     model.loss_type = "ForCausalLM"  # unset, transformers logs a warning on each loss: dynamo cannot graph a log call
@@ -113,8 +125,9 @@ def test_checkpoint_inside_compiled_function_passes_keywords_through(selective: 
 
     def step(x: torch.Tensor) -> torch.Tensor:
         context_fn = memsave.selective("matmul") if selective else None  # torch's SAC under compile
-        return memsave.checkpoint(region, x, use_reentrant=False, context_fn=context_fn, name="caller's",
-                                  scale=0.5).sum()
+        return memsave.checkpoint(
+            region, x, use_reentrant=False, context_fn=context_fn, name="caller's", scale=0.5
+        ).sum()
 
     x = torch.randn(8, 16)
     want = _step(copied, lambda m: (m(x) * 0.5).sum())

@@ -6,6 +6,7 @@ latter with a parameter the forward never uses). Final parameters and buffers mu
 rank's local gradients are bitwise equal to eager's (the exactness suite), and a 2-rank all-reduce is a single
 floating-point addition, which is commutative, so the order in which buckets become ready cannot matter.
 """
+
 from __future__ import annotations
 
 import os
@@ -75,7 +76,8 @@ def test_ddp_weights_equal_plain_ddp(tmp_path: Path) -> None:
             assert list(plain) == list(wrapped)
             for key in plain:
                 assert torch.equal(plain[key], wrapped[key]), (
-                    f"find_unused_parameters={find_unused}, rank {r}: {key} differs from the plain DDP run")
+                    f"find_unused_parameters={find_unused}, rank {r}: {key} differs from the plain DDP run"
+                )
         # DDP keeps parameters in sync; buffers are broadcast before each forward, so they differ after the last
         # step's local BatchNorm update.
         params = dict(_Net(find_unused).named_parameters())

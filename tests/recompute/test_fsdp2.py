@@ -7,6 +7,7 @@ steps must be bitwise equal between the two runs: each rank's local gradients ar
 FSDP2's reduce-scatter over 2 ranks is one floating-point addition per element, the same in both runs. The recompute
 runs while FSDP2 has the block's parameters unsharded for its backward.
 """
+
 from __future__ import annotations
 
 import os

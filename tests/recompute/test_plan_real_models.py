@@ -14,6 +14,7 @@ Plus the inputs plan cannot take, each with a clear error. The module runs with 
 afterwards): on the shared 2-core machines two threads competing with another process make each step several times
 slower, and bitwise comparisons never mix thread counts.
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,15 +56,27 @@ def _transformers() -> Any:
 
 def _gpt2() -> nn.Module:
     tf = _transformers()
-    return tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=4, n_embd=64, n_head=4, n_positions=SEQ, vocab_size=VOCAB,
-                                            bos_token_id=0, eos_token_id=0))  # dropout 0.1, use_cache=True
+    return tf.GPT2LMHeadModel(
+        tf.GPT2Config(n_layer=4, n_embd=64, n_head=4, n_positions=SEQ, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
+    )  # dropout 0.1, use_cache=True
 
 
 def _llama() -> nn.Module:
     tf = _transformers()
-    return tf.LlamaForCausalLM(tf.LlamaConfig(
-        num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, max_position_embeddings=SEQ, attention_dropout=0.1, bos_token_id=0, eos_token_id=0))
+    return tf.LlamaForCausalLM(
+        tf.LlamaConfig(
+            num_hidden_layers=4,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=VOCAB,
+            max_position_embeddings=SEQ,
+            attention_dropout=0.1,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
 
 
 def _lm_inputs() -> Kwargs:
@@ -79,20 +92,40 @@ def _tv_resnet50() -> nn.Module:
 
 
 def _timm_resnet50() -> nn.Module:
-    return pytest.importorskip("timm").create_model("resnet50", pretrained=False, num_classes=CLASSES,
-                                                    drop_path_rate=0.1)
+    return pytest.importorskip("timm").create_model(
+        "resnet50", pretrained=False, num_classes=CLASSES, drop_path_rate=0.1
+    )
 
 
 def _timm_vit() -> nn.Module:
     return pytest.importorskip("timm").create_model(
-        "vit_tiny_patch16_224", pretrained=False, num_classes=CLASSES, img_size=32, patch_size=4, embed_dim=64,
-        depth=4, num_heads=2, drop_rate=0.1, proj_drop_rate=0.1, attn_drop_rate=0.1, drop_path_rate=0.1)
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=CLASSES,
+        img_size=32,
+        patch_size=4,
+        embed_dim=64,
+        depth=4,
+        num_heads=2,
+        drop_rate=0.1,
+        proj_drop_rate=0.1,
+        attn_drop_rate=0.1,
+        drop_path_rate=0.1,
+    )
 
 
 def _tv_vit() -> nn.Module:
     return pytest.importorskip("torchvision").models.VisionTransformer(
-        image_size=32, patch_size=4, num_layers=4, num_heads=2, hidden_dim=64, mlp_dim=128, dropout=0.1,
-        attention_dropout=0.1, num_classes=CLASSES)
+        image_size=32,
+        patch_size=4,
+        num_layers=4,
+        num_heads=2,
+        hidden_dim=64,
+        mlp_dim=128,
+        dropout=0.1,
+        attention_dropout=0.1,
+        num_classes=CLASSES,
+    )
 
 
 def _images(batch: int, size: int) -> Callable[[], Args]:
@@ -103,7 +136,7 @@ _TARGETS = torch.randint(0, CLASSES, (8,), generator=_g(2))
 
 
 def _classify(out: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(out, _TARGETS[:out.shape[0]])
+    return F.cross_entropy(out, _TARGETS[: out.shape[0]])
 
 
 def _lm_loss_from_logits(out: Any) -> torch.Tensor:
@@ -118,13 +151,22 @@ Case = Tuple[Callable[[], nn.Module], Callable[[], Args], Callable[[], Kwargs], 
 CASES: Dict[str, Case] = {
     "hf-gpt2": (_gpt2, lambda: (), _lm_inputs, None, [f"transformer.h.{i}" for i in range(4)]),
     "hf-llama": (_llama, lambda: (), _lm_inputs, _lm_loss_from_logits, [f"model.layers.{i}" for i in range(4)]),
-    "tv-resnet50": (_tv_resnet50, _images(4, 96), dict, _classify,
-                    [f"layer{s}.{i}" for s, n in enumerate((3, 4, 6, 3), 1) for i in range(n)]),
-    "timm-resnet50": (_timm_resnet50, _images(4, 64), dict, _classify,
-                      [f"layer{s}.{i}" for s, n in enumerate((3, 4, 6, 3), 1) for i in range(n)]),
+    "tv-resnet50": (
+        _tv_resnet50,
+        _images(4, 96),
+        dict,
+        _classify,
+        [f"layer{s}.{i}" for s, n in enumerate((3, 4, 6, 3), 1) for i in range(n)],
+    ),
+    "timm-resnet50": (
+        _timm_resnet50,
+        _images(4, 64),
+        dict,
+        _classify,
+        [f"layer{s}.{i}" for s, n in enumerate((3, 4, 6, 3), 1) for i in range(n)],
+    ),
     "timm-vit": (_timm_vit, _images(8, 32), dict, _classify, [f"blocks.{i}" for i in range(4)]),
-    "tv-vit": (_tv_vit, _images(8, 32), dict, _classify,
-               [f"encoder.layers.encoder_layer_{i}" for i in range(4)]),
+    "tv-vit": (_tv_vit, _images(8, 32), dict, _classify, [f"encoder.layers.encoder_layer_{i}" for i in range(4)]),
 }
 
 

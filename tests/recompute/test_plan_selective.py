@@ -11,6 +11,7 @@ backward) of the module-level plan at the same budget, and its gradients are bit
 bad arguments are rejected, the binding takes policies, selective plans fit every budget module-level ones fit, and
 selective variants price their dispatch overhead.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,9 @@ from memsave.recompute.selective import OPERATOR_CLASSES
 def _gpt2() -> Tuple[nn.Module, torch.Tensor, Callable[[Any], torch.Tensor]]:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=256, vocab_size=512,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=4, n_embd=256, n_head=4, n_positions=256, vocab_size=512, bos_token_id=0, eos_token_id=0
+    )
     model = transformers.GPT2LMHeadModel(cfg)
     return model, torch.randint(0, 512, (4, 256)), lambda out: out.logits.float().sum()
 
@@ -82,9 +84,18 @@ def planned(request: pytest.FixtureRequest) -> Dict[str, Any]:
     budget = (eager_peak + block_peak) // 2
     module_level = memsave.plan(model, x, budget=budget, loss_fn=loss_fn, selective=False)
     selective = memsave.plan(model, x, budget=budget, loss_fn=loss_fn)  # selective=True is the default
-    return {"name": request.param, "model": model, "x": x, "loss_fn": loss_fn, "budget": budget,
-            "eager_peak": eager_peak, "module_level": module_level, "selective": selective,
-            "eager_grads": _step(model, x, loss_fn), "eager_flops": _backward_flops(model, x, loss_fn)}
+    return {
+        "name": request.param,
+        "model": model,
+        "x": x,
+        "loss_fn": loss_fn,
+        "budget": budget,
+        "eager_peak": eager_peak,
+        "module_level": module_level,
+        "selective": selective,
+        "eager_grads": _step(model, x, loss_fn),
+        "eager_flops": _backward_flops(model, x, loss_fn),
+    }
 
 
 def test_selective_plan_meets_the_budget_with_at_most_half_the_recompute_flops(planned: Dict[str, Any]) -> None:
@@ -120,7 +131,7 @@ def test_summary_and_json_show_what_each_region_keeps(planned: Dict[str, Any]) -
     p = planned["selective"]
     assert len(p.selective) == len(p.segments)
     text = p.summary()
-    for k, (b, e, rec) in enumerate(p.segments):
+    for k, (_b, _e, rec) in enumerate(p.segments):
         assert not p.keeps(k) or rec  # only checkpointed segments keep operator outputs
         if p.keeps(k):
             assert f"(keeps {'+'.join(p.keeps(k))})" in text
@@ -149,8 +160,9 @@ def test_a_selective_plan_applies_and_unwraps(planned: Dict[str, Any]) -> None:
 
 def test_selective_classes_can_be_restricted_and_bad_values_are_rejected() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.Tanh())
-                            for _ in range(4)])
+    model = nn.Sequential(
+        *[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.Tanh()) for _ in range(4)]
+    )
     x = torch.randn(256, 64, requires_grad=True)
     p = memsave.plan(model, x, budget=0.6, selective=["matmul"])
     assert p.chain.policies == ["matmul"]
@@ -164,8 +176,15 @@ def test_selective_classes_can_be_restricted_and_bad_values_are_rejected() -> No
 
 
 def test_binding_takes_policies_and_selective_segments() -> None:
-    stage = {"fwd_time": 1.0, "bwd_time": 2.0, "input_bytes": 10, "output_bytes": 10, "saved_bytes": 20,
-             "selective_fwd_time": [0.25], "selective_kept_bytes": [4]}
+    stage = {
+        "fwd_time": 1.0,
+        "bwd_time": 2.0,
+        "input_bytes": 10,
+        "output_bytes": 10,
+        "saved_bytes": 20,
+        "selective_fwd_time": [0.25],
+        "selective_kept_bytes": [4],
+    }
     chain = {"stages": [stage] * 4, "policies": ["matmul"]}
     whole = planner_simulate(chain, [(0, 2, True), (2, 4, False)])
     sel = planner_simulate(chain, [(0, 2, True, 0), (2, 4, False)])
@@ -175,8 +194,7 @@ def test_binding_takes_policies_and_selective_segments() -> None:
     res = planner_solve(chain, sel["peak_bytes"], "optimal")
     assert len(res["segment_policies"]) == len(res["segments"]) and 0 in res["segment_policies"]
     with pytest.raises(ValueError, match="selective"):
-        planner_simulate({"stages": [dict(stage, selective_fwd_time=[])] * 4, "policies": ["matmul"]},
-                         [(0, 4, False)])
+        planner_simulate({"stages": [dict(stage, selective_fwd_time=[])] * 4, "policies": ["matmul"]}, [(0, 4, False)])
 
 
 def test_selective_plans_fit_every_budget_module_level_plans_fit() -> None:
@@ -186,8 +204,19 @@ def test_selective_plans_fit_every_budget_module_level_plans_fit() -> None:
     this GPT-2, where the selective chain alone misses the whole-region plan.)"""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=16, vocab_size=128, use_cache=False,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=4,
+        n_positions=16,
+        vocab_size=128,
+        use_cache=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(cfg).train()
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     smallest = memsave.plan(model, input_ids=ids, labels=ids, strategy="min_memory", selective=False)

@@ -4,6 +4,7 @@ The guarantee is checked the way DESIGN.md measures memory on CPU: the allocator
 (gradients None, forward, loss, backward) from the profiler's allocation events, relative to the step's start.
 Run with ``-s`` to see the measured margins (budget - measured peak) of every model and budget.
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,12 +16,11 @@ import torch
 from torch import nn
 
 import memsave
+from helpers import models
 from memsave.measurement.allocator import cpu_peak_bytes
 from memsave.measurement.measuring import default_loss
 from memsave.measurement.units import parse_budget
 from memsave.recompute.planning.plan import _GroupedForward
-
-from helpers import models
 
 
 # ------------------------------------------------------------------------------------------------------- models
@@ -40,8 +40,9 @@ class ResNetLike(nn.Module):
 
     def __init__(self, widths=(8, 16, 32)) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
-                                  nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)
+        )
         stages, c_in = [], widths[0]
         for i, w in enumerate(widths):
             stages.append(nn.Sequential(models.BasicBlock(c_in, w, 1 if i == 0 else 2), models.BasicBlock(w, w)))
@@ -127,8 +128,10 @@ def test_measured_peak_within_budget_and_gradients_bitwise(name: str) -> None:
         grads = _grads(wrapped, x)
         assert all(torch.equal(a, b) for a, b in zip(grads, reference)), f"{name}: gradients differ from eager"
         measured = _peak(wrapped, x)
-        lines.append(f"{name}: budget {budget} measured {measured} margin {budget - measured} predicted "
-                     f"{p.predicted_peak_bytes} regions {len(p.regions())} overhead {p.predicted_overhead:.3f}")
+        lines.append(
+            f"{name}: budget {budget} measured {measured} margin {budget - measured} predicted "
+            f"{p.predicted_peak_bytes} regions {len(p.regions())} overhead {p.predicted_overhead:.3f}"
+        )
         assert measured <= budget, lines[-1]
     print("\n" + "\n".join(lines))
 
@@ -194,15 +197,17 @@ def _fake_search(options, measured, budget, verify=True):
 def test_search_finds_a_plan_predicted_just_above_the_budget_that_measures_within_it() -> None:
     # GPT-like at sqrt's measured peak: the model's smallest prediction (101) is above the budget (100), but two
     # plans measure 99.5; the cheaper one (S) must win over the minimum-memory one (M).
-    best, calls = _fake_search([("S", 101, 1.0), ("M", 100.5, 3.0), ("eager", 200, 0.0)],
-                               {"S": 99.5, "M": 99.0, "eager": 200}, budget=100)
+    best, calls = _fake_search(
+        [("S", 101, 1.0), ("M", 100.5, 3.0), ("eager", 200, 0.0)], {"S": 99.5, "M": 99.0, "eager": 200}, budget=100
+    )
     assert best.segments == ["S"] and best.measured_peak_bytes == 99.5
     assert calls == ["M", "S"]
 
 
 def test_search_lowers_the_solver_budget_when_the_model_was_optimistic() -> None:
-    best, calls = _fake_search([("A", 100, 1.0), ("B", 95, 2.0), ("C", 80, 5.0)],
-                               {"A": 104, "B": 97, "C": 82}, budget=100)
+    best, calls = _fake_search(
+        [("A", 100, 1.0), ("B", 95, 2.0), ("C", 80, 5.0)], {"A": 104, "B": 97, "C": 82}, budget=100
+    )
     assert best.segments == ["B"] and calls == ["A", "B"]
 
 
@@ -298,7 +303,7 @@ def test_modules_called_with_kwargs_and_several_tensors() -> None:
 
 # ---------------------------------------------------------------------------------------------------- Plan API
 def test_plan_summary_json_round_trip_and_verbose(unet_sqrt, capsys) -> None:
-    model, x, p = unet_sqrt
+    model, _x, p = unet_sqrt
     memsave.plan(*models.build("cnn"), strategy="none", timing_steps=1, verbose=True)
     assert "memsave plan for Sequential (none)" in capsys.readouterr().out
     text = p.summary()
@@ -342,10 +347,21 @@ def test_plan_leaves_the_model_as_it_found_it() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("budget, error", [
-    (0, ValueError), (-5, ValueError), (-0.5, ValueError), (float("nan"), ValueError), ("lots", ValueError),
-    ("12 parsecs", ValueError), ("-3MiB", ValueError), ("", ValueError), (True, TypeError), ([1], TypeError),
-])
+@pytest.mark.parametrize(
+    "budget, error",
+    [
+        (0, ValueError),
+        (-5, ValueError),
+        (-0.5, ValueError),
+        (float("nan"), ValueError),
+        ("lots", ValueError),
+        ("12 parsecs", ValueError),
+        ("-3MiB", ValueError),
+        ("", ValueError),
+        (True, TypeError),
+        ([1], TypeError),
+    ],
+)
 def test_bad_budgets_are_rejected_before_profiling(budget, error) -> None:
     model, x = models.build("mlp")
     with pytest.raises(error):

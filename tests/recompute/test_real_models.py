@@ -7,6 +7,7 @@ with dropout / stochastic depth on. Hugging Face models are called with keyword 
 ``attention_mask``, ``labels``) and give a ``ModelOutput``. Plus PEFT LoRA on a frozen base: the adapters' gradients
 equal eager's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,9 +18,8 @@ import torch
 from torch import nn
 
 import memsave
-from memsave.recompute import is_wrapped
-
 from helpers import in_backward
+from memsave.recompute import is_wrapped
 
 Inputs = Dict[str, Any]
 Case = Tuple[Callable[[], nn.Module], Callable[[], Inputs], List[str]]
@@ -52,14 +52,23 @@ def _mlm_inputs() -> Inputs:
 def _decoder_config(cls_name: str, **extra: Any) -> Any:
     transformers = pytest.importorskip("transformers")
     return getattr(transformers, cls_name)(
-        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, max_position_embeddings=64, attention_dropout=0.1, **extra)
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        attention_dropout=0.1,
+        **extra,
+    )
 
 
 def _hf(model_cls: str, config: Callable[[], Any]) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         transformers = pytest.importorskip("transformers")
         return getattr(transformers, model_cls)(config())
+
     return build
 
 
@@ -70,18 +79,33 @@ def _gpt2_config() -> Any:
 
 def _bert_config() -> Any:
     transformers = pytest.importorskip("transformers")
-    return transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-                                   vocab_size=VOCAB, max_position_embeddings=64)  # dropout 0.1
+    return transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+    )  # dropout 0.1
 
 
 HF_CASES: Dict[str, Case] = {
     "gpt2": (_hf("GPT2LMHeadModel", _gpt2_config), _lm_inputs, ["transformer.h.0", "transformer.h.1"]),
-    "llama": (_hf("LlamaForCausalLM", lambda: _decoder_config("LlamaConfig")), _lm_inputs,
-              ["model.layers.0", "model.layers.1"]),
-    "mistral": (_hf("MistralForCausalLM", lambda: _decoder_config("MistralConfig", sliding_window=8)), _lm_inputs,
-                ["model.layers.0", "model.layers.1"]),
-    "qwen2": (_hf("Qwen2ForCausalLM", lambda: _decoder_config("Qwen2Config")), _lm_inputs,
-              ["model.layers.0", "model.layers.1"]),
+    "llama": (
+        _hf("LlamaForCausalLM", lambda: _decoder_config("LlamaConfig")),
+        _lm_inputs,
+        ["model.layers.0", "model.layers.1"],
+    ),
+    "mistral": (
+        _hf("MistralForCausalLM", lambda: _decoder_config("MistralConfig", sliding_window=8)),
+        _lm_inputs,
+        ["model.layers.0", "model.layers.1"],
+    ),
+    "qwen2": (
+        _hf("Qwen2ForCausalLM", lambda: _decoder_config("Qwen2Config")),
+        _lm_inputs,
+        ["model.layers.0", "model.layers.1"],
+    ),
     "bert": (_hf("BertForMaskedLM", _bert_config), _mlm_inputs, ["bert.encoder.layer.0", "bert.encoder.layer.1"]),
 }
 
@@ -95,24 +119,56 @@ def _timm(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         timm = pytest.importorskip("timm")
         return timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+
     return build
 
 
 TIMM_CASES: Dict[str, Case] = {
-    "timm-vit": (_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2,
-                       drop_rate=0.1, proj_drop_rate=0.1, attn_drop_rate=0.1, drop_path_rate=0.1),
-                 _image, ["blocks.0", "blocks.1", "blocks.2"]),
-    "timm-convnext": (_timm("convnext_atto", depths=(2, 1, 1, 1), dims=(16, 32, 48, 64), drop_path_rate=0.1),
-                      _image, ["stages.0.blocks.0", "stages.0.blocks.1", "stages.1.blocks.0", "stages.2.blocks.0",
-                               "stages.3.blocks.0"]),
-    "timm-swin": (_timm("swin_tiny_patch4_window7_224", img_size=32, patch_size=4, window_size=4, embed_dim=16,
-                        depths=(2, 1), num_heads=(2, 4), drop_path_rate=0.1),
-                  _image, ["layers.0.blocks.0", "layers.0.blocks.1", "layers.1.blocks.0"]),
-    "timm-efficientnet": (_timm("efficientnet_b0", drop_path_rate=0.1),
-                          _image, [f"blocks.{s}.{i}" for s, n in enumerate((1, 2, 2, 3, 3, 4, 1))
-                                   for i in range(n) if s > 0]),
-    "timm-resnet": (_timm("resnet18", drop_path_rate=0.1),
-                    _image, [f"layer{s}.{i}" for s in range(1, 5) for i in range(2)]),
+    "timm-vit": (
+        _timm(
+            "vit_tiny_patch16_224",
+            img_size=32,
+            patch_size=8,
+            embed_dim=32,
+            depth=3,
+            num_heads=2,
+            drop_rate=0.1,
+            proj_drop_rate=0.1,
+            attn_drop_rate=0.1,
+            drop_path_rate=0.1,
+        ),
+        _image,
+        ["blocks.0", "blocks.1", "blocks.2"],
+    ),
+    "timm-convnext": (
+        _timm("convnext_atto", depths=(2, 1, 1, 1), dims=(16, 32, 48, 64), drop_path_rate=0.1),
+        _image,
+        ["stages.0.blocks.0", "stages.0.blocks.1", "stages.1.blocks.0", "stages.2.blocks.0", "stages.3.blocks.0"],
+    ),
+    "timm-swin": (
+        _timm(
+            "swin_tiny_patch4_window7_224",
+            img_size=32,
+            patch_size=4,
+            window_size=4,
+            embed_dim=16,
+            depths=(2, 1),
+            num_heads=(2, 4),
+            drop_path_rate=0.1,
+        ),
+        _image,
+        ["layers.0.blocks.0", "layers.0.blocks.1", "layers.1.blocks.0"],
+    ),
+    "timm-efficientnet": (
+        _timm("efficientnet_b0", drop_path_rate=0.1),
+        _image,
+        [f"blocks.{s}.{i}" for s, n in enumerate((1, 2, 2, 3, 3, 4, 1)) for i in range(n) if s > 0],
+    ),
+    "timm-resnet": (
+        _timm("resnet18", drop_path_rate=0.1),
+        _image,
+        [f"layer{s}.{i}" for s in range(1, 5) for i in range(2)],
+    ),
 }
 
 
@@ -120,27 +176,57 @@ TIMM_CASES: Dict[str, Case] = {
 def _tv(build: Callable[[Any], nn.Module]) -> Callable[[], nn.Module]:
     def make() -> nn.Module:
         return build(pytest.importorskip("torchvision").models)
+
     return make
 
 
 TV_CASES: Dict[str, Case] = {
-    "tv-resnet18": (_tv(lambda m: m.resnet18(weights=None, num_classes=10)),
-                    _image, [f"layer{s}.{i}" for s in range(1, 5) for i in range(2)]),
-    "tv-resnet50": (_tv(lambda m: m.resnet50(weights=None, num_classes=10)),
-                    _image, [f"layer{s}.{i}" for s, n in enumerate((3, 4, 6, 3), 1) for i in range(n)]),
-    "tv-vit": (_tv(lambda m: m.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
-                                                  hidden_dim=32, mlp_dim=64, dropout=0.1, attention_dropout=0.1,
-                                                  num_classes=10)),
-               _image, ["encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1"]),
-    "tv-densenet": (_tv(lambda m: m.DenseNet(growth_rate=8, block_config=(2, 3, 2, 2), num_init_features=16,
-                                              bn_size=2, drop_rate=0.1, num_classes=10)),
-                    _image, [f"features.denseblock{b}.denselayer{i}" for b, n in enumerate((2, 3, 2, 2), 1)
-                             for i in range(1, n + 1)]),
-    "tv-mobilenet-v3": (_tv(lambda m: m.mobilenet_v3_small(weights=None, num_classes=10)),
-                        _image, [f"features.{i}" for i in range(1, 12)]),
-    "tv-efficientnet": (_tv(lambda m: m.efficientnet_b0(weights=None, num_classes=10, stochastic_depth_prob=0.1)),
-                        _image, [f"features.{s}.{i}" for s, n in enumerate((1, 1, 2, 2, 3, 3, 4, 1))
-                                 for i in range(n) if s > 0]),
+    "tv-resnet18": (
+        _tv(lambda m: m.resnet18(weights=None, num_classes=10)),
+        _image,
+        [f"layer{s}.{i}" for s in range(1, 5) for i in range(2)],
+    ),
+    "tv-resnet50": (
+        _tv(lambda m: m.resnet50(weights=None, num_classes=10)),
+        _image,
+        [f"layer{s}.{i}" for s, n in enumerate((3, 4, 6, 3), 1) for i in range(n)],
+    ),
+    "tv-vit": (
+        _tv(
+            lambda m: m.VisionTransformer(
+                image_size=32,
+                patch_size=8,
+                num_layers=2,
+                num_heads=2,
+                hidden_dim=32,
+                mlp_dim=64,
+                dropout=0.1,
+                attention_dropout=0.1,
+                num_classes=10,
+            )
+        ),
+        _image,
+        ["encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1"],
+    ),
+    "tv-densenet": (
+        _tv(
+            lambda m: m.DenseNet(
+                growth_rate=8, block_config=(2, 3, 2, 2), num_init_features=16, bn_size=2, drop_rate=0.1, num_classes=10
+            )
+        ),
+        _image,
+        [f"features.denseblock{b}.denselayer{i}" for b, n in enumerate((2, 3, 2, 2), 1) for i in range(1, n + 1)],
+    ),
+    "tv-mobilenet-v3": (
+        _tv(lambda m: m.mobilenet_v3_small(weights=None, num_classes=10)),
+        _image,
+        [f"features.{i}" for i in range(1, 12)],
+    ),
+    "tv-efficientnet": (
+        _tv(lambda m: m.efficientnet_b0(weights=None, num_classes=10, stochastic_depth_prob=0.1)),
+        _image,
+        [f"features.{s}.{i}" for s, n in enumerate((1, 1, 2, 2, 3, 3, 4, 1)) for i in range(n) if s > 0],
+    ),
 }
 
 CASES: Dict[str, Case] = {**HF_CASES, **TIMM_CASES, **TV_CASES}
@@ -172,11 +258,15 @@ def _count_runs(model: nn.Module, blocks: List[str]) -> Dict[str, List[int]]:
     def counter(name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any) -> None:
             runs[name][int(in_backward())] += 1
+
         return hook
 
     for name in blocks:
-        first = next(m for sub, m in model.get_submodule(name).named_modules()
-                     if sub and next(m.parameters(False), None) is not None)
+        first = next(
+            m
+            for sub, m in model.get_submodule(name).named_modules()
+            if sub and next(m.parameters(False), None) is not None
+        )
         first.register_forward_pre_hook(counter(name))
     return runs
 
@@ -243,8 +333,14 @@ def test_peft_lora_adapters_get_eager_gradients() -> None:
     torch.manual_seed(0)
     base = _hf("GPT2LMHeadModel", _gpt2_config)()
     # init_lora_weights=False: both adapter matrices random (the default B = 0 gives A a zero gradient).
-    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["c_attn", "c_fc"],
-                             fan_in_fan_out=True, init_lora_weights=False)  # GPT-2's Conv1D: weights transposed
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.1,
+        target_modules=["c_attn", "c_fc"],
+        fan_in_fan_out=True,
+        init_lora_weights=False,
+    )  # GPT-2's Conv1D: weights transposed
     model = peft.get_peft_model(base, config).train()
     assert memsave.find_blocks(model) == ["base_model.model.transformer.h.0", "base_model.model.transformer.h.1"]
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}

@@ -5,6 +5,7 @@ Exact (bitwise gradients, buffers and RNG stream against eager, CPU float32), th
 run again in backward (counted at the dispatcher), and the memory and recompute work land between a whole region's
 and eager's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -42,8 +43,12 @@ def _block() -> nn.Module:
 
 
 def _state(model: nn.Module, x: torch.Tensor) -> Dict[str, Any]:
-    return {"x": x.grad.clone(), "grads": [p.grad.clone() for p in model.parameters()],
-            "buffers": [b.clone() for b in model.buffers()], "rng": torch.get_rng_state()}
+    return {
+        "x": x.grad.clone(),
+        "grads": [p.grad.clone() for p in model.parameters()],
+        "buffers": [b.clone() for b in model.buffers()],
+        "rng": torch.get_rng_state(),
+    }
 
 
 def _assert_bitwise(got: Dict[str, Any], want: Dict[str, Any]) -> None:
@@ -62,15 +67,22 @@ def _eager(x: torch.Tensor) -> Dict[str, Any]:
 
 
 def _save_addmm(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    return torch_ckpt.CheckpointPolicy.MUST_SAVE if op is aten.addmm.default else \
-        torch_ckpt.CheckpointPolicy.PREFER_RECOMPUTE
+    return (
+        torch_ckpt.CheckpointPolicy.MUST_SAVE
+        if op is aten.addmm.default
+        else torch_ckpt.CheckpointPolicy.PREFER_RECOMPUTE
+    )
 
 
-@pytest.mark.parametrize("context_fn", [
-    functools.partial(torch_ckpt.create_selective_checkpoint_contexts, _save_addmm),
-    functools.partial(torch_ckpt.create_selective_checkpoint_contexts, [aten.addmm.default]),
-    memsave.selective("matmul"),
-], ids=["torch-policy-fn", "torch-op-list", "memsave.selective"])
+@pytest.mark.parametrize(
+    "context_fn",
+    [
+        functools.partial(torch_ckpt.create_selective_checkpoint_contexts, _save_addmm),
+        functools.partial(torch_ckpt.create_selective_checkpoint_contexts, [aten.addmm.default]),
+        memsave.selective("matmul"),
+    ],
+    ids=["torch-policy-fn", "torch-op-list", "memsave.selective"],
+)
 def test_selective_checkpoint_is_exact_and_skips_saved_operators(context_fn: Callable[[], Any]) -> None:
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     want = _eager(x)
@@ -136,8 +148,12 @@ def _gpt2_step(model: nn.Module, ids: torch.Tensor, count: bool = False) -> Dict
     loss = model(input_ids=ids, labels=ids).loss
     with _CountOps() as ops, FlopCounterMode(display=False) as flops:
         loss.backward()
-    return {"loss": loss.detach(), "grads": {n: p.grad for n, p in model.named_parameters()},
-            "addmm": ops.counts[aten.addmm], "flops": flops.get_total_flops()}
+    return {
+        "loss": loss.detach(),
+        "grads": {n: p.grad for n, p in model.named_parameters()},
+        "addmm": ops.counts[aten.addmm],
+        "flops": flops.get_total_flops(),
+    }
 
 
 def test_wrap_with_selective_context_on_gpt2_is_exact_and_recomputes_less() -> None:
@@ -158,8 +174,15 @@ def test_wrap_with_selective_context_on_gpt2_is_exact_and_recomputes_less() -> N
 def test_selective_memory_lies_between_whole_regions_and_eager() -> None:
     ids = torch.randint(0, 96, (2, 64), generator=torch.Generator().manual_seed(1))
     eager = _gpt2()
-    variants = {"eager": eager, "whole": memsave.wrap(copy.deepcopy(eager)),
-                "selective": memsave.wrap(copy.deepcopy(eager), context_fn=memsave.selective("matmul"))}
-    act = {name: memsave.measure(m, ids, loss_fn=lambda out: out.logits.float().square().mean(), steps=1,
-                                 warmup=0).activation_bytes for name, m in variants.items()}
+    variants = {
+        "eager": eager,
+        "whole": memsave.wrap(copy.deepcopy(eager)),
+        "selective": memsave.wrap(copy.deepcopy(eager), context_fn=memsave.selective("matmul")),
+    }
+    act = {
+        name: memsave.measure(
+            m, ids, loss_fn=lambda out: out.logits.float().square().mean(), steps=1, warmup=0
+        ).activation_bytes
+        for name, m in variants.items()
+    }
     assert act["whole"] < act["selective"] < act["eager"], act

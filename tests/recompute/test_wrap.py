@@ -1,4 +1,5 @@
 """memsave.wrap / unwrap: in place, state_dict keys unchanged, repr, idempotence, exact unwrap, policies, copies."""
+
 from __future__ import annotations
 
 import copy
@@ -11,10 +12,9 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import in_backward, models
 from memsave.errors import MemsaveWarning
 from memsave.recompute.wrapping import is_wrapped, unwrap, wrap, wrap_module
-
-from helpers import in_backward, models
 
 
 def _step(model: nn.Module, x: torch.Tensor) -> List[torch.Tensor]:
@@ -78,8 +78,9 @@ def test_wrapping_twice_is_a_noop() -> None:
     forwards = [m.__dict__.get("forward") for m in model.modules()]
     wrap(model, nn.Linear)
     wrap(model, (nn.Linear, nn.GELU))
-    assert [m.__dict__.get("forward") for m in model.modules() if isinstance(m, nn.Linear)] == \
-        [f for f in forwards if f is not None]
+    assert [m.__dict__.get("forward") for m in model.modules() if isinstance(m, nn.Linear)] == [
+        f for f in forwards if f is not None
+    ]
     assert repr(model).count("[memsave.checkpoint]") == 5  # 4 Linear + 1 GELU, once each
     assert wrap_module(model[0], "again") is False
     unwrap(model)
@@ -121,8 +122,11 @@ def test_policy_errors_and_warning() -> None:
 
 def test_inplace_modules_and_sequential_with_leading_inplace_child() -> None:
     torch.manual_seed(0)
-    eager = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3),
-                                                           nn.Conv2d(4, 4, 1)), nn.ReLU(inplace=True))
+    eager = nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3), nn.Conv2d(4, 4, 1)),
+        nn.ReLU(inplace=True),
+    )
     ours = copy.deepcopy(eager)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

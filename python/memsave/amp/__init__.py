@@ -7,6 +7,7 @@
 ``strategies``     the ``amp:fp16`` / ``amp:bf16`` strategies of :func:`memsave.compare`
 =================  ==============================================================================================
 """
+
 from . import strategies  # noqa: F401  (registers the amp:* strategies)
 from .accumulation import Accumulator, accumulate
 from .grad_scaler import GradScaler, needs_grad_scaling

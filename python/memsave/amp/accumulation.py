@@ -13,6 +13,7 @@ Example:
     ...     acc.backward(loss)          # True on every 4th call: it unscaled, clipped, stepped, updated, zeroed
     >>> acc.flush()                     # steps a last partial window, if any
 """
+
 from __future__ import annotations
 
 import contextlib

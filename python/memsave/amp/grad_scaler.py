@@ -26,6 +26,7 @@ Example:
     >>> scaler.step(optimizer)                          # skipped when a gradient was inf/NaN
     >>> scaler.update()
 """
+
 from __future__ import annotations
 
 import enum
@@ -561,8 +562,11 @@ class GradScaler:
             raise RuntimeError(
                 "the GradScaler state_dict is empty, probably saved from a disabled scaler; nothing to load"
             )
-        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-                   if k not in state_dict]
+        missing = [
+            k
+            for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+            if k not in state_dict
+        ]
         if missing:
             raise KeyError(f"GradScaler state_dict lacks {missing}; pass the dict GradScaler.state_dict() returned")
         self._init_scale = float(state_dict["scale"])

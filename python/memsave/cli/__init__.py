@@ -8,6 +8,7 @@
 ``usage.py``       how a command fails: one line ``memsave: error: ...``, exit code 2 (usage) or 1 (run)
 =================  ==============================================================================================
 """
+
 from .main import main
 
 __all__ = ["main"]

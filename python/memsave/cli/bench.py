@@ -39,17 +39,28 @@ from ..measurement.estimation import OPTIMIZER_STATES, estimate, max_batch_size
 from ..measurement.strategies import parse_strategy, strategy_definitions
 from ..measurement.units import format_bytes, parse_bytes
 from .usage import ArgumentParser, CommandError, UsageError, add_traceback_flag, one_line, parse_device
-from .user_model import InputSpec, OutputLoss, build_user_model, is_user_model, make_inputs, parse_input, \
-    parse_model_kwargs
+from .user_model import (
+    InputSpec,
+    OutputLoss,
+    build_user_model,
+    is_user_model,
+    make_inputs,
+    parse_input,
+    parse_model_kwargs,
+)
 
 __all__ = ["main", "estimate_main"]
 
-_MODEL_HELP = (f"the model: a built-in one ({' | '.join(models.MODELS)}; with --size, --batch) or your own as "
-               "MODULE:CALLABLE (e.g. torchvision.models:resnet18, mypkg.models:make_model, ./models.py:make_model; "
-               "called with no arguments or --model-kwargs, it must return an nn.Module; give its --input shapes)")
-_INPUT_HELP = ("an input of a MODULE:CALLABLE model, once per positional argument of its forward: SHAPE for a "
-               "float32 tensor (e.g. 8,3,224,224) or tokens:SHAPE:VOCAB for int64 token ids below VOCAB "
-               "(e.g. tokens:2,128:50257); --batch replaces every first dimension")
+_MODEL_HELP = (
+    f"the model: a built-in one ({' | '.join(models.MODELS)}; with --size, --batch) or your own as "
+    "MODULE:CALLABLE (e.g. torchvision.models:resnet18, mypkg.models:make_model, ./models.py:make_model; "
+    "called with no arguments or --model-kwargs, it must return an nn.Module; give its --input shapes)"
+)
+_INPUT_HELP = (
+    "an input of a MODULE:CALLABLE model, once per positional argument of its forward: SHAPE for a "
+    "float32 tensor (e.g. 8,3,224,224) or tokens:SHAPE:VOCAB for int64 token ids below VOCAB "
+    "(e.g. tokens:2,128:50257); --batch replaces every first dimension"
+)
 _EXAMPLES = """\
 examples:
   {prog} --model resnet50 --size cpu --batch 16
@@ -57,30 +68,45 @@ examples:
   {prog} --model mypkg.models:make_lm --model-kwargs '{{"layers": 4}}' --input tokens:2,128:50257
   {prog} --model ./models.py:TwoTower --input 8,128 --input 8,64 --strategies eager,checkpoint:all
 """
-_LOSS_NOTE = ("The loss of a MODULE:CALLABLE model is cross-entropy of its output against all-zero class targets "
-              "((B,C) vs (B,), (B,C,H,W) vs (B,H,W), (B,T,V) flattened vs (B*T,)); for an output that is not a "
-              "tensor (a Hugging Face ModelOutput, a dict, a tuple) its .logits, or else its first floating-point "
-              "tensor that requires grad; a 0-D or 1-D output is summed. Failures are one line on stderr (exit code "
-              "2: wrong command line, 1: the run failed); --traceback shows the traceback.")
+_LOSS_NOTE = (
+    "The loss of a MODULE:CALLABLE model is cross-entropy of its output against all-zero class targets "
+    "((B,C) vs (B,), (B,C,H,W) vs (B,H,W), (B,T,V) flattened vs (B*T,)); for an output that is not a "
+    "tensor (a Hugging Face ModelOutput, a dict, a tuple) its .logits, or else its first floating-point "
+    "tensor that requires grad; a 0-D or 1-D output is summed. Failures are one line on stderr (exit code "
+    "2: wrong command line, 1: the run failed); --traceback shows the traceback."
+)
 
 
 def _parser(prog: str, description: str) -> ArgumentParser:
     epilog = _EXAMPLES.format(prog=prog) + "\n" + textwrap.fill(_LOSS_NOTE, 79, break_on_hyphens=False)
-    return ArgumentParser(prog=prog, description=description, epilog=epilog,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    return ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def _common_args(p: argparse.ArgumentParser, default_device: str) -> None:
     p.add_argument("--model", metavar="NAME|MODULE:CALLABLE", help=_MODEL_HELP + " (required)")
     p.add_argument("--input", action="append", default=None, metavar="SHAPE|tokens:SHAPE:VOCAB", help=_INPUT_HELP)
-    p.add_argument("--model-kwargs", metavar="JSON", default=None,
-                   help="keyword arguments of a MODULE:CALLABLE model, a JSON object (e.g. '{\"num_classes\": 10}')")
-    p.add_argument("--size", default=None,
-                   help="built-in models: tiny | cpu | full (default: full on CUDA, cpu otherwise)")
-    p.add_argument("--batch", type=int, default=None,
-                   help="batch size (default: the built-in size's own, or the first dimension of each --input)")
-    p.add_argument("--strategies", default="eager,checkpoint:blocks",
-                   help="comma-separated strategy names (see --list-strategies); default: %(default)s")
+    p.add_argument(
+        "--model-kwargs",
+        metavar="JSON",
+        default=None,
+        help="keyword arguments of a MODULE:CALLABLE model, a JSON object (e.g. '{\"num_classes\": 10}')",
+    )
+    p.add_argument(
+        "--size", default=None, help="built-in models: tiny | cpu | full (default: full on CUDA, cpu otherwise)"
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="batch size (default: the built-in size's own, or the first dimension of each --input)",
+    )
+    p.add_argument(
+        "--strategies",
+        default="eager,checkpoint:blocks",
+        help="comma-separated strategy names (see --list-strategies); default: %(default)s",
+    )
     p.add_argument("--device", default=default_device, help="cpu | cuda (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -123,8 +149,13 @@ def _print_strategies() -> None:
 
 
 def _environment(dev: torch.device) -> Dict[str, Any]:
-    env: Dict[str, Any] = {"torch": torch.__version__, "memsave": build_info()["version"], "python": platform.python_version(),
-                           "machine": platform.machine(), "threads": torch.get_num_threads()}
+    env: Dict[str, Any] = {
+        "torch": torch.__version__,
+        "memsave": build_info()["version"],
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
     if dev.type == "cuda" and torch.cuda.is_available():
         env["cuda"] = torch.version.cuda
         env["gpu"] = torch.cuda.get_device_name(dev)
@@ -144,35 +175,43 @@ def _write_json(path: Optional[str], data: Dict[str, Any]) -> None:
 class _Case:
     """The model a command runs: a built-in benchmark case or the user's ``MODULE:CALLABLE`` with its inputs."""
 
-    title: str                                       # "resnet50 (tiny, batch 2)", "m:f (input 8x3x64x64 float32)"
+    title: str  # "resnet50 (tiny, batch 2)", "m:f (input 8x3x64x64 float32)"
     model: nn.Module
     inputs: Tuple[Any, ...]
     loss_fn: Callable[[Any], torch.Tensor]
     batch: int
     inputs_at: Callable[[int], Tuple[torch.Tensor, ...]]  # batch -> meta inputs (estimate's max batch search)
-    record: Dict[str, Any] = field(default_factory=dict)   # what the JSON says about the model
+    record: Dict[str, Any] = field(default_factory=dict)  # what the JSON says about the model
 
 
 def _check_common(args: argparse.Namespace) -> None:
     if not args.model:
-        raise UsageError(f"--model is required: {' | '.join(models.MODELS)}, or MODULE:CALLABLE with --input "
-                         "(e.g. --model torchvision.models:resnet18 --input 8,3,224,224)")
+        raise UsageError(
+            f"--model is required: {' | '.join(models.MODELS)}, or MODULE:CALLABLE with --input "
+            "(e.g. --model torchvision.models:resnet18 --input 8,3,224,224)"
+        )
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be >= 1, got {args.batch}")
     if is_user_model(args.model):
         if args.size is not None:
             raise UsageError("--size is for the built-in models; a MODULE:CALLABLE model takes its --input shapes")
         if not args.input:
-            raise UsageError(f"--model {args.model}: give the shape of each input of its forward, e.g. --input "
-                             "8,3,224,224 (float32) or --input tokens:2,128:50257 (token ids)")
+            raise UsageError(
+                f"--model {args.model}: give the shape of each input of its forward, e.g. --input "
+                "8,3,224,224 (float32) or --input tokens:2,128:50257 (token ids)"
+            )
         return
     if args.model not in models.SIZES:
-        raise UsageError(f"unknown model {args.model!r}: use a built-in one ({', '.join(models.MODELS)}) or your own "
-                         "as MODULE:CALLABLE with --input shapes (e.g. --model torchvision.models:resnet18 --input "
-                         "8,3,224,224)")
+        raise UsageError(
+            f"unknown model {args.model!r}: use a built-in one ({', '.join(models.MODELS)}) or your own "
+            "as MODULE:CALLABLE with --input shapes (e.g. --model torchvision.models:resnet18 --input "
+            "8,3,224,224)"
+        )
     if args.input or args.model_kwargs is not None:
-        raise UsageError(f"--input and --model-kwargs are for MODULE:CALLABLE models; the built-in {args.model} makes "
-                         "its own inputs (choose --size and --batch)")
+        raise UsageError(
+            f"--input and --model-kwargs are for MODULE:CALLABLE models; the built-in {args.model} makes "
+            "its own inputs (choose --size and --batch)"
+        )
     if args.size is not None and args.size not in models.SIZES[args.model]:
         raise UsageError(f"--size must be one of {', '.join(models.SIZES[args.model])}, got {args.size!r}")
 
@@ -190,21 +229,35 @@ def _user_case(args: argparse.Namespace, model_device: torch.device, input_devic
     shown = ", ".join(str(InputSpec(tuple(t.shape), s.vocab)) for t, s in zip(inputs, specs))
     return _Case(
         title=f"{args.model} (input{'s' if len(specs) > 1 else ''} {shown})",
-        model=model, inputs=inputs, loss_fn=OutputLoss(), batch=batch,
+        model=model,
+        inputs=inputs,
+        loss_fn=OutputLoss(),
+        batch=batch,
         inputs_at=lambda b: make_inputs(specs, torch.device("meta"), args.seed, b),
-        record={"model": args.model, "size": None, "batch": batch,
-                "config": {"inputs": [InputSpec(tuple(t.shape), s.vocab).spelling() for t, s in zip(inputs, specs)],
-                           "model_kwargs": kwargs}},
+        record={
+            "model": args.model,
+            "size": None,
+            "batch": batch,
+            "config": {
+                "inputs": [InputSpec(tuple(t.shape), s.vocab).spelling() for t, s in zip(inputs, specs)],
+                "model_kwargs": kwargs,
+            },
+        },
     )
 
 
-def _builtin_case(args: argparse.Namespace, size: str, device: torch.device, loss_fn: Optional[Callable] = None) -> _Case:
+def _builtin_case(
+    args: argparse.Namespace, size: str, device: torch.device, loss_fn: Optional[Callable] = None
+) -> _Case:
     case = models.build(args.model, size, device=str(device), seed=args.seed, batch=args.batch)
     template = case.inputs[0]
     batch = case.config["batch"]
     return _Case(
         title=f"{args.model} ({size}, batch {batch})",
-        model=case.model, inputs=case.inputs, loss_fn=loss_fn or case.loss_fn, batch=batch,
+        model=case.model,
+        inputs=case.inputs,
+        loss_fn=loss_fn or case.loss_fn,
+        batch=batch,
         inputs_at=lambda b: (torch.empty((b,) + tuple(template.shape[1:]), dtype=template.dtype, device="meta"),),
         record={"model": args.model, "size": size, "batch": batch, "config": case.config},
     )
@@ -234,12 +287,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         >>> main(["--model", "unet", "--size", "tiny", "--strategies", "eager,checkpoint:blocks"])
         >>> main(["--model", "torchvision.models:resnet18", "--input", "8,3,64,64", "--device", "cpu"])
     """
-    p = _parser("python -m memsave bench", "Measure a model's training step (peak memory, activations, time, "
-                                           "gradients vs eager) under several strategies.")
+    p = _parser(
+        "python -m memsave bench",
+        "Measure a model's training step (peak memory, activations, time, "
+        "gradients vs eager) under several strategies.",
+    )
     _common_args(p, "cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=5, help="timed steps per strategy (default: %(default)s)")
-    p.add_argument("--breakdown", type=int, default=0, metavar="N",
-                   help="also print the N modules holding the most activation memory, per strategy")
+    p.add_argument(
+        "--breakdown",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print the N modules holding the most activation memory, per strategy",
+    )
     p.add_argument("--snapshot-dir", metavar="DIR", help="CUDA: write a memory snapshot per strategy (memory_viz)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(list(argv) if argv is not None else None)
@@ -254,8 +315,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     strategies = _parse_strategies(args.strategies)
     dev = parse_device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda but CUDA is not available here; use --device cpu, or "
-                         "`python -m memsave estimate` to predict CUDA memory without a GPU")
+        raise UsageError(
+            "--device cuda but CUDA is not available here; use --device cpu, or "
+            "`python -m memsave estimate` to predict CUDA memory without a GPU"
+        )
     if dev.type != "cuda" and args.snapshot_dir:
         raise UsageError("--snapshot-dir needs --device cuda (memory snapshots are a CUDA allocator feature)")
     if is_user_model(args.model):
@@ -265,8 +328,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         size = args.size or ("full" if dev.type == "cuda" else "cpu")
         case = _builtin_case(args, size, dev)
     try:
-        result = compare(case.model, *case.inputs, strategies=strategies, loss_fn=case.loss_fn, steps=args.steps,
-                         progress=not args.no_progress, snapshot_dir=args.snapshot_dir)
+        result = compare(
+            case.model,
+            *case.inputs,
+            strategies=strategies,
+            loss_fn=case.loss_fn,
+            steps=args.steps,
+            progress=not args.no_progress,
+            snapshot_dir=args.snapshot_dir,
+        )
     except (UsageError, CommandError):
         raise
     except Exception as e:
@@ -301,17 +371,29 @@ def estimate_main(argv: Optional[Sequence[str]] = None) -> int:
         >>> estimate_main(["--model", "gpt2", "--size", "full", "--batch", "8", "--memory", "24GiB"])
         >>> estimate_main(["--model", "torchvision.models:resnet18", "--input", "8,3,64,64", "--device", "cpu"])
     """
-    p = _parser("python -m memsave estimate", "Predict a model's training-step memory (fake tensors: nothing is "
-                                              "allocated, no GPU needed); with --memory, also the largest batch "
-                                              "that fits.")
+    p = _parser(
+        "python -m memsave estimate",
+        "Predict a model's training-step memory (fake tensors: nothing is "
+        "allocated, no GPU needed); with --memory, also the largest batch "
+        "that fits.",
+    )
     _common_args(p, "cuda")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
-                   help="parameter and input dtype (pure low-precision training); default: %(default)s")
-    p.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATES), default=None,
-                   help="count this optimizer's state in the total")
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="parameter and input dtype (pure low-precision training); default: %(default)s",
+    )
+    p.add_argument(
+        "--optimizer", choices=sorted(OPTIMIZER_STATES), default=None, help="count this optimizer's state in the total"
+    )
     p.add_argument("--memory", default=None, help="device memory, e.g. 24GiB: also report the largest batch that fits")
-    p.add_argument("--headroom", type=float, default=0.05,
-                   help="fraction of --memory kept free for what is not modelled (default: %(default)s)")
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=0.05,
+        help="fraction of --memory kept free for what is not modelled (default: %(default)s)",
+    )
     args = p.parse_args(list(argv) if argv is not None else None)
     if args.list_strategies:
         _print_strategies()
@@ -343,16 +425,32 @@ def estimate_main(argv: Optional[Sequence[str]] = None) -> int:
     progress = progress_bar(len(strategies) * (2 if args.memory else 1), "memsave.estimate", unit="strategy")
     try:
         for name in strategies:
-            est = estimate(case.model, *case.inputs, device=dev, strategy=name, dtype=dtype, loss_fn=case.loss_fn,
-                           optimizer=args.optimizer)
+            est = estimate(
+                case.model,
+                *case.inputs,
+                device=dev,
+                strategy=name,
+                dtype=dtype,
+                loss_fn=case.loss_fn,
+                optimizer=args.optimizer,
+            )
             row = est.to_dict()
             if progress is not None:
                 progress.update(1)
             if args.memory:
                 row["memory"] = args.memory
-                row["max_batch"] = max_batch_size(case.model, case.inputs_at, args.memory, name, device=dev,
-                                                  dtype=dtype, loss_fn=case.loss_fn, optimizer=args.optimizer,
-                                                  headroom=args.headroom, min_batch=min_batch)
+                row["max_batch"] = max_batch_size(
+                    case.model,
+                    case.inputs_at,
+                    args.memory,
+                    name,
+                    device=dev,
+                    dtype=dtype,
+                    loss_fn=case.loss_fn,
+                    optimizer=args.optimizer,
+                    headroom=args.headroom,
+                    min_batch=min_batch,
+                )
                 if progress is not None:
                     progress.update(1)
             rows.append(row)
@@ -365,8 +463,10 @@ def estimate_main(argv: Optional[Sequence[str]] = None) -> int:
             progress.close()
 
     emulated = any(r["emulated"] for r in rows)
-    print(f"{case.title} on {dev}{', ' + args.dtype if dtype else ''}"
-          f"{' (emulated: no GPU visible, CPU operator choices)' if emulated else ''}")
+    print(
+        f"{case.title} on {dev}{', ' + args.dtype if dtype else ''}"
+        f"{' (emulated: no GPU visible, CPU operator choices)' if emulated else ''}"
+    )
     header = ["strategy", "step peak", "activations", "gradients", "params", "total"]
     if args.optimizer:
         header.insert(5, "optimizer")
@@ -374,8 +474,14 @@ def estimate_main(argv: Optional[Sequence[str]] = None) -> int:
         header.append(f"max batch ({args.memory})")
     body = []
     for r in rows:
-        cells = [r["strategy"], format_bytes(r["peak_bytes"]), format_bytes(r["activation_bytes"]),
-                 format_bytes(r["grad_bytes"]), format_bytes(r["param_bytes"]), format_bytes(r["total_bytes"])]
+        cells = [
+            r["strategy"],
+            format_bytes(r["peak_bytes"]),
+            format_bytes(r["activation_bytes"]),
+            format_bytes(r["grad_bytes"]),
+            format_bytes(r["param_bytes"]),
+            format_bytes(r["total_bytes"]),
+        ]
         if args.optimizer:
             cells.insert(5, format_bytes(r["optimizer_bytes"]))
         if args.memory:

@@ -126,8 +126,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     y = torch.randint(0, 10, (cfg["batch"],), generator=g).to(device)
     loss_fn = lambda out: nn.functional.cross_entropy(out, y)  # noqa: E731
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"memsave demo: {cfg['blocks']} residual blocks (Conv-BN-ReLU-Conv-BN-Dropout), width {cfg['width']}, "
-          f"input {tuple(x.shape)}, on {device} ({where}), torch {torch.__version__}")
+    print(
+        f"memsave demo: {cfg['blocks']} residual blocks (Conv-BN-ReLU-Conv-BN-Dropout), width {cfg['width']}, "
+        f"input {tuple(x.shape)}, on {device} ({where}), torch {torch.__version__}"
+    )
 
     rows = []
     ref: Dict[str, torch.Tensor] = {}
@@ -149,8 +151,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     header = ("strategy", "peak memory", "activations", "step time", "max |grad diff|", "BN stats == eager")
     table = [header] + [
-        (n, format_bytes(m.peak_bytes), format_bytes(m.activation_bytes), f"{r:.2f}x", f"{d:.3g}",
-         "yes" if be else "NO")
+        (
+            n,
+            format_bytes(m.peak_bytes),
+            format_bytes(m.activation_bytes),
+            f"{r:.2f}x",
+            f"{d:.3g}",
+            "yes" if be else "NO",
+        )
         for n, m, r, d, be in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -160,9 +168,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     peak_how = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "allocator-level (profiler CPU events)"
-    print(f"\npeak: {peak_how}, one training step; activations: live tensors at the end of forward; step time: "
-          f"median of {args.steps} steps, ratio to eager ({eager_seconds * 1e3:.1f} ms); gradients and BatchNorm "
-          f"statistics after one step from the same seed. {time.perf_counter() - t_start:.1f} s in all.")
+    print(
+        f"\npeak: {peak_how}, one training step; activations: live tensors at the end of forward; step time: "
+        f"median of {args.steps} steps, ratio to eager ({eager_seconds * 1e3:.1f} ms); gradients and BatchNorm "
+        f"statistics after one step from the same seed. {time.perf_counter() - t_start:.1f} s in all."
+    )
     bad = [n for n, _, _, d, be in rows if not n.startswith("torch") and (d != 0.0 or not be)]
     if bad and device.type == "cpu":
         print(f"ERROR: {', '.join(bad)} differ from eager on CPU; memsave's lossless strategies must not")

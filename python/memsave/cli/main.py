@@ -3,6 +3,7 @@
 Every failure is one line on stderr, "memsave: error: ...", with exit code 2 for a wrong command line and 1 for a
 run that failed; --traceback (or MEMSAVE_TRACEBACK=1) shows the full traceback instead.
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,8 +15,9 @@ __all__ = ["main"]
 
 
 def _info(argv: List[str]) -> int:
-    p = ArgumentParser(prog="python -m memsave info",
-                       description="Build facts and the dispatch keys of every memsave operator.")
+    p = ArgumentParser(
+        prog="python -m memsave info", description="Build facts and the dispatch keys of every memsave operator."
+    )
     add_traceback_flag(p)
     p.parse_args(argv)
 
@@ -29,8 +31,10 @@ def _info(argv: List[str]) -> int:
     archs = info["cuda_archs"] or "-"
     print(f"  CUDA kernels: {'yes' if info['cuda'] else 'no'} (archs {archs}, runtime {info['cuda_runtime_version']})")
     print(f"  compiler: {info['compiler']}")
-    print(f"  GPU visible: {torch.cuda.is_available()}"
-          + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else ""))
+    print(
+        f"  GPU visible: {torch.cuda.is_available()}"
+        + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "")
+    )
     print("operators (torch.ops.memsave) and the dispatch keys they have kernels for:")
     for name, keys in dispatch_table().items():
         print(f"  {name:<28} {', '.join(keys)}")
@@ -58,10 +62,16 @@ def _estimate(argv: List[str]) -> int:
 _COMMANDS: Dict[str, tuple] = {
     "info": (_info, "build facts and the dispatch keys of every memsave operator"),
     "demo": (_demo, "eager vs checkpointing on a built-in model: the memory comparison table"),
-    "bench": (_bench, "measure a model's training step across strategies: a built-in one, or yours as "
-                      "--model MODULE:CALLABLE --input SHAPE (see bench --help)"),
-    "estimate": (_estimate, "predict a model's training-step memory on fake tensors, and the largest batch that fits "
-                            "(same --model/--input forms; see estimate --help)"),
+    "bench": (
+        _bench,
+        "measure a model's training step across strategies: a built-in one, or yours as "
+        "--model MODULE:CALLABLE --input SHAPE (see bench --help)",
+    ),
+    "estimate": (
+        _estimate,
+        "predict a model's training-step memory on fake tensors, and the largest batch that fits "
+        "(same --model/--input forms; see estimate --help)",
+    ),
 }
 
 
@@ -92,8 +102,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run_command(_COMMANDS[words[0]][0], rest)
 
     def top_level(args: List[str]) -> int:
-        parser = ArgumentParser(prog="python -m memsave", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n")[1].replace("\n", " "))
+        parser = ArgumentParser(
+            prog="python -m memsave",
+            description=__doc__.split("\n\n")[0],
+            epilog=__doc__.split("\n\n")[1].replace("\n", " "),
+        )
         sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(_COMMANDS) + "}")
         for name, (_, help_text) in _COMMANDS.items():
             sub.add_parser(name, help=help_text, add_help=False)

@@ -18,8 +18,15 @@ from typing import Callable, List, NoReturn, Sequence
 
 import torch
 
-__all__ = ["ArgumentParser", "CommandError", "UsageError", "add_traceback_flag", "one_line", "parse_device",
-           "run_command"]
+__all__ = [
+    "ArgumentParser",
+    "CommandError",
+    "UsageError",
+    "add_traceback_flag",
+    "one_line",
+    "parse_device",
+    "run_command",
+]
 
 #: Exit codes: a wrong command line, a command that failed while running.
 EXIT_USAGE, EXIT_FAILURE = 2, 1
@@ -58,8 +65,11 @@ def add_traceback_flag(parser: argparse.ArgumentParser) -> None:
     Example:
         >>> add_traceback_flag(ArgumentParser(prog="python -m memsave demo"))
     """
-    parser.add_argument(TRACEBACK_FLAG, action="store_true",
-                        help=f"on failure show the full traceback, not one line (or set {TRACEBACK_ENV}=1)")
+    parser.add_argument(
+        TRACEBACK_FLAG,
+        action="store_true",
+        help=f"on failure show the full traceback, not one line (or set {TRACEBACK_ENV}=1)",
+    )
 
 
 def parse_device(text: str) -> torch.device:
@@ -141,9 +151,8 @@ def run_command(command: Callable[[List[str]], int], argv: Sequence[str]) -> int
             raise
         print(f"memsave: error: {one_line(e)}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
-    except Exception as e:  # noqa: BLE001 - the command line's contract: one line, not a traceback
+    except Exception as e:
         if show_traceback:
             raise
         print(f"memsave: error: {one_line(e)} (rerun with {TRACEBACK_FLAG} for the full traceback)", file=sys.stderr)
         raise SystemExit(EXIT_FAILURE) from None
-

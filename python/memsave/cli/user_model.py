@@ -50,8 +50,17 @@ from ..measurement.measuring import default_loss
 from ..measurement.models import ShapeCrossEntropy
 from .usage import CommandError, UsageError, one_line
 
-__all__ = ["InputSpec", "OutputLoss", "build_user_model", "first_float_tensor", "is_user_model", "load_callable",
-           "make_inputs", "parse_input", "parse_model_kwargs"]
+__all__ = [
+    "InputSpec",
+    "OutputLoss",
+    "build_user_model",
+    "first_float_tensor",
+    "is_user_model",
+    "load_callable",
+    "make_inputs",
+    "parse_input",
+    "parse_model_kwargs",
+]
 
 _DIMS = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
 
@@ -94,8 +103,9 @@ class InputSpec:
         dims = ",".join(map(str, self.shape))
         return dims if self.vocab is None else f"tokens:{dims}:{self.vocab}"
 
-    def make(self, device: torch.device, generator: Optional[torch.Generator] = None,
-             batch: Optional[int] = None) -> torch.Tensor:
+    def make(
+        self, device: torch.device, generator: Optional[torch.Generator] = None, batch: Optional[int] = None
+    ) -> torch.Tensor:
         """The tensor: on ``device`` (``meta``: nothing allocated), values from ``generator``.
 
         Args:
@@ -135,12 +145,15 @@ def parse_input(text: str) -> InputSpec:
         >>> parse_input("tokens:2,128:50257")
         InputSpec(shape=(2, 128), vocab=50257)
     """
-    forms = "write SHAPE for a float tensor (e.g. 8,3,224,224) or tokens:SHAPE:VOCAB for token ids (e.g. tokens:2,128:50257)"
+    forms = (
+        "write SHAPE for a float tensor (e.g. 8,3,224,224) or tokens:SHAPE:VOCAB for token ids "
+        "(e.g. tokens:2,128:50257)"
+    )
     kind, vocab_text = "float", None
     body = text.strip()
     if body.startswith("tokens:"):
         kind = "tokens"
-        body, sep, vocab_text = body[len("tokens:"):].rpartition(":")
+        body, sep, vocab_text = body[len("tokens:") :].rpartition(":")
         if not sep:
             raise UsageError(f"--input {text!r}: token inputs need a vocabulary size; {forms}")
     if not _DIMS.match(body):
@@ -155,8 +168,9 @@ def parse_input(text: str) -> InputSpec:
     return InputSpec(shape, int(vocab_text))
 
 
-def make_inputs(specs: Sequence[InputSpec], device: torch.device, seed: int,
-                batch: Optional[int] = None) -> Tuple[torch.Tensor, ...]:
+def make_inputs(
+    specs: Sequence[InputSpec], device: torch.device, seed: int, batch: Optional[int] = None
+) -> Tuple[torch.Tensor, ...]:
     """The model's positional inputs from ``specs``: values from a generator seeded with ``seed + 1``.
 
     Args:
@@ -228,8 +242,10 @@ def _import_module(module_name: str, spec: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise UsageError(f"--model {spec!r}: no module named {e.name!r} (is it installed, or in the current "
-                             "directory or on PYTHONPATH?)") from None
+            raise UsageError(
+                f"--model {spec!r}: no module named {e.name!r} (is it installed, or in the current "
+                "directory or on PYTHONPATH?)"
+            ) from None
         raise CommandError(f"--model {spec!r}: importing {module_name} failed: {one_line(e)}") from e
     except Exception as e:
         raise CommandError(f"--model {spec!r}: importing {module_name} failed: {one_line(e)}") from e
@@ -255,8 +271,9 @@ def load_callable(spec: str) -> Callable[..., Any]:
     """
     module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr or not all(p.isidentifier() for p in attr.split(".")):
-        raise UsageError(f"--model {spec!r}: write MODULE:CALLABLE, e.g. torchvision.models:resnet18, or one of the "
-                         "built-in models")
+        raise UsageError(
+            f"--model {spec!r}: write MODULE:CALLABLE, e.g. torchvision.models:resnet18, or one of the built-in models"
+        )
     obj = _import_module(module_name, spec)
     done: List[str] = []
     for part in attr.split("."):
@@ -268,7 +285,10 @@ def load_callable(spec: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
         done.append(part)
     if not callable(obj):
-        raise UsageError(f"--model {spec!r}: {attr} is not callable (it is of type {type(obj).__name__}); name a function or class that returns an nn.Module")
+        raise UsageError(
+            f"--model {spec!r}: {attr} is not callable (it is of type {type(obj).__name__}); "
+            "name a function or class that returns an nn.Module"
+        )
     return obj
 
 
@@ -296,8 +316,9 @@ def build_user_model(spec: str, kwargs: Optional[Dict[str, Any]] = None, seed: i
     try:
         model = fn(**(kwargs or {}))
     except Exception as e:
-        raise CommandError(f"--model {spec!r}: calling it{' with --model-kwargs' if kwargs else ''} failed: "
-                           f"{one_line(e)}") from e
+        raise CommandError(
+            f"--model {spec!r}: calling it{' with --model-kwargs' if kwargs else ''} failed: {one_line(e)}"
+        ) from e
     if not isinstance(model, nn.Module):
         raise UsageError(f"--model {spec!r} returned an object of type {type(model).__name__}, not a torch.nn.Module")
     return model.train()
@@ -360,8 +381,10 @@ class OutputLoss:
         """Args: output: what the model returned. Returns: a scalar loss. Raises: TypeError: no tensor to use."""
         t = first_float_tensor(output)
         if t is None:
-            raise TypeError(f"the model's output ({type(output).__name__}) holds no floating-point tensor that "
-                            "requires grad, so there is no loss to backpropagate")
+            raise TypeError(
+                f"the model's output ({type(output).__name__}) holds no floating-point tensor that "
+                "requires grad, so there is no loss to backpropagate"
+            )
         if t.dim() >= 2 and t.numel() > 0:
             return ShapeCrossEntropy()(t)
         return default_loss(t)

@@ -1,4 +1,5 @@
 """One progress bar for memsave's long-running calls (``plan``, ``compare(progress=True)``, the CLI's ``bench``)."""
+
 from __future__ import annotations
 
 from typing import Any, Optional

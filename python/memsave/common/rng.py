@@ -3,6 +3,7 @@
 Shared by the recompute (a region replays its forward's dropout masks) and by measurement (every measured step and
 every compared strategy starts from the caller's RNG state, which is put back at the end).
 """
+
 from __future__ import annotations
 
 from typing import Any, List

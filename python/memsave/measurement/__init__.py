@@ -13,6 +13,7 @@
                    ``benchmarks/``
 =================  ==============================================================================================
 """
+
 from . import strategies  # noqa: F401  (registers "eager")
 from .comparison import Comparison, compare
 from .estimation import Estimate, estimate, max_batch_size

@@ -6,6 +6,7 @@
   uses (only frees of blocks allocated within the call count) and :func:`cpu_memory_stats` takes the peak of their
   running sum. The planner reads the same events, with its markers, through :func:`read_cpu_events`.
 """
+
 from __future__ import annotations
 
 import gc

@@ -5,12 +5,12 @@ Strategies are named by strings (``"eager"``, ``"checkpoint:blocks"``, ``"plan:5
 How the numbers are taken is :func:`memsave.measure`'s business (DESIGN.md, "Measuring memory"); :func:`compare`
 runs it on a fresh deep copy of the model per strategy and adds the gradient column.
 """
+
 from __future__ import annotations
 
 import copy
 import html
 import json
-
 import os
 import re
 import warnings
@@ -74,8 +74,9 @@ class Comparison:
         info: free-form facts (torch version, CUDA device name, model class, input shapes).
     """
 
-    def __init__(self, rows: Sequence[ComparisonRow], device: str, steps: int,
-                 info: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(
+        self, rows: Sequence[ComparisonRow], device: str, steps: int, info: Optional[Dict[str, Any]] = None
+    ) -> None:
         self.rows: List[ComparisonRow] = list(rows)
         self.device = device
         self.steps = steps
@@ -117,8 +118,15 @@ class Comparison:
         eager_peak = self.eager.peak_bytes
         rel = "-" if r.strategy == "eager" or not eager_peak else f"{100.0 * (r.peak_bytes / eager_peak - 1):+.1f}%"
         grad = "0" if r.max_grad_diff == 0 else f"{r.max_grad_diff:.2e}"
-        cells = [r.strategy, format_bytes(r.peak_bytes), rel, format_bytes(r.activation_bytes),
-                 f"{r.step_seconds * 1e3:.1f} ms", f"{r.time_ratio:.2f}", grad]
+        cells = [
+            r.strategy,
+            format_bytes(r.peak_bytes),
+            rel,
+            format_bytes(r.activation_bytes),
+            f"{r.step_seconds * 1e3:.1f} ms",
+            f"{r.time_ratio:.2f}",
+            grad,
+        ]
         if self.has_reserved:
             cells.append(format_bytes(r.reserved_bytes))
         return cells
@@ -145,8 +153,12 @@ class Comparison:
         body = ""
         for r in self.rows:
             cells = self._cells(r)
-            body += "<tr>" + f"<td style='text-align:left'><code>{html.escape(cells[0])}</code></td>" + "".join(
-                f"<td>{html.escape(c)}</td>" for c in cells[1:]) + "</tr>"
+            body += (
+                "<tr>"
+                + f"<td style='text-align:left'><code>{html.escape(cells[0])}</code></td>"
+                + "".join(f"<td>{html.escape(c)}</td>" for c in cells[1:])
+                + "</tr>"
+            )
         caption = html.escape(f"memsave.compare on {self.device}: median of {self.steps} steps")
         return f"<table><caption>{caption}</caption><tr>{header}</tr>{body}</table>"
 
@@ -170,8 +182,7 @@ class Comparison:
     # --------------------------------------------------------------------------- data
     def to_dict(self) -> Dict[str, Any]:
         """Plain-data form: ``{"device", "steps", "info", "rows": [...]}``."""
-        return {"device": self.device, "steps": self.steps, "info": self.info,
-                "rows": [asdict(r) for r in self.rows]}
+        return {"device": self.device, "steps": self.steps, "info": self.info, "rows": [asdict(r) for r in self.rows]}
 
     def to_json(self, path: Optional[str] = None, indent: int = 2) -> str:
         """The comparison as JSON (written to ``path`` too when given).
@@ -229,8 +240,9 @@ class Comparison:
         ax_mem, ax_time = fig.subplots(1, 2)
         ys = list(range(len(names)))[::-1]
         mib = [r.peak_bytes / 2**20 for r in self.rows]
-        colors = ["#7f7f7f" if n == "eager" else ("#1f77b4" if r.lossless else "#ff7f0e")
-                  for n, r in zip(names, self.rows)]
+        colors = [
+            "#7f7f7f" if n == "eager" else ("#1f77b4" if r.lossless else "#ff7f0e") for n, r in zip(names, self.rows)
+        ]
         ax_mem.barh(ys, mib, color=colors)
         ax_mem.set_yticks(ys, names)
         ax_mem.set_xlabel("peak memory of a step (MiB)")
@@ -342,11 +354,14 @@ def compare(
     except ValueError as e:
         raise ValueError(str(e).replace("measure:", "compare:", 1)) from None
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"compare: the model is on {dev}; compare runs steps for real, on 'cpu' or 'cuda' "
-                         "(for a model on the meta device use memsave.estimate)")
+        raise ValueError(
+            f"compare: the model is on {dev}; compare runs steps for real, on 'cpu' or 'cuda' "
+            "(for a model on the meta device use memsave.estimate)"
+        )
     if snapshot_dir is not None and dev.type != "cuda":
-        raise ValueError(f"compare: snapshot_dir needs CUDA (memory snapshots are a CUDA allocator feature); "
-                         f"the model is on {dev}")
+        raise ValueError(
+            f"compare: snapshot_dir needs CUDA (memory snapshots are a CUDA allocator feature); the model is on {dev}"
+        )
 
     rng = RngState()
     ctx = StrategyContext(tuple(inputs), loss_fn, dev)
@@ -389,18 +404,20 @@ def compare(
                     p.grad = None
             if s.name == "eager":
                 eager_seconds = m.step_seconds
-            rows.append(ComparisonRow(
-                strategy=s.name,
-                peak_bytes=m.peak_bytes,
-                activation_bytes=m.activation_bytes,
-                step_seconds=m.step_seconds,
-                time_ratio=m.step_seconds / eager_seconds if eager_seconds > 0 else float("nan"),
-                max_grad_diff=diff,
-                lossless=s.lossless,
-                reserved_bytes=m.reserved_bytes,
-                by_module=strip_runner_prefix(m.by_module, runner),
-                snapshot=snap,
-            ))
+            rows.append(
+                ComparisonRow(
+                    strategy=s.name,
+                    peak_bytes=m.peak_bytes,
+                    activation_bytes=m.activation_bytes,
+                    step_seconds=m.step_seconds,
+                    time_ratio=m.step_seconds / eager_seconds if eager_seconds > 0 else float("nan"),
+                    max_grad_diff=diff,
+                    lossless=s.lossless,
+                    reserved_bytes=m.reserved_bytes,
+                    by_module=strip_runner_prefix(m.by_module, runner),
+                    snapshot=snap,
+                )
+            )
             del runner, work
             if bar is not None:
                 bar.update(1)
@@ -421,5 +438,8 @@ def compare(
         if r.lossless and r.max_grad_diff != 0.0 and dev.type == "cpu":
             warnings.warn(
                 f"compare: strategy {r.strategy!r} is declared lossless but its gradients differ from eager's by "
-                f"up to {r.max_grad_diff:.3g}", RuntimeWarning, stacklevel=2)
+                f"up to {r.max_grad_diff:.3g}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return Comparison(rows, str(dev), steps, info)

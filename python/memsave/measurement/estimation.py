@@ -5,7 +5,8 @@ the shapes, dtypes and devices of its outputs and nothing else, so a GPT-2 at ba
 and allocates no activation memory. The parameters are fake copies of the model's (``FakeTensorMode.from_tensor``
 then ``.to(device, dtype)``), put into a ``copy.deepcopy`` of the module tree whose memo maps every parameter and
 buffer to its fake copy, so the model's own tensors are never copied and can even live on the meta device. The
-live-tensor tracker (:mod:`memsave.measurement.tracker`) follows every storage the operators create and free; the largest sum
+live-tensor tracker (:mod:`memsave.measurement.tracker`) follows every storage the operators create and free; the
+largest sum
 it sees between the start of the step (gradients None) and the end of backward is the predicted peak, the sum at the
 end of forward the activation bytes.
 
@@ -49,25 +50,32 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
+
 # FakeTensorMode is public in spirit (torch.compile, torch.export and the memory tools build on it) but lives in a
 # private module; these are the only names memsave takes from it.
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from ..common.rng import RngState
 from ..errors import NoFakeKernelError
+from .allocator import cpu_memory_stats
 from .measuring import LossFn, resolve_loss_fn
 from .strategies import Strategy, StrategyContext, parse_strategy, strip_runner_prefix
-from .allocator import cpu_memory_stats
 from .tracker import LiveTensorTracker, storage_of
 from .units import format_bytes, parse_bytes
 
-__all__ = ["CpuConvWorkspace", "Estimate", "NoFakeKernelError", "estimate", "max_batch_size", "cuda_block_bytes",
-           "OPTIMIZER_STATES"]
+__all__ = [
+    "CpuConvWorkspace",
+    "Estimate",
+    "NoFakeKernelError",
+    "estimate",
+    "max_batch_size",
+    "cuda_block_bytes",
+    "OPTIMIZER_STATES",
+]
 
 #: The CUDA caching allocator's block granularity (``kMinBlockSize`` in c10/cuda/CUDACachingAllocator.cpp).
 CUDA_BLOCK = 512
@@ -162,8 +170,12 @@ class _EstimateTracker(LiveTensorTracker):
     allocator's block size), and ``workspace_fn(func, args, out)`` adds the bytes an operator holds only while it
     runs. ``peak_bytes`` stays the tensor-level peak; ``allocator_peak_bytes`` includes the workspaces."""
 
-    def __init__(self, root: Optional[nn.Module], round_fn: Callable[[int], int],
-                 workspace_fn: Optional[Callable[[Any, Any, Any], int]] = None) -> None:
+    def __init__(
+        self,
+        root: Optional[nn.Module],
+        round_fn: Callable[[int], int],
+        workspace_fn: Optional[Callable[[Any, Any, Any], int]] = None,
+    ) -> None:
         super().__init__(root=root)
         self._round_fn = round_fn
         self._workspace_fn = workspace_fn
@@ -225,22 +237,39 @@ def _cuda_attention_emulation() -> Iterator[None]:
     """
     original = F.scaled_dot_product_attention
 
-    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-             dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
-             enable_gqa: bool = False) -> torch.Tensor:
+    def sdpa(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: Optional[float] = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
         if enable_gqa or query.dim() != 4 or query.shape[1] != key.shape[1] or (is_causal and attn_mask is not None):
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                            scale=scale, enable_gqa=enable_gqa)
+            return original(
+                query,
+                key,
+                value,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
         q, k, v = query, key, value
         if torch.is_autocast_enabled("cpu"):  # attention is on autocast's lower-precision list
             dt = torch.get_autocast_dtype("cpu")
             q, k, v = (t.to(dt) for t in (q, k, v))
         if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None:
-            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, float(dropout_p), bool(is_causal),
-                                                                      False, scale=scale)[0]
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, float(dropout_p), bool(is_causal), False, scale=scale
+            )[0]
         need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, attn_mask, need_lse, float(dropout_p), bool(is_causal), scale=scale)[0]
+            q, k, v, attn_mask, need_lse, float(dropout_p), bool(is_causal), scale=scale
+        )[0]
 
     F.scaled_dot_product_attention = sdpa
     try:
@@ -295,10 +324,15 @@ class Estimate:
         return d
 
     def _lines(self) -> List[Tuple[str, str]]:
-        rows = [("step peak", format_bytes(self.peak_bytes)), ("tensors at peak", format_bytes(self.tensor_peak_bytes)),
-                ("activations", format_bytes(self.activation_bytes)),
-                ("gradients", format_bytes(self.grad_bytes)), ("parameters", format_bytes(self.param_bytes)),
-                ("buffers", format_bytes(self.buffer_bytes)), ("inputs", format_bytes(self.input_bytes))]
+        rows = [
+            ("step peak", format_bytes(self.peak_bytes)),
+            ("tensors at peak", format_bytes(self.tensor_peak_bytes)),
+            ("activations", format_bytes(self.activation_bytes)),
+            ("gradients", format_bytes(self.grad_bytes)),
+            ("parameters", format_bytes(self.param_bytes)),
+            ("buffers", format_bytes(self.buffer_bytes)),
+            ("inputs", format_bytes(self.input_bytes)),
+        ]
         if self.optimizer_bytes:
             rows.append(("optimizer state", format_bytes(self.optimizer_bytes)))
         rows.append(("total", format_bytes(self.total_bytes)))
@@ -350,10 +384,18 @@ def _to_fake(t: torch.Tensor, fake_mode: Any, device: torch.device, dtype: Optio
     return f
 
 
-def _run_fake_step(model: nn.Module, inputs: Tuple[Any, ...], strat: Strategy, loss_fn: LossFn, device: torch.device,
-                   dtype: Optional[torch.dtype], round_fn: Callable[[int], int],
-                   workspace_fn: Optional[Callable[[Any, Any, Any], int]], optimizer_states: int,
-                   emulate_cuda: bool = False) -> Dict[str, Any]:
+def _run_fake_step(
+    model: nn.Module,
+    inputs: Tuple[Any, ...],
+    strat: Strategy,
+    loss_fn: LossFn,
+    device: torch.device,
+    dtype: Optional[torch.dtype],
+    round_fn: Callable[[int], int],
+    workspace_fn: Optional[Callable[[Any, Any, Any], int]],
+    optimizer_states: int,
+    emulate_cuda: bool = False,
+) -> Dict[str, Any]:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     memo: Dict[int, Any] = {}
     params: List[torch.Tensor] = []
@@ -370,8 +412,11 @@ def _run_fake_step(model: nn.Module, inputs: Tuple[Any, ...], strat: Strategy, l
             buffers.append(fb)
     fake_model = copy.deepcopy(model, memo)
     fake_inputs = tuple(
-        _to_fake(x, fake_mode, device, dtype).requires_grad_(x.requires_grad and (x.is_floating_point() or x.is_complex()))
-        if isinstance(x, torch.Tensor) else x
+        _to_fake(x, fake_mode, device, dtype).requires_grad_(
+            x.requires_grad and (x.is_floating_point() or x.is_complex())
+        )
+        if isinstance(x, torch.Tensor)
+        else x
         for x in inputs
     )
     ctx = StrategyContext(fake_inputs, loss_fn, device, fake=True)
@@ -484,17 +529,40 @@ def estimate(
     rng = RngState()
     try:
         try:
-            r = _run_fake_step(model, tuple(example_inputs), strat, loss_fn, run_dev, dtype, round_fn, workspace_fn,
-                               states, emulate_cuda=emulated)
+            r = _run_fake_step(
+                model,
+                tuple(example_inputs),
+                strat,
+                loss_fn,
+                run_dev,
+                dtype,
+                round_fn,
+                workspace_fn,
+                states,
+                emulate_cuda=emulated,
+            )
         except RuntimeError as e:
             if dev.type != "cuda" or emulated or isinstance(e, NoFakeKernelError) or "could not be applied" in str(e):
                 raise
             # Fake CUDA tensors need a working CUDA runtime in some torch builds; fall back to emulation.
-            warnings.warn(f"estimate: fake CUDA step failed ({e}); estimating with CPU operator choices",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"estimate: fake CUDA step failed ({e}); estimating with CPU operator choices",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             emulated = True
-            r = _run_fake_step(model, tuple(example_inputs), strat, loss_fn, torch.device("cpu"), dtype, round_fn,
-                               None, states, emulate_cuda=True)
+            r = _run_fake_step(
+                model,
+                tuple(example_inputs),
+                strat,
+                loss_fn,
+                torch.device("cpu"),
+                dtype,
+                round_fn,
+                None,
+                states,
+                emulate_cuda=True,
+            )
     finally:
         rng.restore()
 
@@ -510,8 +578,13 @@ def estimate(
         device=str(dev),
         strategy=strat.name,
         dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
-        allocator=("CUDA caching allocator, 512-byte blocks" if dev.type == "cuda"
-                   else "exact sizes + oneDNN convolution workspaces" if cpu_onednn else "exact sizes"),
+        allocator=(
+            "CUDA caching allocator, 512-byte blocks"
+            if dev.type == "cuda"
+            else "exact sizes + oneDNN convolution workspaces"
+            if cpu_onednn
+            else "exact sizes"
+        ),
         emulated=emulated,
         by_module=strip_runner_prefix(r["by_module"], r["runner"]),
     )
@@ -538,7 +611,8 @@ def max_batch_size(
     """The largest batch whose estimated training step fits in ``memory``, found on the estimator alone.
 
     Batch sizes ``min_batch``, twice that, four times, ... are estimated until one does not fit, then a binary search
-    between the last that fits and the first that does not. A batch fits when ``estimate(...).total_bytes <= memory * (1 - headroom)``;
+    between the last that fits and the first that does not. A batch fits when ``estimate(...).total_bytes <= memory *
+    (1 - headroom)``;
     ``headroom`` covers what the estimator does not model (kernel workspaces, fragmentation; see the module
     docstring). Each probe takes about as long as one fake step (no memory is allocated).
 
@@ -578,8 +652,15 @@ def max_batch_size(
     strat = parse_strategy(strategy)
 
     def fits(b: int) -> bool:
-        est = estimate(model, *_inputs_of(make_inputs(b)), device=device, strategy=strat, dtype=dtype,
-                       loss_fn=loss_fn, optimizer=optimizer)
+        est = estimate(
+            model,
+            *_inputs_of(make_inputs(b)),
+            device=device,
+            strategy=strat,
+            dtype=dtype,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+        )
         return est.total_bytes <= budget
 
     if not fits(min_batch):

@@ -4,9 +4,11 @@ How each number is taken (DESIGN.md, "Measuring memory"):
 
 * **peak_bytes** -- CUDA: ``torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()`` before one step and
   ``max_memory_allocated() - memory_allocated_before`` after it. CPU: the allocator-level analogue,
-  :func:`memsave.measurement.allocator.cpu_peak_bytes`: PyTorch's profiler with ``profile_memory=True`` records every CPU allocation and free
+  :func:`memsave.measurement.allocator.cpu_peak_bytes`: PyTorch's profiler with ``profile_memory=True`` records every
+  CPU allocation and free
   with its size and time; the peak is the maximum of their running sum over the step, relative to its start
-  (gradients are set to None before the step, so it frees nothing older than itself; see :mod:`memsave.measurement.allocator`).
+  (gradients are set to None before the step, so it frees nothing older than itself; see
+  :mod:`memsave.measurement.allocator`).
   Kernel temporaries are included by construction on both devices.
 * **activation_bytes** -- the live-tensor tracker (:class:`memsave.measurement.tracker.LiveTensorTracker`): bytes of the
   tensors created during forward that are still alive when forward returns (tensors saved for backward and the
@@ -34,8 +36,16 @@ from .allocator import step_peak_bytes
 from .tracker import LiveTensorTracker
 from .units import format_bytes
 
-__all__ = ["LossFn", "Measurement", "SavedStepState", "default_loss", "measure", "resolve_device", "resolve_loss_fn",
-           "tensors_in"]
+__all__ = [
+    "LossFn",
+    "Measurement",
+    "SavedStepState",
+    "default_loss",
+    "measure",
+    "resolve_device",
+    "resolve_loss_fn",
+    "tensors_in",
+]
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -83,7 +93,9 @@ def resolve_loss_fn(loss_fn: Optional[LossFn], where: str) -> LossFn:
     if loss_fn is None:
         return default_loss
     if not callable(loss_fn):
-        raise TypeError(f"{where}: loss_fn must be callable (output -> scalar loss tensor), got {type(loss_fn).__name__}")
+        raise TypeError(
+            f"{where}: loss_fn must be callable (output -> scalar loss tensor), got {type(loss_fn).__name__}"
+        )
     return loss_fn
 
 
@@ -92,7 +104,9 @@ def tensors_in(obj: Any) -> List[torch.Tensor]:
     return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
 
 
-def resolve_device(model: torch.nn.Module, inputs: Sequence[Any], device: Optional[Union[str, torch.device]]) -> torch.device:
+def resolve_device(
+    model: torch.nn.Module, inputs: Sequence[Any], device: Optional[Union[str, torch.device]]
+) -> torch.device:
     """The one device ``model`` and ``inputs`` live on (checked against ``device`` when given).
 
     Raises:
@@ -183,9 +197,11 @@ class Measurement:
         )
         mods = self._module_rows(10)
         if mods:
-            row += "<table><tr><th>module</th><th>activations</th></tr>" + "".join(
-                f"<tr><td><code>{html.escape(n)}</code></td><td>{format_bytes(b)}</td></tr>" for n, b in mods
-            ) + "</table>"
+            row += (
+                "<table><tr><th>module</th><th>activations</th></tr>"
+                + "".join(f"<tr><td><code>{html.escape(n)}</code></td><td>{format_bytes(b)}</td></tr>" for n, b in mods)
+                + "</table>"
+            )
         return head + row
 
 

@@ -54,8 +54,15 @@ class VGG16(nn.Module):
 
     STAGES = ((1, 1), (2, 2), (4, 4, 4), (8, 8, 8), (8, 8, 8))
 
-    def __init__(self, width: int = 64, hidden: int = 4096, num_classes: int = 1000, pool7: bool = True,
-                 image: int = 224, dropout: float = 0.5) -> None:
+    def __init__(
+        self,
+        width: int = 64,
+        hidden: int = 4096,
+        num_classes: int = 1000,
+        pool7: bool = True,
+        image: int = 224,
+        dropout: float = 0.5,
+    ) -> None:
         super().__init__()
         stages, c_in = [], 3
         for mults in self.STAGES:
@@ -69,8 +76,14 @@ class VGG16(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(7) if pool7 else nn.Identity()
         flat = c_in * (49 if pool7 else (image // 32) ** 2)
         self.classifier = nn.Sequential(
-            nn.Flatten(1), nn.Linear(flat, hidden), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, num_classes),
+            nn.Flatten(1),
+            nn.Linear(flat, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -91,8 +104,12 @@ class DoubleConv(nn.Module):
         super().__init__()
         c_mid = c_mid or c_out
         self.net = nn.Sequential(
-            nn.Conv2d(c_in, c_mid, 3, padding=1, bias=False), nn.BatchNorm2d(c_mid), nn.ReLU(inplace=True),
-            nn.Conv2d(c_mid, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
+            nn.Conv2d(c_in, c_mid, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_mid),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c_mid, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,8 +175,16 @@ class UNet(nn.Module):
 
     def as_sequential(self) -> nn.Sequential:
         return nn.Sequential(
-            _Push(self.inc, first=True), _Push(self.down1), _Push(self.down2), _Push(self.down3), _Push(self.down4),
-            _Merge(self.up1), _Merge(self.up2), _Merge(self.up3), _Merge(self.up4), _Last(self.outc),
+            _Push(self.inc, first=True),
+            _Push(self.down1),
+            _Push(self.down2),
+            _Push(self.down3),
+            _Push(self.down4),
+            _Merge(self.up1),
+            _Merge(self.up2),
+            _Merge(self.up3),
+            _Merge(self.up4),
+            _Last(self.outc),
         )
 
 
@@ -258,14 +283,24 @@ class ResNet50(nn.Module):
 
     def as_sequential(self) -> nn.Sequential:
         return nn.Sequential(
-            self.conv1, self.bn1, self.relu, self.maxpool, *self.layer1, *self.layer2, *self.layer3, *self.layer4,
-            self.avgpool, nn.Flatten(1), self.fc,
+            self.conv1,
+            self.bn1,
+            self.relu,
+            self.maxpool,
+            *self.layer1,
+            *self.layer2,
+            *self.layer3,
+            *self.layer4,
+            self.avgpool,
+            nn.Flatten(1),
+            self.fc,
         )
 
 
 # -------------------------------------------------------------------------------------------------------------- GPT
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention (one qkv Linear, scaled_dot_product_attention, an output Linear)."""
+
     def __init__(self, d: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.heads, self.dropout = heads, dropout
@@ -287,7 +322,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.ln_1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, heads, dropout)
         self.ln_2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d), nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d), nn.Dropout(dropout)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -326,8 +363,9 @@ class GPT(nn.Module):
         d: model width (768); heads: attention heads (12); layers: blocks (12); dropout: 0.1 as in GPT-2.
     """
 
-    def __init__(self, vocab: int = 50257, seq: int = 1024, d: int = 768, heads: int = 12, layers: int = 12,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self, vocab: int = 50257, seq: int = 1024, d: int = 768, heads: int = 12, layers: int = 12, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.embed = _Embed(vocab, seq, d, dropout)
         self.h = nn.ModuleList([TransformerBlock(d, heads, dropout) for _ in range(layers)])

@@ -74,9 +74,15 @@ class MemoryMonitor:
         >>> max(s.peak_bytes for s in monitor.history)
     """
 
-    def __init__(self, device: Optional[Union[str, torch.device]] = None, *, pbar: Any = None,
-                 logger: Optional[Union[logging.Logger, str]] = None, log_every: int = 1,
-                 model: Optional[nn.Module] = None) -> None:
+    def __init__(
+        self,
+        device: Optional[Union[str, torch.device]] = None,
+        *,
+        pbar: Any = None,
+        logger: Optional[Union[logging.Logger, str]] = None,
+        log_every: int = 1,
+        model: Optional[nn.Module] = None,
+    ) -> None:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         dev = torch.device(device)
@@ -90,7 +96,9 @@ class MemoryMonitor:
         if not isinstance(log_every, int) or log_every < 1:
             raise ValueError(f"MemoryMonitor: log_every must be an int >= 1, got {log_every!r}")
         if pbar is not None and not callable(getattr(pbar, "set_postfix", None)):
-            raise TypeError(f"MemoryMonitor: pbar must be a tqdm progress bar (with set_postfix), got {type(pbar).__name__}")
+            raise TypeError(
+                f"MemoryMonitor: pbar must be a tqdm progress bar (with set_postfix), got {type(pbar).__name__}"
+            )
         self.device = dev
         self.pbar = pbar
         self.logger = logging.getLogger(logger) if isinstance(logger, str) else logger
@@ -136,12 +144,17 @@ class MemoryMonitor:
         if not self._active:
             raise RuntimeError("MemoryMonitor: not started; call start(), use `with monitor:` or monitor.iterate(...)")
         if self.device.type == "cuda":
-            return {"allocated": torch.cuda.memory_allocated(self.device),
-                    "peak": torch.cuda.max_memory_allocated(self.device),
-                    "reserved": torch.cuda.memory_reserved(self.device)}
+            return {
+                "allocated": torch.cuda.memory_allocated(self.device),
+                "peak": torch.cuda.max_memory_allocated(self.device),
+                "reserved": torch.cuda.memory_reserved(self.device),
+            }
         assert self._tracker is not None
-        return {"allocated": self._baseline + self._tracker.live_bytes,
-                "peak": self._baseline + self._tracker.peak_bytes, "reserved": None}
+        return {
+            "allocated": self._baseline + self._tracker.live_bytes,
+            "peak": self._baseline + self._tracker.peak_bytes,
+            "reserved": None,
+        }
 
     def step(self, **extra: Any) -> StepMemory:
         """Record the step that just ended, reset the peak, update the progress bar and the logger.
@@ -153,8 +166,13 @@ class MemoryMonitor:
             the :class:`StepMemory` (also appended to ``history``).
         """
         now = self.current()
-        rec = StepMemory(len(self.history) + 1, int(now["allocated"] or 0), int(now["peak"] or 0),
-                         now["reserved"], dict(extra) if extra else None)
+        rec = StepMemory(
+            len(self.history) + 1,
+            int(now["allocated"] or 0),
+            int(now["peak"] or 0),
+            now["reserved"],
+            dict(extra) if extra else None,
+        )
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:

@@ -154,8 +154,16 @@ def register_strategy(
         raise ValueError(f"register_strategy: {name!r} is already registered; pass replace=True to redefine it")
     if choices is not None and arg is None:
         arg = "<" + "|".join(choices) + ">"
-    spec = StrategyDef(name, description, arg, tuple(choices) if choices is not None else None, apply, context,
-                       lossless, tuple(requires))
+    spec = StrategyDef(
+        name,
+        description,
+        arg,
+        tuple(choices) if choices is not None else None,
+        apply,
+        context,
+        lossless,
+        tuple(requires),
+    )
     _REGISTRY[name] = spec
     return spec
 
@@ -330,9 +338,7 @@ def parse_strategy(spec: Union[str, Strategy]) -> Strategy:
                 f"strategy {kind!r} needs an argument, e.g. {', '.join(d.usage())}; got {piece!r} in {spec!r}"
             )
         if d.choices is not None and arg not in d.choices:
-            raise ValueError(
-                f"strategy {kind!r} accepts {', '.join(d.usage())}; got {piece!r} in {spec!r}"
-            )
+            raise ValueError(f"strategy {kind!r} accepts {', '.join(d.usage())}; got {piece!r} in {spec!r}")
         parts.append((d, arg))
     # "eager" adds nothing to a combination.
     if len(parts) > 1:
@@ -349,7 +355,7 @@ def strip_runner_prefix(by_module: Dict[str, int], runner: nn.Module) -> Dict[st
     for name, b in by_module.items():
         if name == "":
             continue  # the runner itself creates nothing
-        new = "" if name == "model" else name[len("model."):] if name.startswith("model.") else name
+        new = "" if name == "model" else name[len("model.") :] if name.startswith("model.") else name
         out[new] = out.get(new, 0) + b
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 

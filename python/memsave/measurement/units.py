@@ -17,6 +17,7 @@ spelling                    meaning                                     :func:`p
 A bare number with a decimal point is a fraction, never bytes (``"0.5"`` is half of eager's peak, not half a byte):
 write bytes as an integer or with a unit.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,14 +31,31 @@ __all__ = ["Budget", "format_bytes", "is_fraction", "parse_budget", "parse_bytes
 Budget = Union[int, float, str]
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 2**10,
+    "kib": 2**10,
+    "mi": 2**20,
+    "mib": 2**20,
+    "gi": 2**30,
+    "gib": 2**30,
+    "ti": 2**40,
+    "tib": 2**40,
 }
 _NUMBER = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?"
 _SIZE_RE = re.compile(r"^\s*" + _NUMBER + r"\s*([A-Za-z]*|%)\s*$")
-_HOW = ("write bytes as an int, or a string with a unit such as '512MiB', '4GB', '1.5 GiB' (units: B, KB/MB/GB/TB = "
-        "1000^n, KiB/MiB/GiB/TiB = 1024^n)")
+_HOW = (
+    "write bytes as an int, or a string with a unit such as '512MiB', '4GB', '1.5 GiB' (units: B, KB/MB/GB/TB = "
+    "1000^n, KiB/MiB/GiB/TiB = 1024^n)"
+)
 
 
 def _parse(value: object, what: str, fractions: bool) -> Tuple[str, float]:
@@ -52,8 +70,9 @@ def _parse(value: object, what: str, fractions: bool) -> Tuple[str, float]:
     if isinstance(value, numbers.Real):
         f = float(value)
         if not fractions:
-            raise ValueError(f"{what}: a float ({value!r}) means a fraction of eager's peak, which is not a size "
-                             f"here; {_HOW}")
+            raise ValueError(
+                f"{what}: a float ({value!r}) means a fraction of eager's peak, which is not a size here; {_HOW}"
+            )
         if not math.isfinite(f) or f <= 0:
             raise ValueError(f"{what}: a fraction of eager's peak must be a positive number, got {value!r}")
         return "fraction", f
@@ -65,8 +84,7 @@ def _parse(value: object, what: str, fractions: bool) -> Tuple[str, float]:
     is_fraction = unit == "%" or (unit == "" and ("." in m.group(1) or m.group(2) is not None))
     if is_fraction:
         if not fractions:
-            raise ValueError(f"{what}: {value!r} reads as a fraction of eager's peak, which is not a size here; "
-                             f"{_HOW}")
+            raise ValueError(f"{what}: {value!r} reads as a fraction of eager's peak, which is not a size here; {_HOW}")
         f = number / 100.0 if unit == "%" else number
         if not math.isfinite(f) or f <= 0:
             raise ValueError(f"{what}: a fraction of eager's peak must be positive, got {value!r}")

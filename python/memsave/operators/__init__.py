@@ -11,9 +11,13 @@
 Importing this package registers the fake kernels and autograd formulas of every ``torch.ops.memsave`` operator;
 the compiled extension must be loaded first (``memsave/__init__.py`` does).
 """
-from . import library  # noqa: F401  (fake kernels and autograd for torch.ops.memsave.*)
-from . import strategies  # noqa: F401  (registers the convert and convert_all strategies)
-from . import functional, nn  # noqa: E402
+
+from . import (
+    functional,
+    library,
+    nn,
+    strategies,  # noqa: F401  (registers the convert and convert_all strategies)
+)
 from .convert import convert
 
 __all__ = ["convert", "functional", "library", "nn"]

@@ -28,6 +28,7 @@ function                   memsave keeps for backward                      torch
 the input's history exactly as torch's in-place operators do, so it is safe wherever ``torch.relu_`` is; like
 torch, it refuses a leaf tensor that requires grad.
 """
+
 from __future__ import annotations
 
 import operator
@@ -330,8 +331,9 @@ def linear_cross_entropy(
     _check_tensor("linear_cross_entropy", hidden)
     for name, value in (("weight", weight), ("target", target), ("bias", bias)):
         if value is not None and not isinstance(value, torch.Tensor):
-            raise TypeError(f"memsave.functional.linear_cross_entropy: {name} must be a torch.Tensor, got "
-                            f"{type(value).__name__}")
+            raise TypeError(
+                f"memsave.functional.linear_cross_entropy: {name} must be a torch.Tensor, got {type(value).__name__}"
+            )
     if reduction not in _REDUCTIONS:
         raise ValueError(
             f"memsave.functional.linear_cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}"
@@ -356,6 +358,7 @@ ACTIVATIONS: Tuple[str, ...] = ("identity", "relu", "leaky_relu", "elu", "gelu",
 #: Activations :func:`inplace_abn` can invert (with a positive parameter).
 INVERTIBLE_ACTIVATIONS: Tuple[str, ...] = ("identity", "leaky_relu", "elu")
 _DEFAULT_PARAM = {"leaky_relu": 0.01, "elu": 1.0}
+
 
 def resolve_activation(act: str, act_param: Optional[float], invertible: bool = False) -> Tuple[str, float]:
     """Validate an activation name and fill in its default parameter.
@@ -382,9 +385,7 @@ def resolve_activation(act: str, act_param: Optional[float], invertible: bool = 
                 f"use one of {', '.join(INVERTIBLE_ACTIVATIONS)}, or memsave.nn.BatchNormAct2d for {act!r}"
             )
         if act != "identity" and param <= 0:
-            raise ValueError(
-                f"{act} needs a positive parameter (negative_slope / alpha) to be invertible, got {param}"
-            )
+            raise ValueError(f"{act} needs a positive parameter (negative_slope / alpha) to be invertible, got {param}")
     return act, param
 
 
@@ -493,8 +494,22 @@ def batch_norm_act_conv2d(
     act, param = resolve_activation(act, act_param)
     weight, bias = _autocast_cast(input.device.type, weight, bias)
     out, _mean, _invstd = torch.ops.memsave.batch_norm_act_conv2d(
-        input, bn_weight, bn_bias, running_mean, running_var, bool(training), float(momentum), float(eps), act, param,
-        weight, bias, _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), int(groups),
+        input,
+        bn_weight,
+        bn_bias,
+        running_mean,
+        running_var,
+        bool(training),
+        float(momentum),
+        float(eps),
+        act,
+        param,
+        weight,
+        bias,
+        _pair(stride, "stride"),
+        _pair(padding, "padding"),
+        _pair(dilation, "dilation"),
+        int(groups),
     )
     return out
 
@@ -655,7 +670,7 @@ def rms_norm_linear(
     input: Tensor,
     norm_weight: Optional[Tensor],
     weight: Union[Tensor, Sequence[Tensor]],
-    bias: Union[None, Tensor, Sequence[Optional[Tensor]]] = None,
+    bias: Union[Tensor, Sequence[Optional[Tensor]], None] = None,
     eps: Optional[float] = 1e-6,
 ) -> Union[Tensor, Tuple[Tensor, ...]]:
     """``linear(rms_norm(input), weight, bias)`` for one or several Linears, keeping only ``input`` for backward.
@@ -692,7 +707,9 @@ def rms_norm_linear(
     if bias is None or isinstance(bias, Tensor):
         biases: List[Optional[Tensor]] = [bias] if single else [None] * len(weights)
         if not single and bias is not None:
-            raise ValueError("memsave.functional.rms_norm_linear: give one bias per weight (a list) for several weights")
+            raise ValueError(
+                "memsave.functional.rms_norm_linear: give one bias per weight (a list) for several weights"
+            )
     else:
         biases = list(bias)
     if len(biases) != len(weights):

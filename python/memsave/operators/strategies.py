@@ -3,6 +3,7 @@
 * ``convert``: :func:`memsave.convert` (bit-mask ReLU/LeakyReLU, byte-index MaxPool2d; bitwise exact).
 * ``convert_all``: ``memsave.convert(fuse=True, dropout=True)``: fused operators too (equal up to float rounding).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -25,8 +26,13 @@ def _apply_convert_all(model: nn.Module, arg: Optional[str], ctx: StrategyContex
     return model if out is None else out
 
 
-register_strategy("convert", "memsave.convert: bit-mask ReLU/LeakyReLU and byte-index MaxPool2d (bitwise exact)",
-                  apply=_apply_convert)
-register_strategy("convert_all", "memsave.convert(fuse=True, dropout=True): also fused BN/LayerNorm/MLP operators "
-                  "(equal up to float rounding) and memsave Dropout (other random bits than torch's)",
-                  apply=_apply_convert_all, lossless=False)
+register_strategy(
+    "convert", "memsave.convert: bit-mask ReLU/LeakyReLU and byte-index MaxPool2d (bitwise exact)", apply=_apply_convert
+)
+register_strategy(
+    "convert_all",
+    "memsave.convert(fuse=True, dropout=True): also fused BN/LayerNorm/MLP operators "
+    "(equal up to float rounding) and memsave Dropout (other random bits than torch's)",
+    apply=_apply_convert_all,
+    lossless=False,
+)

@@ -11,6 +11,7 @@
 ``strategies.py``  the ``checkpoint:<policy>`` and ``plan:<budget>`` strategies of :func:`memsave.compare`
 =================  ==============================================================================================
 """
+
 from . import strategies  # noqa: F401  (registers the checkpoint:* and plan:* strategies)
 from .blocks import find_blocks
 from .planning import Plan, plan

@@ -39,8 +39,10 @@ Example:
     >>> find_blocks(model)          # the family of non-leaf Sequentials, not the Linear layers
     ['1', '2']
 """
+
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from torch import nn
@@ -88,8 +90,10 @@ def find_blocks(model: nn.Module) -> List[str]:
         names = list(dict.fromkeys(own()))
         unknown = [n for n in names if n not in modules]
         if unknown:
-            raise ValueError(f"find_blocks: {type(model).__name__}.checkpoint_blocks() names {', '.join(unknown)}, "
-                             "which are not submodules of the model")
+            raise ValueError(
+                f"find_blocks: {type(model).__name__}.checkpoint_blocks() names {', '.join(unknown)}, "
+                "which are not submodules of the model"
+            )
         if names:
             return _outermost(names)
     held = _held_in_container(model)
@@ -123,10 +127,8 @@ def _no_split_blocks(model: nn.Module, held: Set[str]) -> List[str]:
         if isinstance(listed, str):
             classes.add(listed)
         elif listed:
-            try:
+            with contextlib.suppress(TypeError):  # not an iterable: not Hugging Face's convention
                 classes.update(c for c in listed if isinstance(c, str))
-            except TypeError:  # not an iterable: not Hugging Face's convention
-                pass
     if not classes:
         return []
     matched = [n for n, m in model.named_modules() if type(m).__name__ in classes]
@@ -182,8 +184,11 @@ def _largest_family(model: nn.Module, held: Set[str]) -> List[str]:
             if not nested:
                 continue
             shared = sum(_param_ids(modules[n] for n in nested).values())
-            if (not issubclass(inner, _CONTAINERS) and homogeneous(inner, nested)
-                    and 2 * shared >= sum(params[outer].values())):
+            if (
+                not issubclass(inner, _CONTAINERS)
+                and homogeneous(inner, nested)
+                and 2 * shared >= sum(params[outer].values())
+            ):
                 dropped.add(outer)  # a family of stages, each a run of blocks: the blocks
             elif 2 * shared >= sum(params[inner].values()):
                 dropped.add(inner)  # a family of parts of blocks: the blocks

@@ -81,6 +81,7 @@ is not done in compiled code: ``strict`` value checks, ``debug`` tables, early s
 compiled checkpoint handles in-place updates itself). A graph break inside a region runs that region eagerly, with
 memsave's own mechanism.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -98,8 +99,8 @@ from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._device import DeviceContext
 
 from ..common.rng import RngState
-from . import state
 from ..errors import CheckpointError, InplaceModificationError, MemsaveWarning, RecomputeMismatchError
+from . import state
 
 __all__ = ["checkpoint", "checkpointed", "checkpoint_sequential"]
 
@@ -112,7 +113,7 @@ _Meta = Tuple[torch.Size, torch.dtype, torch.device, int, bool]
 class _Handle:
     """Stands in, inside the autograd graph, for one tensor a region saved in forward."""
 
-    __slots__ = ("frame", "index", "__weakref__")
+    __slots__ = ("__weakref__", "frame", "index")
 
     def __init__(self, frame: "_Frame", index: int) -> None:
         self.frame = frame
@@ -139,9 +140,20 @@ class _Run:
 class _Frame:
     """Everything one call of a region needs to recompute its saved tensors in backward."""
 
-    def __init__(self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str, *,
-                 preserve_rng_state: bool, strict: bool, early_stop: bool = True, check_metadata: bool = True,
-                 debug: bool = False, recompute_context: Optional[Any] = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        name: str,
+        *,
+        preserve_rng_state: bool,
+        strict: bool,
+        early_stop: bool = True,
+        check_metadata: bool = True,
+        debug: bool = False,
+        recompute_context: Optional[Any] = None,
+    ) -> None:
         self.fn = fn
         # Containers are copied at the call: a later append to a list argument must not reach the recompute.
         self.args: Tuple[Any, ...] = state.map_tensors(_same, args)
@@ -215,14 +227,16 @@ class _Frame:
                         f"memsave: checkpointed region '{self.name}' modified its argument {path} ({_describe(t)}) "
                         f"in place (version {version} -> {t._version}) before a backward inside the region needed "
                         f"its recompute, which would start from the modified value and give wrong gradients. Clone "
-                        f"the argument inside the region before modifying it, or use the out-of-place operation.")
+                        f"the argument inside the region before modifying it, or use the out-of-place operation."
+                    )
                 raise InplaceModificationError(
                     f"memsave: one of the variables needed for gradient computation has been modified by an "
                     f"inplace operation: argument {path} of checkpointed region '{self.name}' "
                     f"({_describe(t)}) is at version {t._version}; expected version {version} (its version when "
                     f"the region's forward ended). The region recomputes from its arguments in backward, so it "
                     f"would compute wrong gradients. Clone the tensor before modifying it in place "
-                    f"(x = x.clone()), or use the out-of-place operation.")
+                    f"(x = x.clone()), or use the out-of-place operation."
+                )
         for index, ref, version in self.leaf_checks:
             t = ref()
             if t is not None and t._version != version:
@@ -231,7 +245,8 @@ class _Frame:
                     f"inplace operation: {self._tensor_label(t, index)} saved by checkpointed region "
                     f"'{self.name}' ({_describe(t)}) is at version {t._version}; expected version {version}. "
                     f"Do not modify parameters or tensors a region uses (e.g. optimizer.step(), x.add_()) "
-                    f"between its forward and backward; clone the tensor before modifying it instead.")
+                    f"between its forward and backward; clone the tensor before modifying it instead."
+                )
 
     def live_leaf(self, index: int) -> Optional[torch.Tensor]:
         """The leaf the forward saved at ``index``, when it is one and still alive, else ``None``."""
@@ -248,7 +263,8 @@ class _Frame:
                     f"inplace operation: {self._tensor_label(t, index)} saved by checkpointed region "
                     f"'{self.name}' ({_describe(t)}) is at version {t._version}; expected version {saved_version}. "
                     f"Do not modify parameters or tensors a region uses (e.g. optimizer.step(), x.add_()) "
-                    f"between its forward and backward; clone the tensor before modifying it instead.")
+                    f"between its forward and backward; clone the tensor before modifying it instead."
+                )
             raise self.stale_error(index, saved_version, t._version)
         return t
 
@@ -258,7 +274,8 @@ class _Frame:
             f"operation: saved tensor #{index} of checkpointed region '{self.name}' "
             f"({_describe_meta(self.metas[index])}) was saved at version {saved} and modified to "
             f"version {now} inside the region. Eager PyTorch fails here too: clone the tensor before "
-            f"modifying it in place.")
+            f"modifying it in place."
+        )
 
     def records_for_recompute(self) -> state.ModuleRecords:
         """The module records the recompute replays: the forward's, plus module calls still in progress.
@@ -266,7 +283,7 @@ class _Frame:
         A recompute started by a backward inside the region (before its forward returned) must also restore the
         buffers of modules whose call has begun but not ended, the watched module included.
         """
-        pending = self.watched + self.calls[self.calls_base:]
+        pending = self.watched + self.calls[self.calls_base :]
         if self.forward_done or not pending:
             return self.module_records
         return self.module_records.including(pending)
@@ -288,7 +305,8 @@ class _Frame:
         if self.recomputing:
             raise CheckpointError(
                 f"memsave: region '{self.name}' asked for its own saved tensors while recomputing them. Please "
-                f"report this with the region's code.")
+                f"report this with the region's code."
+            )
         self.check_unchanged()
         forward_done = self.forward_done
         needed = self.needed(run, index, temporary)
@@ -315,14 +333,16 @@ class _Frame:
                 raise RecomputeMismatchError(
                     f"memsave: the recompute of checkpointed region '{self.name}' saved more tensors for backward "
                     f"than its forward did ({n}); the extra tensor #{i} is {_describe(t)}. {_MISMATCH_ADVICE}"
-                    f"{self.debug_table(trace, i)}")
+                    f"{self.debug_table(trace, i)}"
+                )
             shape, dtype, device, version, has_history = self.metas[i]
             if self.check_metadata and (t.shape != shape or t.dtype != dtype or t.device != device):
                 raise RecomputeMismatchError(
                     f"memsave: the recompute of checkpointed region '{self.name}' does not match its forward: "
                     f"saved tensor #{i} has shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device} in the "
                     f"recompute but shape {tuple(shape)}, dtype {dtype}, device {device} in the forward. "
-                    f"{_MISMATCH_ADVICE}{self.debug_table(trace, i)}")
+                    f"{_MISMATCH_ADVICE}{self.debug_table(trace, i)}"
+                )
             if has_history and t._version != version:
                 raise InplaceModificationError(
                     f"memsave: one of the variables needed for gradient computation has been modified by an "
@@ -330,7 +350,8 @@ class _Frame:
                     f"({_describe(t)}) is at version {t._version} in the recompute but was saved at version "
                     f"{version}. A parameter, or a tensor the region uses without receiving it as an argument (a "
                     f"closure variable), was modified in place between forward and backward; do not modify it "
-                    f"before backward (e.g. optimizer.step()), or clone it before modifying it.")
+                    f"before backward (e.g. optimizer.step()), or clone it before modifying it."
+                )
             if self.strict:
                 _strict_compare(self.name, i, self.strict_values[i], t)
             if i in needed:
@@ -364,7 +385,8 @@ class _Frame:
         if not stopped[0] and forward_done and count[0] != n:
             raise RecomputeMismatchError(
                 f"memsave: the recompute of checkpointed region '{self.name}' saved {count[0]} tensors for "
-                f"backward but its forward saved {n}. {_MISMATCH_ADVICE}{self.debug_table(trace, count[0])}")
+                f"backward but its forward saved {n}. {_MISMATCH_ADVICE}{self.debug_table(trace, count[0])}"
+            )
 
     def debug_table(self, recompute: Optional[List[str]], at: int) -> str:
         """With ``debug=True``: the saved tensors of both runs around index ``at``, for a mismatch error."""
@@ -373,8 +395,11 @@ class _Frame:
         lo = max(0, at - 4)
         hi = max(len(self.trace), len(recompute))
         hi = min(hi, at + 3)
-        rows = [f"  #{i}: forward {self.trace[i] if i < len(self.trace) else '-'} | recompute "
-                f"{recompute[i] if i < len(recompute) else '-'}" for i in range(lo, hi)]
+        rows = [
+            f"  #{i}: forward {self.trace[i] if i < len(self.trace) else '-'} | recompute "
+            f"{recompute[i] if i < len(recompute) else '-'}"
+            for i in range(lo, hi)
+        ]
         return ("\nSaved tensors (debug=True), forward | recompute:\n" + "\n".join(rows)) if rows else ""
 
     def _tensor_label(self, t: torch.Tensor, index: int) -> str:
@@ -395,7 +420,8 @@ class _Frame:
 _MISMATCH_ADVICE = (
     "A checkpointed region must do the same operations on the same shapes when it is recomputed in backward. "
     "Make it independent of state that changes between forward and backward (global counters, data-dependent "
-    "shapes from non-replayed randomness, flags flipped after forward), or do not checkpoint it.")
+    "shapes from non-replayed randomness, flags flipped after forward), or do not checkpoint it."
+)
 
 
 def _identity(x: Any) -> Any:
@@ -442,10 +468,8 @@ def _drop_run_when_backward_ends(frame: _Frame, key: Hashable) -> None:
         if f is not None:
             f.runs.pop(key, None)
 
-    try:
+    with contextlib.suppress(RuntimeError):  # not inside the engine: the run stays until the frame dies
         torch.autograd.Variable._execution_engine.queue_callback(drop)  # type: ignore[attr-defined]
-    except RuntimeError:  # pragma: no cover - not inside the engine: the run stays until the frame dies
-        pass
 
 
 def _unpack(handle: _Handle) -> torch.Tensor:
@@ -467,15 +491,21 @@ def _unpack(handle: _Handle) -> torch.Tensor:
                 if ends:
                     _drop_run_when_backward_ends(frame, key)
         elif index in run.unpacked:
-            group = "" if ends else (
-                " Backward calls under one torch.utils.checkpoint.GraphExecGroup share one recompute, so they must "
-                "not need the same saved tensor.")
+            group = (
+                ""
+                if ends
+                else (
+                    " Backward calls under one torch.utils.checkpoint.GraphExecGroup share one recompute, so they must "
+                    "not need the same saved tensor."
+                )
+            )
             raise CheckpointError(
                 f"memsave: saved tensor #{index} of checkpointed region '{frame.name}' "
                 f"({_describe_meta(frame.metas[index])}) is unpacked a second time in the same backward. A region's "
                 f"recomputed tensors are freed as soon as backward reads them (as in torch.utils.checkpoint): if a "
                 f"custom autograd.Function reads ctx.saved_tensors in its backward, read it once and keep the result. "
-                f"A new backward (retain_graph=True) recomputes them again.{group}")
+                f"A new backward (retain_graph=True) recomputes them again.{group}"
+            )
         entry = run.stored.pop(handle, None)
         if entry is None:
             frame.recompute(run, index, temporary=key is None)
@@ -483,14 +513,16 @@ def _unpack(handle: _Handle) -> torch.Tensor:
             if entry is None:  # pragma: no cover - the recompute checks the count of saved tensors
                 raise CheckpointError(
                     f"memsave: internal error: the recompute of region '{frame.name}' did not produce saved "
-                    f"tensor #{index}. Please report this with the region's code.")
+                    f"tensor #{index}. Please report this with the region's code."
+                )
         run.unpacked.add(index)
     t, version = entry
     if t._version != version:
         raise InplaceModificationError(
             f"memsave: one of the variables needed for gradient computation has been modified by an inplace "
             f"operation: saved tensor #{index} of checkpointed region '{frame.name}' ({_describe(t)}) is at "
-            f"version {t._version}; expected version {version}. Clone the tensor before modifying it in place.")
+            f"version {t._version}; expected version {version}. Clone the tensor before modifying it in place."
+        )
     return t
 
 
@@ -542,7 +574,8 @@ def _strict_compare(name: str, index: int, expected: torch.Tensor, got: torch.Te
             f"({_describe(got)}) has other values in the recompute than in the forward{detail}. The region is not "
             f"deterministic: look for randomness outside torch's generators (numpy, python random), "
             f"preserve_rng_state=False, non-deterministic kernels, or state that changed between forward and "
-            f"backward.")
+            f"backward."
+        )
 
 
 def _region_name(fn: Any, name: Optional[str]) -> str:
@@ -564,8 +597,12 @@ def _watched_modules(fn: Any) -> Tuple[nn.Module, ...]:
     owner = getattr(fn, "__self__", None)
     if inspect.ismethod(fn) and isinstance(owner, nn.Module):
         return (owner,)
-    if isinstance(fn, functools.partial) and fn.args and isinstance(fn.args[0], nn.Module) \
-            and not isinstance(fn.func, nn.Module):
+    if (
+        isinstance(fn, functools.partial)
+        and fn.args
+        and isinstance(fn.args[0], nn.Module)
+        and not isinstance(fn.func, nn.Module)
+    ):
         return (fn.args[0],)
     return ()
 
@@ -574,13 +611,24 @@ def _check_callable(fn: Any, where: str) -> None:
     if not callable(fn):
         raise TypeError(
             f"memsave.{where}: fn must be callable (a function, a bound method or an nn.Module), got "
-            f"{type(fn).__name__}. Pass the function first and its arguments after it: {where}(fn, *args, **kwargs).")
+            f"{type(fn).__name__}. Pass the function first and its arguments after it: {where}(fn, *args, **kwargs)."
+        )
 
 
-def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], *, name: str,
-               preserve_rng_state: bool, strict: bool, watch: Sequence[nn.Module] = (), early_stop: bool = True,
-               check_metadata: bool = True, debug: bool = False,
-               context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> Any:
+def run_region(
+    fn: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    *,
+    name: str,
+    preserve_rng_state: bool,
+    strict: bool,
+    watch: Sequence[nn.Module] = (),
+    early_stop: bool = True,
+    check_metadata: bool = True,
+    debug: bool = False,
+    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+) -> Any:
     """Run ``fn(*args, **kwargs)`` as a checkpointed region (the common path of every public entry point).
 
     Args:
@@ -602,12 +650,27 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
-        return _compiled_region(fn, args, kwargs, preserve_rng_state=preserve_rng_state,
-                                check_metadata=check_metadata, context_fn=context_fn)
+        return _compiled_region(
+            fn,
+            args,
+            kwargs,
+            preserve_rng_state=preserve_rng_state,
+            check_metadata=check_metadata,
+            context_fn=context_fn,
+        )
     forward_context, recompute_context = _open_contexts(name, context_fn)
-    frame = _Frame(fn, args, kwargs, name, preserve_rng_state=preserve_rng_state, strict=strict,
-                   early_stop=early_stop, check_metadata=check_metadata, debug=debug,
-                   recompute_context=recompute_context)
+    frame = _Frame(
+        fn,
+        args,
+        kwargs,
+        name,
+        preserve_rng_state=preserve_rng_state,
+        strict=strict,
+        early_stop=early_stop,
+        check_metadata=check_metadata,
+        debug=debug,
+        recompute_context=recompute_context,
+    )
     entry_versions = [(path, t, t._version) for path, t in _tensor_args(args, kwargs)]
     frame.arg_versions = entry_versions
     frame.watched = [(m, state.ModuleSnapshot(m)) for m in watch]
@@ -615,8 +678,10 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
     state.acquire_module_hooks()
     state.tls.records.append(frame.module_records)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack), \
-                (forward_context if forward_context is not None else contextlib.nullcontext()):
+        with (
+            torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack),
+            forward_context if forward_context is not None else contextlib.nullcontext(),
+        ):
             out = fn(*args, **kwargs)
     finally:
         stack = state.tls.records
@@ -635,21 +700,35 @@ def run_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
                 f"during forward (version {version} -> {t._version}). Its recompute in backward would start from "
                 f"the modified value and give wrong gradients. Clone the argument inside the region before "
                 f"modifying it, use the out-of-place operation (e.g. nn.ReLU(inplace=False)), or move the in-place "
-                f"operation out of the region.")
-    if frame.rng is not None and not cuda_was_initialized and torch.cuda.is_available() \
-            and torch.cuda.is_initialized() and frame.metas:
+                f"operation out of the region."
+            )
+    if (
+        frame.rng is not None
+        and not cuda_was_initialized
+        and torch.cuda.is_available()
+        and torch.cuda.is_initialized()
+        and frame.metas
+    ):
         warnings.warn(
             f"memsave: CUDA was initialised inside checkpointed region '{name}', so its CUDA RNG state could not be "
             f"saved at region entry and random operations on CUDA (dropout) may differ in the recompute. "
             f"Initialise CUDA before the first checkpointed forward (e.g. torch.cuda.init() or model.cuda()).",
-            MemsaveWarning, stacklevel=3)
+            MemsaveWarning,
+            stacklevel=3,
+        )
     frame.finish_forward()  # the loop above checked the arguments are still at their entry versions
     return out
 
 
-def _compiled_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], *,
-                     preserve_rng_state: bool, check_metadata: bool,
-                     context_fn: Optional[Callable[[], Tuple[Any, Any]]]) -> Any:
+def _compiled_region(
+    fn: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    *,
+    preserve_rng_state: bool,
+    check_metadata: bool,
+    context_fn: Optional[Callable[[], Tuple[Any, Any]]],
+) -> Any:
     """A region met while dynamo traces (``torch.compile``): lowered to torch's own checkpoint.
 
     memsave's saved-tensor hooks and recompute run Python that dynamo cannot put in a graph. torch's non-reentrant
@@ -660,11 +739,22 @@ def _compiled_region(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict
     region = functools.partial(fn, **kwargs) if kwargs else fn
     determinism_check = "default" if check_metadata else "none"
     if context_fn is None:  # torch's default context_fn is a function dynamo would try to trace
-        return torch_checkpoint.checkpoint(region, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
-                                           determinism_check=determinism_check)
+        return torch_checkpoint.checkpoint(
+            region,
+            *args,
+            use_reentrant=False,
+            preserve_rng_state=preserve_rng_state,
+            determinism_check=determinism_check,
+        )
     # dynamo calls context_fn itself, at compile time: it must be the caller's function or partial, not a closure.
-    return torch_checkpoint.checkpoint(region, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
-                                       determinism_check=determinism_check, context_fn=context_fn)
+    return torch_checkpoint.checkpoint(
+        region,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=preserve_rng_state,
+        determinism_check=determinism_check,
+        context_fn=context_fn,
+    )
 
 
 _DETERMINISM_CHECKS = ("default", "none")
@@ -674,9 +764,14 @@ def _is_noop_context_fn(context_fn: Any) -> bool:
     return context_fn is None or context_fn is getattr(torch_checkpoint, "noop_context_fn", None)
 
 
-def _torch_options(where: str, use_reentrant: Optional[bool], context_fn: Optional[Callable[[], Any]],
-                   determinism_check: str, debug: bool,
-                   early_stop: bool) -> Tuple[Optional[Callable[[], Tuple[Any, Any]]], bool, bool, bool]:
+def _torch_options(
+    where: str,
+    use_reentrant: Optional[bool],
+    context_fn: Optional[Callable[[], Any]],
+    determinism_check: str,
+    debug: bool,
+    early_stop: bool,
+) -> Tuple[Optional[Callable[[], Tuple[Any, Any]]], bool, bool, bool]:
     """Check torch.utils.checkpoint's keyword arguments as :func:`checkpoint` takes them (see its docstring).
 
     Returns:
@@ -687,10 +782,15 @@ def _torch_options(where: str, use_reentrant: Optional[bool], context_fn: Option
         warnings.warn(
             f"memsave.{where}: use_reentrant=True asks for torch's reentrant checkpoint; memsave's regions are always "
             f"non-reentrant (the same gradients, and parameter gradients even when no input requires grad). Pass "
-            f"use_reentrant=False to silence this warning.", MemsaveWarning, stacklevel=3)
+            f"use_reentrant=False to silence this warning.",
+            MemsaveWarning,
+            stacklevel=3,
+        )
     if determinism_check not in _DETERMINISM_CHECKS:
-        raise ValueError(f"memsave.{where}: determinism_check must be one of {', '.join(_DETERMINISM_CHECKS)} "
-                         f"(as for torch.utils.checkpoint), got {determinism_check!r}")
+        raise ValueError(
+            f"memsave.{where}: determinism_check must be one of {', '.join(_DETERMINISM_CHECKS)} "
+            f"(as for torch.utils.checkpoint), got {determinism_check!r}"
+        )
     if not isinstance(debug, bool) or not isinstance(early_stop, bool):
         raise TypeError(f"memsave.{where}: debug and early_stop must be bools, got {debug!r} and {early_stop!r}")
     global_early_stop = getattr(torch_checkpoint, "_enable_checkpoint_early_stop", None)
@@ -712,8 +812,10 @@ def check_context_fn(where: str, context_fn: Any) -> Optional[Callable[[], Tuple
     if _is_noop_context_fn(context_fn):
         return None
     if not callable(context_fn):
-        raise TypeError(f"memsave.{where}: context_fn must be a function returning two context managers (forward, "
-                        f"recompute), as for torch.utils.checkpoint; got {type(context_fn).__name__}")
+        raise TypeError(
+            f"memsave.{where}: context_fn must be a function returning two context managers (forward, "
+            f"recompute), as for torch.utils.checkpoint; got {type(context_fn).__name__}"
+        )
     return context_fn
 
 
@@ -722,17 +824,29 @@ def _open_contexts(name: str, context_fn: Optional[Callable[[], Tuple[Any, Any]]
     if context_fn is None:
         return None, None
     pair = context_fn()
-    if not (isinstance(pair, tuple) and len(pair) == 2
-            and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)):
-        raise TypeError(f"memsave: context_fn of checkpointed region '{name}' must return a tuple of two context "
-                        f"managers (forward, recompute), got {pair!r}")
+    if not (
+        isinstance(pair, tuple)
+        and len(pair) == 2
+        and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)
+    ):
+        raise TypeError(
+            f"memsave: context_fn of checkpointed region '{name}' must return a tuple of two context "
+            f"managers (forward, recompute), got {pair!r}"
+        )
     return pair[0], pair[1]
 
 
-def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: Optional[bool] = None,
-               preserve_rng_state: bool = True, context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
-               determinism_check: str = "default", debug: bool = False, early_stop: bool = True,
-               **kwargs: Any) -> Any:
+def checkpoint(
+    fn: Callable[..., Any],
+    *args: Any,
+    use_reentrant: Optional[bool] = None,
+    preserve_rng_state: bool = True,
+    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+    determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+    **kwargs: Any,
+) -> Any:
     """Run ``fn(*args, **kwargs)`` without keeping its activations; recompute them in backward.
 
     A drop-in for ``torch.utils.checkpoint.checkpoint``: it takes torch's keyword arguments with torch's meaning (see
@@ -795,16 +909,33 @@ def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: Optional[bool]
         >>> y.sum().backward()
     """
     _check_callable(fn, "checkpoint")
-    context_fn, check_metadata, debug, early_stop = _torch_options("checkpoint", use_reentrant, context_fn,
-                                                                 determinism_check, debug, early_stop)
-    return run_region(fn, args, kwargs, name=_region_name(fn, None), preserve_rng_state=preserve_rng_state,
-                      strict=False, watch=_watched_modules(fn), early_stop=early_stop, check_metadata=check_metadata,
-                      debug=debug, context_fn=context_fn)
+    context_fn, check_metadata, debug, early_stop = _torch_options(
+        "checkpoint", use_reentrant, context_fn, determinism_check, debug, early_stop
+    )
+    return run_region(
+        fn,
+        args,
+        kwargs,
+        name=_region_name(fn, None),
+        preserve_rng_state=preserve_rng_state,
+        strict=False,
+        watch=_watched_modules(fn),
+        early_stop=early_stop,
+        check_metadata=check_metadata,
+        debug=debug,
+        context_fn=context_fn,
+    )
 
 
-def checkpointed(fn: Optional[F] = None, *, name: Optional[str] = None, strict: bool = False,
-                 preserve_rng_state: bool = True, early_stop: bool = True,
-                 context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> Union[F, Callable[[F], F]]:
+def checkpointed(
+    fn: Optional[F] = None,
+    *,
+    name: Optional[str] = None,
+    strict: bool = False,
+    preserve_rng_state: bool = True,
+    early_stop: bool = True,
+    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+) -> Union[F, Callable[[F], F]]:
     """Decorator: every call of the function (or ``forward`` method) runs as a :func:`checkpoint` region.
 
     Usable bare (``@checkpointed``), with options (``@checkpointed(strict=True)``), or for one call with region
@@ -836,9 +967,17 @@ def checkpointed(fn: Optional[F] = None, *, name: Optional[str] = None, strict: 
         >>> y = memsave.checkpointed(f, name="encoder", strict=True)(x)   # one call with region options
     """
     if fn is None:
+
         def decorate(f: F) -> F:
-            return checkpointed(f, name=name, strict=strict, preserve_rng_state=preserve_rng_state,  # type: ignore
-                                early_stop=early_stop, context_fn=context_fn)
+            return checkpointed(
+                f,
+                name=name,
+                strict=strict,
+                preserve_rng_state=preserve_rng_state,  # type: ignore
+                early_stop=early_stop,
+                context_fn=context_fn,
+            )
+
         return decorate
     _check_callable(fn, "checkpointed")
     context_fn = check_context_fn("checkpointed", context_fn)
@@ -849,8 +988,17 @@ def checkpointed(fn: Optional[F] = None, *, name: Optional[str] = None, strict: 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # For a method, args[0] is the module: its __call__ (and the global pre-hook) ran before the region.
         watch = (args[0],) if args and isinstance(args[0], nn.Module) else fixed_watch
-        return run_region(fn, args, kwargs, name=region, preserve_rng_state=preserve_rng_state, strict=strict,
-                          watch=watch, early_stop=early_stop, context_fn=context_fn)
+        return run_region(
+            fn,
+            args,
+            kwargs,
+            name=region,
+            preserve_rng_state=preserve_rng_state,
+            strict=strict,
+            watch=watch,
+            early_stop=early_stop,
+            context_fn=context_fn,
+        )
 
     wrapper.__memsave_checkpointed__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
@@ -880,9 +1028,14 @@ def count_leading_inplace(modules: Sequence[Callable[..., Any]]) -> int:
     return count
 
 
-def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[Callable[..., Any]]],
-                          segments: int, x: Any, *, use_reentrant: Optional[bool] = None,
-                          preserve_rng_state: bool = True) -> Any:
+def checkpoint_sequential(
+    modules: Union[nn.Sequential, nn.ModuleList, Sequence[Callable[..., Any]]],
+    segments: int,
+    x: Any,
+    *,
+    use_reentrant: Optional[bool] = None,
+    preserve_rng_state: bool = True,
+) -> Any:
     """Run modules one after the other, checkpointing them in ``segments`` segments (drop-in for torch's).
 
     Like ``torch.utils.checkpoint.checkpoint_sequential``: the modules are split into ``segments`` consecutive
@@ -922,7 +1075,8 @@ def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[
     else:
         raise TypeError(
             f"memsave.checkpoint_sequential: modules must be an nn.Sequential, an nn.ModuleList or a list of "
-            f"modules, got {type(modules).__name__}. For a single module or function use memsave.checkpoint.")
+            f"modules, got {type(modules).__name__}. For a single module or function use memsave.checkpoint."
+        )
     for i, m in enumerate(mods):
         if not callable(m):
             raise TypeError(f"memsave.checkpoint_sequential: modules[{i}] is a {type(m).__name__}, not callable.")
@@ -932,7 +1086,8 @@ def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[
     if segments <= 0 or segments > n:
         raise ValueError(
             f"memsave.checkpoint_sequential: segments must be between 1 and the number of modules ({n}), got "
-            f"{segments}. Use at most one segment per module; 2 segments is the classic choice for a plain stack.")
+            f"{segments}. Use at most one segment per module; 2 segments is the classic choice for a plain stack."
+        )
     _torch_options("checkpoint_sequential", use_reentrant, None, "default", False, True)
     if not torch.is_grad_enabled():
         return ModuleChain(mods)(x)
@@ -945,8 +1100,14 @@ def checkpoint_sequential(modules: Union[nn.Sequential, nn.ModuleList, Sequence[
         for module in seg[:skip]:
             out = module(out)
         if skip < len(seg):
-            out = run_region(ModuleChain(seg[skip:]), (out,), {}, name=f"{prefix}[{start + skip}:{end}]",
-                             preserve_rng_state=preserve_rng_state, strict=False)
-    for module in mods[(segments - 1) * size:]:
+            out = run_region(
+                ModuleChain(seg[skip:]),
+                (out,),
+                {},
+                name=f"{prefix}[{start + skip}:{end}]",
+                preserve_rng_state=preserve_rng_state,
+                strict=False,
+            )
+    for module in mods[(segments - 1) * size :]:
         out = module(out)
     return out

@@ -11,6 +11,7 @@ checkpoint's memory saving for a fraction of its recompute time.
 policies (``create_selective_checkpoint_contexts(policy_fn)``) work the same way with :func:`memsave.checkpoint`
 and :func:`memsave.wrap`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,9 +29,14 @@ _aten = torch.ops.aten
 OPERATOR_CLASSES: Dict[str, Tuple[str, ...]] = {
     "matmul": ("mm", "addmm", "bmm", "baddbmm", "_addmm_activation"),
     "conv": ("convolution", "_convolution", "convolution_overrideable"),
-    "attention": ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                  "_flash_attention_forward", "_efficient_attention_forward"),
+    "attention": (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    ),
 }
 
 
@@ -64,8 +70,10 @@ def operators_of(operator_class: str) -> Tuple[Any, ...]:
         True
     """
     if operator_class not in _OVERLOADS:
-        raise ValueError(f"memsave.selective: unknown operator class {operator_class!r}; the classes are "
-                         f"{', '.join(OPERATOR_CLASSES)}")
+        raise ValueError(
+            f"memsave.selective: unknown operator class {operator_class!r}; the classes are "
+            f"{', '.join(OPERATOR_CLASSES)}"
+        )
     return _OVERLOADS[operator_class]
 
 
@@ -99,8 +107,9 @@ def selective(*operator_classes: str) -> Callable[[], Tuple[Any, Any]]:
         raise ValueError(f"memsave.selective: name at least one operator class to keep: {', '.join(OPERATOR_CLASSES)}")
     unknown = [c for c in operator_classes if c not in OPERATOR_CLASSES]
     if unknown:
-        raise ValueError(f"memsave.selective: unknown operator class {unknown[0]!r}; the classes are "
-                         f"{', '.join(OPERATOR_CLASSES)}")
+        raise ValueError(
+            f"memsave.selective: unknown operator class {unknown[0]!r}; the classes are {', '.join(OPERATOR_CLASSES)}"
+        )
     # A partial of torch's own function: dynamo (torch.compile) recognises it and calls it at compile time.
     ops = [op for name in dict.fromkeys(operator_classes) for op in _OVERLOADS[name]]
     return functools.partial(torch_checkpoint.create_selective_checkpoint_contexts, ops)

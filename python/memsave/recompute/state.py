@@ -8,6 +8,7 @@ Kept apart from :mod:`memsave.checkpoint` so the region logic there stays readab
   buffers) the buffer values it started from;
 * the autocast state at region entry (the RNG states are :class:`memsave.common.rng.RngState`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,8 +46,11 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
             return type(obj)(*items)
         return tuple(items) if type(obj) is tuple else type(obj)(items)
     if isinstance(obj, list):
-        return [map_tensors(fn, item) for item in obj] if type(obj) is list else type(obj)(
-            map_tensors(fn, item) for item in obj)
+        return (
+            [map_tensors(fn, item) for item in obj]
+            if type(obj) is list
+            else type(obj)(map_tensors(fn, item) for item in obj)
+        )
     if isinstance(obj, dict):
         if type(obj) is dict:
             return {key: map_tensors(fn, item) for key, item in obj.items()}
@@ -87,8 +91,11 @@ def _buffers_write_only(module: nn.Module) -> bool:
     Only torch's own forwards count (a subclass overriding forward may read its buffers), and a module with forward
     pre-hooks is excluded (a hook may read them).
     """
-    return (module.training and not module._forward_pre_hooks
-            and getattr(type(module), "forward", None) in _WRITE_ONLY_BUFFER_FORWARDS)
+    return (
+        module.training
+        and not module._forward_pre_hooks
+        and getattr(type(module), "forward", None) in _WRITE_ONLY_BUFFER_FORWARDS
+    )
 
 
 class ModuleSnapshot:
@@ -98,7 +105,7 @@ class ModuleSnapshot:
     starts from when the call turns out to change the module's buffers.
     """
 
-    __slots__ = ("training", "buffers")
+    __slots__ = ("buffers", "training")
 
     def __init__(self, module: nn.Module) -> None:
         self.training = module.training
@@ -136,7 +143,7 @@ class ModuleSnapshot:
 class ModuleRecord:
     """What a region remembers about one module it called: replayed during its recompute."""
 
-    __slots__ = ("module_ref", "training", "buffers")
+    __slots__ = ("buffers", "module_ref", "training")
 
     def __init__(self, module: nn.Module, training: bool) -> None:
         self.module_ref = weakref.ref(module)
@@ -290,7 +297,7 @@ class ReplayedModuleState:
 class AutocastState:
     """Autocast flags in force at region entry (CPU and CUDA), re-entered for the recompute."""
 
-    __slots__ = ("cpu", "cuda", "cache")
+    __slots__ = ("cache", "cpu", "cuda")
 
     def __init__(self) -> None:
         self.cpu = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))

@@ -9,6 +9,7 @@
 * Baselines to compare with: ``torch_checkpoint:<policy>`` (``torch.utils.checkpoint``, non-reentrant, around the
   same modules as ``checkpoint:<policy>``) and ``torch_checkpoint_sequential:<segments>``.
 """
+
 from __future__ import annotations
 
 import re
@@ -87,8 +88,11 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
             if item in modules and item != "":
                 names.append(item)
                 continue
-            matched = [n for n, m in modules.items()
-                       if item in (type(m).__name__, f"{type(m).__module__}.{type(m).__qualname__}")]
+            matched = [
+                n
+                for n, m in modules.items()
+                if item in (type(m).__name__, f"{type(m).__module__}.{type(m).__qualname__}")
+            ]
             if not matched:
                 unmatched.append(item)
             names += matched
@@ -171,8 +175,10 @@ def sequential_view(model: nn.Module) -> nn.Sequential:
         seq = view()
         if isinstance(seq, nn.Sequential):
             return seq
-    raise ValueError(f"{type(model).__name__} is not an nn.Sequential and has no as_sequential() method, so it has no "
-                     "sequential view to split into segments; use checkpoint:<policy> instead")
+    raise ValueError(
+        f"{type(model).__name__} is not an nn.Sequential and has no as_sequential() method, so it has no "
+        "sequential view to split into segments; use checkpoint:<policy> instead"
+    )
 
 
 class SequentialSegments(nn.Module):
@@ -198,18 +204,39 @@ def _apply_checkpoint_sequential(model: nn.Module, arg: Optional[str], ctx: Stra
 
 
 def _apply_torch_checkpoint_sequential(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
-    return SequentialSegments(sequential_view(model), _segments(arg, "torch_checkpoint_sequential"),
-                              torch_checkpoint.checkpoint_sequential, use_reentrant=False)
+    return SequentialSegments(
+        sequential_view(model),
+        _segments(arg, "torch_checkpoint_sequential"),
+        torch_checkpoint.checkpoint_sequential,
+        use_reentrant=False,
+    )
 
 
-register_strategy("checkpoint", "memsave.wrap: recompute the selected modules in backward", arg="<policy>",
-                  apply=_apply_checkpoint)
-register_strategy("plan", "memsave.plan at a budget ('4GiB', '50%', 0.5) or with a baseline strategy (sqrt, "
-                  "uniform:K, all), applied with memsave.wrap", arg="<budget>", apply=_apply_plan)
-register_strategy("checkpoint_sequential", "memsave.checkpoint_sequential over the model's sequential view",
-                  arg="<segments>", apply=_apply_checkpoint_sequential)
-register_strategy("torch_checkpoint", "baseline: torch.utils.checkpoint (non-reentrant) around the modules "
-                  "checkpoint:<policy> selects", arg="<policy>", apply=_apply_torch_checkpoint)
-register_strategy("torch_checkpoint_sequential", "baseline: torch.utils.checkpoint.checkpoint_sequential "
-                  "(non-reentrant) over the model's sequential view", arg="<segments>",
-                  apply=_apply_torch_checkpoint_sequential)
+register_strategy(
+    "checkpoint", "memsave.wrap: recompute the selected modules in backward", arg="<policy>", apply=_apply_checkpoint
+)
+register_strategy(
+    "plan",
+    "memsave.plan at a budget ('4GiB', '50%', 0.5) or with a baseline strategy (sqrt, "
+    "uniform:K, all), applied with memsave.wrap",
+    arg="<budget>",
+    apply=_apply_plan,
+)
+register_strategy(
+    "checkpoint_sequential",
+    "memsave.checkpoint_sequential over the model's sequential view",
+    arg="<segments>",
+    apply=_apply_checkpoint_sequential,
+)
+register_strategy(
+    "torch_checkpoint",
+    "baseline: torch.utils.checkpoint (non-reentrant) around the modules checkpoint:<policy> selects",
+    arg="<policy>",
+    apply=_apply_torch_checkpoint,
+)
+register_strategy(
+    "torch_checkpoint_sequential",
+    "baseline: torch.utils.checkpoint.checkpoint_sequential (non-reentrant) over the model's sequential view",
+    arg="<segments>",
+    apply=_apply_torch_checkpoint_sequential,
+)

@@ -6,6 +6,7 @@ runs the module's original forward as a :func:`memsave.checkpoint` region — an
 is inserted, so ``state_dict`` keys, ``named_modules`` and parameter identity are exactly those of the plain
 model, and :func:`unwrap` restores the plain eager model exactly.
 """
+
 from __future__ import annotations
 
 import abc
@@ -21,8 +22,16 @@ from ..errors import MemsaveWarning
 from .blocks import find_blocks
 from .region import ModuleChain, check_context_fn, count_leading_inplace, run_region
 
-__all__ = ["CheckpointedForward", "RegionPlan", "WrappedRepr", "is_wrapped", "unwrap", "unwrap_module", "wrap",
-           "wrap_module"]
+__all__ = [
+    "CheckpointedForward",
+    "RegionPlan",
+    "WrappedRepr",
+    "is_wrapped",
+    "unwrap",
+    "unwrap_module",
+    "wrap",
+    "wrap_module",
+]
 
 Policy = Union[Type[nn.Module], Tuple[Type[nn.Module], ...], Callable[[str, nn.Module], bool]]
 
@@ -49,9 +58,15 @@ class CheckpointedForward:
     it had one.
     """
 
-    def __init__(self, module: nn.Module, name: str, previous: Optional[Callable[..., Any]],
-                 preserve_rng_state: bool = True, strict: bool = False,
-                 context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        name: str,
+        previous: Optional[Callable[..., Any]],
+        preserve_rng_state: bool = True,
+        strict: bool = False,
+        context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+    ) -> None:
         self.module = module
         self.name = name
         self.previous = previous
@@ -76,8 +91,13 @@ class CheckpointedForward:
             return forward(*args, **kwargs)
         if getattr(type(module), "_can_checkpoint_with_cache", None) is False:
             args, kwargs = _without_kv_cache(self.parameter_names, args, kwargs)
-        if (isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
-                and self.previous is None and len(args) == 1 and not kwargs):
+        if (
+            isinstance(module, nn.Sequential)
+            and type(module).forward is nn.Sequential.forward
+            and self.previous is None
+            and len(args) == 1
+            and not kwargs
+        ):
             # Leading in-place children (a VGG block starting with ReLU(inplace=True)) run before the region.
             children = list(module)
             skip = count_leading_inplace(children)
@@ -87,11 +107,26 @@ class CheckpointedForward:
                     x = child(x)
                 if skip == len(children):
                     return x
-                return run_region(ModuleChain(children[skip:]), (x,), {}, name=self.name,
-                                   preserve_rng_state=self.preserve_rng_state, strict=self.strict, watch=(module,),
-                                   context_fn=self.context_fn)
-        return run_region(forward, args, kwargs, name=self.name, preserve_rng_state=self.preserve_rng_state,
-                           strict=self.strict, watch=(module,), context_fn=self.context_fn)
+                return run_region(
+                    ModuleChain(children[skip:]),
+                    (x,),
+                    {},
+                    name=self.name,
+                    preserve_rng_state=self.preserve_rng_state,
+                    strict=self.strict,
+                    watch=(module,),
+                    context_fn=self.context_fn,
+                )
+        return run_region(
+            forward,
+            args,
+            kwargs,
+            name=self.name,
+            preserve_rng_state=self.preserve_rng_state,
+            strict=self.strict,
+            watch=(module,),
+            context_fn=self.context_fn,
+        )
 
 
 # The cache argument's names across transformers releases (5.24 renamed past_key_values to cache).
@@ -105,8 +140,9 @@ def _parameter_names(forward: Callable[..., Any]) -> Tuple[str, ...]:
         return ()
 
 
-def _without_kv_cache(names: Sequence[str], args: Tuple[Any, ...],
-                      kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+def _without_kv_cache(
+    names: Sequence[str], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     """The arguments of a Hugging Face layer that writes to the key/value cache it is given, without the cache.
 
     A region's recompute would write the same keys and values into the cache a second time (and then see twice
@@ -150,8 +186,14 @@ def is_wrapped(module: nn.Module) -> bool:
     return isinstance(module.__dict__.get("forward"), CheckpointedForward)
 
 
-def wrap_module(module: nn.Module, name: str, *, preserve_rng_state: bool = True, strict: bool = False,
-                context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> bool:
+def wrap_module(
+    module: nn.Module,
+    name: str,
+    *,
+    preserve_rng_state: bool = True,
+    strict: bool = False,
+    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+) -> bool:
     """Make ``module`` a checkpointed region named ``name``, in place. Returns False if it already was one.
 
     The building block of :func:`wrap`; a planner that picked its modules by name calls it directly.
@@ -160,8 +202,9 @@ def wrap_module(module: nn.Module, name: str, *, preserve_rng_state: bool = True
         return False
     previous_forward = module.__dict__.get("forward")
     previous_repr = module.__dict__.get("extra_repr")
-    module.__dict__["forward"] = CheckpointedForward(module, name, previous_forward, preserve_rng_state, strict,
-                                                     context_fn)
+    module.__dict__["forward"] = CheckpointedForward(
+        module, name, previous_forward, preserve_rng_state, strict, context_fn
+    )
     module.__dict__["extra_repr"] = WrappedRepr(module, previous_repr)
     return True
 
@@ -189,7 +232,8 @@ def _resolve_policy(policy: Any) -> Callable[[str, nn.Module], bool]:
         raise TypeError(
             f"memsave.wrap: policy is a module instance ({type(policy).__name__}); pass its class "
             f"({type(policy).__name__}), a tuple of classes, or a predicate (qualified_name, module) -> bool "
-            f"such as lambda name, m: m is model.block.")
+            f"such as lambda name, m: m is model.block."
+        )
     if isinstance(policy, type):
         classes: Tuple[type, ...] = (policy,)
     elif isinstance(policy, (tuple, list)) and policy and all(isinstance(c, type) for c in policy):
@@ -199,15 +243,22 @@ def _resolve_policy(policy: Any) -> Callable[[str, nn.Module], bool]:
     else:
         raise TypeError(
             f"memsave.wrap: policy must be an nn.Module subclass, a non-empty tuple of them, or a predicate "
-            f"(qualified_name, module) -> bool; got {policy!r}.")
+            f"(qualified_name, module) -> bool; got {policy!r}."
+        )
     for c in classes:
         if not issubclass(c, nn.Module):
             raise TypeError(f"memsave.wrap: policy class {c.__name__} is not an nn.Module subclass.")
     return lambda name, module: isinstance(module, classes)
 
 
-def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *, preserve_rng_state: bool = True,
-         strict: bool = False, context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> nn.Module:
+def wrap(
+    model: nn.Module,
+    policy: Optional[Union[Policy, RegionPlan]] = None,
+    *,
+    preserve_rng_state: bool = True,
+    strict: bool = False,
+    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+) -> nn.Module:
     """Checkpoint, in place, every submodule of ``model`` (the model itself included) that ``policy`` selects;
     with no policy, the model's repeated blocks (:func:`memsave.find_blocks`).
 
@@ -251,8 +302,10 @@ def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *
     context_fn = check_context_fn("wrap", context_fn)
     if isinstance(policy, RegionPlan):
         if context_fn is not None:
-            raise TypeError("memsave.wrap: a plan's regions recompute whole segments, as it measured them; apply the "
-                            "plan without context_fn, or wrap with a module policy and context_fn instead.")
+            raise TypeError(
+                "memsave.wrap: a plan's regions recompute whole segments, as it measured them; apply the "
+                "plan without context_fn, or wrap with a module policy and context_fn instead."
+            )
         return policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict)
     if policy is None:
         blocks = set(find_blocks(model))
@@ -262,7 +315,9 @@ def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *
                 "(memsave.find_blocks looks for a Hugging Face _no_split_modules class, else a family of same-class "
                 "modules with children held in a ModuleList/Sequential/ModuleDict). Pass a policy: the class of the "
                 "blocks to recompute, or a predicate taking (qualified_name, module).",
-                MemsaveWarning, stacklevel=2)
+                MemsaveWarning,
+                stacklevel=2,
+            )
             return model
         select: Callable[[str, nn.Module], bool] = lambda name, module: name in blocks  # noqa: E731
     else:
@@ -271,14 +326,21 @@ def wrap(model: nn.Module, policy: Optional[Union[Policy, RegionPlan]] = None, *
     for qualified_name, module in model.named_modules():
         if select(qualified_name, module):
             matched += 1
-            wrap_module(module, qualified_name or type(module).__name__,
-                         preserve_rng_state=preserve_rng_state, strict=strict, context_fn=context_fn)
+            wrap_module(
+                module,
+                qualified_name or type(module).__name__,
+                preserve_rng_state=preserve_rng_state,
+                strict=strict,
+                context_fn=context_fn,
+            )
     if matched == 0:
         warnings.warn(
             f"memsave.wrap: policy {policy!r} selected no module of {type(model).__name__}, so nothing is "
             f"checkpointed. Pass the class of the blocks to recompute (not an instance), or a predicate taking "
             f"(qualified_name, module); list candidates with [n for n, _ in model.named_modules()].",
-            MemsaveWarning, stacklevel=2)
+            MemsaveWarning,
+            stacklevel=2,
+        )
     return model
 
 
@@ -298,4 +360,3 @@ def unwrap(model: nn.Module) -> nn.Module:
     for module in model.modules():
         unwrap_module(module)
     return model
-

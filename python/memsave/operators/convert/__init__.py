@@ -11,6 +11,7 @@
                    ``linear_cross_entropy`` and never builds the logits
 ================== ==========================================================================================
 """
+
 from . import causal_lm, fused_patterns, mask_swaps, model_zoo  # noqa: F401  (register the built-in entries)
 from .causal_lm import CAUSAL_LMS, CausalLMHead, FusedCausalLMLoss
 from .conversion import ConvertEntry, ConvertReport, convert, plan_convert

@@ -24,6 +24,7 @@ LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LM
 alone; a model whose head is not a plain ``nn.Linear`` or whose ``loss_function`` is not Hugging Face's
 ``ForCausalLMLoss`` is skipped with the reason in the report.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -122,8 +123,15 @@ class FusedCausalLMLoss:
         head = getattr(self.model, "lm_head", None)
         hidden = head.take_pending() if isinstance(head, CausalLMHead) else None
         if hidden is None:
-            return self.fallback(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
-                                 ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
+            return self.fallback(
+                logits,
+                labels,
+                vocab_size,
+                num_items_in_batch=num_items_in_batch,
+                ignore_index=ignore_index,
+                shift_labels=shift_labels,
+                **kwargs,
+            )
         if head.out_features != vocab_size:
             raise ValueError(
                 f"memsave's fused causal-LM loss: lm_head has {head.out_features} outputs but vocab_size is "
@@ -134,8 +142,14 @@ class FusedCausalLMLoss:
             shift_labels = labels[..., 1:]
         shift_labels = shift_labels.reshape(-1).to(hidden.device)
         reduction = "sum" if num_items_in_batch is not None else "mean"
-        loss = F.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight, shift_labels, head.bias,
-                                      ignore_index=ignore_index, reduction=reduction).float()
+        loss = F.linear_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]),
+            head.weight,
+            shift_labels,
+            head.bias,
+            ignore_index=ignore_index,
+            reduction=reduction,
+        ).float()
         if reduction == "sum":
             if torch.is_tensor(num_items_in_batch):
                 num_items_in_batch = num_items_in_batch.to(loss.device)
@@ -182,8 +196,15 @@ def _rewrite_causal_lm(model: nn.Module) -> Rewrite:
     if type(head) is not nn.Linear:
         return Rewrite(skipped=(("", f"lm_head is a {type(head).__name__}, not an nn.Linear: the loss is not fused"),))
     if "_loss_function" in vars(model) or getattr(model.loss_function, "__name__", "") != "ForCausalLMLoss":
-        return Rewrite(skipped=(("lm_head", "the model's loss_function is not Hugging Face's ForCausalLMLoss (a custom "
-                                            "loss?): the loss is not fused"),))
+        return Rewrite(
+            skipped=(
+                (
+                    "lm_head",
+                    "the model's loss_function is not Hugging Face's ForCausalLMLoss (a custom "
+                    "loss?): the loss is not fused",
+                ),
+            )
+        )
     cfg = getattr(model, "config", None)
     for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
         if getattr(cfg, name, None):
@@ -192,9 +213,11 @@ def _rewrite_causal_lm(model: nn.Module) -> Rewrite:
     if labels is None:
         return Rewrite(skipped=(("lm_head", f"{type(model).__name__}.forward takes no labels"),))
     new = CausalLMHead.from_linear(head, _labels_position(model))
-    detail = ("called with labels, the loss is linear_cross_entropy of lm_head's input (HF's shift, ignore_index, "
-              "num_items_in_batch): no [tokens x vocabulary] logits, log-softmax or logits gradient; .logits is then "
-              "an empty [batch, seq, 0] tensor. Without labels: the same Linear")
+    detail = (
+        "called with labels, the loss is linear_cross_entropy of lm_head's input (HF's shift, ignore_index, "
+        "num_items_in_batch): no [tokens x vocabulary] logits, log-softmax or logits gradient; .logits is then "
+        "an empty [batch, seq, 0] tensor. Without labels: the same Linear"
+    )
     return Rewrite(replacements=(Replacement("lm_head", new, detail),), install=_install)
 
 

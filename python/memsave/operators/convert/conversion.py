@@ -42,17 +42,28 @@ frees memory **only if nothing else keeps that output**:
 shows it (inside an ``nn.Sequential`` the consumer is the next child; elsewhere it is decided in ``forward`` and
 reported as "depends"). :func:`plan_convert` returns the same report without changing the model.
 """
+
 from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from torch import nn
 
 from .registry import (
-    DEPENDS, NO_GAIN, PAYS, SKIPPED, TRANSPARENT, ModuleRule, ModuleSwap, element_matches, module_rule_for,
-    module_swap_for, ordered_patterns, sequential_patterns,
+    DEPENDS,
+    NO_GAIN,
+    PAYS,
+    SKIPPED,
+    TRANSPARENT,
+    ModuleRule,
+    ModuleSwap,
+    element_matches,
+    module_rule_for,
+    module_swap_for,
+    ordered_patterns,
+    sequential_patterns,
 )
 
 __all__ = ["ConvertEntry", "ConvertReport", "convert", "plan_convert"]
@@ -91,10 +102,13 @@ class ConvertReport:
     def summary(self) -> str:
         """A plain-text table: module, swap, verdict and why."""
         if not self.entries:
-            return ("memsave.convert: nothing to convert (no nn.ReLU, nn.LeakyReLU, nn.Dropout or nn.MaxPool2d; with "
-                    "fuse=True, no fusable nn.Sequential run and no module of a known model-zoo class).")
-        rows = [(e.name or "(root)", f"{e.old} -> {e.new}" if e.new else e.old, e.verdict, e.detail)
-                for e in self.entries]
+            return (
+                "memsave.convert: nothing to convert (no nn.ReLU, nn.LeakyReLU, nn.Dropout or nn.MaxPool2d; with "
+                "fuse=True, no fusable nn.Sequential run and no module of a known model-zoo class)."
+            )
+        rows = [
+            (e.name or "(root)", f"{e.old} -> {e.new}" if e.new else e.old, e.verdict, e.detail) for e in self.entries
+        ]
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len(r[1]) for r in rows)
         w2 = max(len(r[2]) for r in rows)
@@ -103,7 +117,8 @@ class ConvertReport:
         mask_note = (
             " A mask pays where the consumer does not keep its input (pooling with memsave MaxPool2d, addition, a "
             "checkpointed region), not where the next Linear/Conv keeps the output anyway."
-            if self.count(NO_GAIN) or self.count(DEPENDS) else ""
+            if self.count(NO_GAIN) or self.count(DEPENDS)
+            else ""
         )
         lines.append(
             f"memsave.convert: {converted} converted ({self.count(PAYS)} pay, {self.count(NO_GAIN)} no gain alone, "
@@ -157,9 +172,14 @@ def _qualify(prefix: str, child: str) -> str:
 Install = Tuple[nn.Module, Callable[[nn.Module], None]]
 
 
-def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional[List[Selector]],
-          build: bool, fuse: bool = False, dropout: bool = False,
-          ) -> Tuple[List[_Planned], ConvertReport, List[Install]]:
+def _plan(
+    model: nn.Module,
+    include: Optional[List[Selector]],
+    exclude: Optional[List[Selector]],
+    build: bool,
+    fuse: bool = False,
+    dropout: bool = False,
+) -> Tuple[List[_Planned], ConvertReport, List[Install]]:
     """Decide every swap; with build=False (a dry run) Sequential patterns are matched but not built.
 
     Returns the planned swaps, the report, and the installs of module rules (module, install) to run after them.
@@ -176,8 +196,9 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
             return False
         return not _selected(exclude, name, module)
 
-    def neighbour(children: List[Tuple[str, nn.Module]], i: int, step: int,
-                  final: Dict[int, nn.Module]) -> Optional[nn.Module]:
+    def neighbour(
+        children: List[Tuple[str, nn.Module]], i: int, step: int, final: Dict[int, nn.Module]
+    ) -> Optional[nn.Module]:
         """The nearest non-view module before (step -1) or after (step +1) position i, None at the ends."""
         j = i + step
         while 0 <= j < len(children):
@@ -187,8 +208,7 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
             j += step
         return None
 
-    def apply_rule(prefix: str, module: nn.Module, rule: ModuleRule, parent: Optional[nn.Module],
-                   slot: str) -> bool:
+    def apply_rule(prefix: str, module: nn.Module, rule: ModuleRule, parent: Optional[nn.Module], slot: str) -> bool:
         """Plan ``rule`` on ``module`` (at ``prefix``, the child ``slot`` of ``parent``); True if it replaced
         ``module`` itself (then there is nothing left inside it to visit)."""
         rewrite = rule.rewrite(module)
@@ -206,22 +226,39 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
         excluded = [qn for (qn, _, _, _), old in zip(targets, olds) if _selected(exclude, qn, old)]
         if _selected(exclude, prefix, module):
             excluded.insert(0, prefix or "(root)")
-        not_included = include is not None and not _selected(include, prefix, module) and not all(
-            _selected(include, qn, old) for (qn, _, _, _), old in zip(targets, olds))
+        not_included = (
+            include is not None
+            and not _selected(include, prefix, module)
+            and not all(_selected(include, qn, old) for (qn, _, _, _), old in zip(targets, olds))
+        )
         if targets and (excluded or not_included):
             why = f"excluded ({', '.join(excluded)})" if excluded else "not all of its modules are included"
-            report.entries.append(ConvertEntry(
-                prefix, type(module).__name__, "", SKIPPED,
-                f"{rule.name}: not applied, {why}; its replacements only work together"))
+            report.entries.append(
+                ConvertEntry(
+                    prefix,
+                    type(module).__name__,
+                    "",
+                    SKIPPED,
+                    f"{rule.name}: not applied, {why}; its replacements only work together",
+                )
+            )
             return False
         for (qn, owner, attr, r), old in zip(targets, olds):
             if build:
                 planned.append(_Planned(owner, attr, qn, old, r.new))
             placed.add((id(owner), attr))
             done[id(old)] = r.new
-            report.entries.append(ConvertEntry(qn, type(old).__name__, f"memsave.{type(r.new).__name__}" if
-                                               type(r.new).__module__.startswith("memsave") else
-                                               type(r.new).__name__, r.verdict, f"{rule.name}: {r.detail}"))
+            report.entries.append(
+                ConvertEntry(
+                    qn,
+                    type(old).__name__,
+                    f"memsave.{type(r.new).__name__}"
+                    if type(r.new).__module__.startswith("memsave")
+                    else type(r.new).__name__,
+                    r.verdict,
+                    f"{rule.name}: {r.detail}",
+                )
+            )
         for path, reason in rewrite.skipped:
             qn = _qualify(prefix, path)
             old = module.get_submodule(path) if path else module
@@ -244,7 +281,7 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
                 matched = False
                 for pat in patterns:
                     n = len(pat.elements)
-                    run = children[i:i + n]
+                    run = children[i : i + n]
                     if len(run) < n or any(id(m) in done for _, m in run):
                         continue
                     if not all(element_matches(el, m) for el, (_, m) in zip(pat.elements, run)):
@@ -268,9 +305,15 @@ def _plan(model: nn.Module, include: Optional[List[Selector]], exclude: Optional
                         final[i + k] = new
                         consumed.add(i + k)
                         done[id(old)] = new
-                        report.entries.append(ConvertEntry(
-                            qn, type(old).__name__, f"{type(new).__name__}" if build else f"[{pat.name}]", PAYS,
-                            f"pattern {pat.name}" + (f": {pat.note}" if pat.note else "")))
+                        report.entries.append(
+                            ConvertEntry(
+                                qn,
+                                type(old).__name__,
+                                f"{type(new).__name__}" if build else f"[{pat.name}]",
+                                PAYS,
+                                f"pattern {pat.name}" + (f": {pat.note}" if pat.note else ""),
+                            )
+                        )
                     i += n
                     matched = True
                     break
@@ -353,8 +396,14 @@ def plan_convert(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.plan_convert expects an nn.Module, got {type(model).__name__}")
-    _, report, _ = _plan(model, _as_selectors(include, "include"), _as_selectors(exclude, "exclude"), build=False,
-                         fuse=fuse, dropout=dropout)
+    _, report, _ = _plan(
+        model,
+        _as_selectors(include, "include"),
+        _as_selectors(exclude, "exclude"),
+        build=False,
+        fuse=fuse,
+        dropout=dropout,
+    )
     return report
 
 
@@ -403,8 +452,14 @@ def convert(
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.convert expects an nn.Module, got {type(model).__name__}")
     keys_before = set(model.state_dict().keys())
-    planned, report, installs = _plan(model, _as_selectors(include, "include"), _as_selectors(exclude, "exclude"),
-                                      build=True, fuse=fuse, dropout=dropout)
+    planned, report, installs = _plan(
+        model,
+        _as_selectors(include, "include"),
+        _as_selectors(exclude, "exclude"),
+        build=True,
+        fuse=fuse,
+        dropout=dropout,
+    )
     for p in planned:
         setattr(p.parent, p.child, p.new)
     keys_after = set(model.state_dict().keys())
@@ -422,4 +477,3 @@ def convert(
     if verbose:
         print(report.summary())
     return model
-

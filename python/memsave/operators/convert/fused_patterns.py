@@ -1,4 +1,5 @@
-"""The fused operators' Sequential patterns for :func:`memsave.convert` (registered when memsave.operators.convert loads).
+"""The fused operators' Sequential patterns for :func:`memsave.convert` (registered when memsave.operators.convert
+loads).
 
 Patterns (consecutive children of an ``nn.Sequential``; each position keeps its child name and state_dict keys):
 
@@ -17,6 +18,7 @@ Opt-in, because it changes what the input tensor holds: :func:`register_inplace_
 ``inplace_abn``: ``Conv2d -> BatchNorm2d -> leaky_relu/elu`` becomes ``[Conv2d, InPlaceABN2d, Identity]``
 (the convolution's fresh output is overwritten, which nothing else can see inside a Sequential).
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence

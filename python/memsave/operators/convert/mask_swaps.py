@@ -1,6 +1,7 @@
 """The built-in one-for-one swaps of :func:`memsave.convert`: torch's ReLU, LeakyReLU, MaxPool2d and (opt-in)
 Dropout for memsave's mask-saving modules, with the verdict of each (does the mask pay, given its neighbours?).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -10,6 +11,7 @@ from torch import nn
 from .. import nn as mnn
 from ..functional import pool_params
 from .registry import DEPENDS, NO_GAIN, PAYS, ModuleSwap, add_module_swap, keeps_input, keeps_output, module_kind
+
 
 def _relu_note(module: nn.Module, producer: Optional[nn.Module], consumer: Optional[nn.Module]) -> Tuple[str, str]:
     """torch's ReLU (and in-place LeakyReLU) keeps its output: the mask pays iff the consumer does not keep it."""
@@ -30,7 +32,9 @@ def _relu_note(module: nn.Module, producer: Optional[nn.Module], consumer: Optio
     return DEPENDS, f"keeps 1 bit/element instead of its output; pays only if the next {kind} does not keep its input"
 
 
-def _leaky_relu_note(module: nn.Module, producer: Optional[nn.Module], consumer: Optional[nn.Module]) -> Tuple[str, str]:
+def _leaky_relu_note(
+    module: nn.Module, producer: Optional[nn.Module], consumer: Optional[nn.Module]
+) -> Tuple[str, str]:
     """torch's LeakyReLU keeps its input (its output when in place): the mask pays iff nothing else keeps that."""
     if getattr(module, "inplace", False):
         return _relu_note(module, producer, consumer)
@@ -44,7 +48,10 @@ def _leaky_relu_note(module: nn.Module, producer: Optional[nn.Module], consumer:
         return NO_GAIN, f"no gain on its own: the previous {module_kind(producer)} keeps this input (its output) anyway"
     if keeps is False:
         return PAYS, f"keeps 1 bit/element instead of its input: the previous {module_kind(producer)} does not keep it"
-    return DEPENDS, f"keeps 1 bit/element instead of its input; pays unless the previous {module_kind(producer)} keeps it"
+    return (
+        DEPENDS,
+        f"keeps 1 bit/element instead of its input; pays unless the previous {module_kind(producer)} keeps it",
+    )
 
 
 def _maxpool_refuse(module: nn.Module) -> Optional[str]:
@@ -56,22 +63,31 @@ def _maxpool_refuse(module: nn.Module) -> Optional[str]:
 
 
 add_module_swap(ModuleSwap(nn.ReLU, lambda m: mnn.ReLU(inplace=m.inplace), lambda m: None, _relu_note))
-add_module_swap(ModuleSwap(
-    nn.LeakyReLU,
-    lambda m: mnn.LeakyReLU(m.negative_slope, inplace=m.inplace),
-    lambda m: None,
-    _leaky_relu_note,
-))
-add_module_swap(ModuleSwap(
-    nn.Dropout,
-    lambda m: mnn.Dropout(m.p, inplace=m.inplace),
-    lambda m: None,
-    lambda m, prv, nxt: (PAYS, "keeps 1 bit/element instead of torch's mask (1 byte/element on CUDA, 1 element on CPU)"),
-    opt_in="dropout",
-))
-add_module_swap(ModuleSwap(
-    nn.MaxPool2d,
-    lambda m: mnn.MaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.return_indices, m.ceil_mode),
-    _maxpool_refuse,
-    lambda m, prv, nxt: (PAYS, "keeps 1 byte/output element instead of int64 indices (8 bytes) and its input"),
-))
+add_module_swap(
+    ModuleSwap(
+        nn.LeakyReLU,
+        lambda m: mnn.LeakyReLU(m.negative_slope, inplace=m.inplace),
+        lambda m: None,
+        _leaky_relu_note,
+    )
+)
+add_module_swap(
+    ModuleSwap(
+        nn.Dropout,
+        lambda m: mnn.Dropout(m.p, inplace=m.inplace),
+        lambda m: None,
+        lambda m, prv, nxt: (
+            PAYS,
+            "keeps 1 bit/element instead of torch's mask (1 byte/element on CUDA, 1 element on CPU)",
+        ),
+        opt_in="dropout",
+    )
+)
+add_module_swap(
+    ModuleSwap(
+        nn.MaxPool2d,
+        lambda m: mnn.MaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.return_indices, m.ceil_mode),
+        _maxpool_refuse,
+        lambda m, prv, nxt: (PAYS, "keeps 1 byte/output element instead of int64 indices (8 bytes) and its input"),
+    )
+)

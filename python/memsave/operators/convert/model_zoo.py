@@ -24,6 +24,7 @@ A part whose configuration a rule does not support (an activation without a fuse
 adapter, dropout between an activation and its Linear) is left as it was and reported as skipped, with the reason.
 The causal language models' loss (``lm_head`` and cross-entropy) is ``causal_lm.py``.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Tuple, Union
@@ -97,16 +98,21 @@ def _is_linear(module: object) -> bool:
 
 def _is(module: object, names: object) -> bool:
     return isinstance(module, nn.Module) and (
-        qualified_class_name(module) in names if isinstance(names, (set, frozenset)) else
-        qualified_class_name(module) == names)
+        qualified_class_name(module) in names
+        if isinstance(names, (set, frozenset))
+        else qualified_class_name(module) == names
+    )
 
 
 # ---- Llama family -----------------------------------------------------------------------------------------------
 
-_NORM_DETAIL = ("keeps its input and one float per row instead of also the normalized tensor (and float32 copies of a "
-                "16-bit input)")
-_GATED_DETAIL = ("keeps x, gate and up (2 tensors of the MLP width) instead of gate, act(gate), up and "
-                 "act(gate) * up (4); the product is recomputed for down_proj's backward")
+_NORM_DETAIL = (
+    "keeps its input and one float per row instead of also the normalized tensor (and float32 copies of a 16-bit input)"
+)
+_GATED_DETAIL = (
+    "keeps x, gate and up (2 tensors of the MLP width) instead of gate, act(gate), up and "
+    "act(gate) * up (4); the product is recomputed for down_proj's backward"
+)
 
 
 def _gated_mlp(mlp: nn.Module, gate: nn.Module, up: nn.Module) -> Union[GatedMLP, str]:
@@ -143,11 +149,22 @@ def _rewrite_llama_layer(layer: nn.Module) -> Rewrite:
             deferred, fused = fuse_rms_norm_linear(layer.input_layernorm, *projs)
             reps.append(Replacement("input_layernorm", deferred, "holds the norm's weight; q/k/v_proj apply the norm"))
             for name, new in zip(("q_proj", "k_proj", "v_proj"), fused):
-                reps.append(Replacement(f"self_attn.{name}", new, "RMSNormLinear: keeps the norm's input (one "
-                                        "tensor shared by q/k/v) instead of the norm's intermediates and output"))
+                reps.append(
+                    Replacement(
+                        f"self_attn.{name}",
+                        new,
+                        "RMSNormLinear: keeps the norm's input (one "
+                        "tensor shared by q/k/v) instead of the norm's intermediates and output",
+                    )
+                )
         else:
-            reps.append(Replacement("input_layernorm", RMSNorm.from_module(layer.input_layernorm), _NORM_DETAIL +
-                                    "; not fused with q/k/v_proj, which are not plain nn.Linear (adapters?)"))
+            reps.append(
+                Replacement(
+                    "input_layernorm",
+                    RMSNorm.from_module(layer.input_layernorm),
+                    _NORM_DETAIL + "; not fused with q/k/v_proj, which are not plain nn.Linear (adapters?)",
+                )
+            )
     post = layer.post_attention_layernorm
     post_ok, post_fused = _is(post, _RMS_NORMS), False
     if not _is(mlp, _GATED_MLPS):
@@ -160,10 +177,21 @@ def _rewrite_llama_layer(layer: nn.Module) -> Rewrite:
         if isinstance(new_mlp, str):
             skipped.append(("mlp", new_mlp))
         elif deferred is not None:
-            reps.append(Replacement("post_attention_layernorm", deferred,
-                                    "holds the norm's weight; mlp.gate_proj/up_proj apply the norm"))
-            reps.append(Replacement("mlp", new_mlp, _GATED_DETAIL + "; gate_proj/up_proj are RMSNormLinear (they "
-                                    "keep the norm's input, not its output)"))
+            reps.append(
+                Replacement(
+                    "post_attention_layernorm",
+                    deferred,
+                    "holds the norm's weight; mlp.gate_proj/up_proj apply the norm",
+                )
+            )
+            reps.append(
+                Replacement(
+                    "mlp",
+                    new_mlp,
+                    _GATED_DETAIL + "; gate_proj/up_proj are RMSNormLinear (they "
+                    "keep the norm's input, not its output)",
+                )
+            )
             post_fused = True
         else:
             reps.append(Replacement("mlp", new_mlp, _GATED_DETAIL))
@@ -174,9 +202,11 @@ def _rewrite_llama_layer(layer: nn.Module) -> Rewrite:
 
 # ---- GPT-2, BERT ------------------------------------------------------------------------------------------------
 
-_ACT_LINEAR_DETAIL = ("keeps the activation's input only, instead of its input and output (and, for a GELU written "
-                      "in Python such as NewGELUActivation, its intermediates); the activation is recomputed in "
-                      "backward")
+_ACT_LINEAR_DETAIL = (
+    "keeps the activation's input only, instead of its input and output (and, for a GELU written "
+    "in Python such as NewGELUActivation, its intermediates); the activation is recomputed in "
+    "backward"
+)
 
 
 def _act_linear_rewrite(act_path: str, act: object, linear_path: str, linear: nn.Module, conv1d: bool) -> Rewrite:
@@ -185,13 +215,22 @@ def _act_linear_rewrite(act_path: str, act: object, linear_path: str, linear: nn
         return Rewrite(skipped=((act_path, spec),))
     name, param = spec
     if name in ("relu", "identity"):
-        return Rewrite(skipped=((act_path, f"{name}: nothing to save (the Linear keeps the activation's output, which "
-                                           f"is all its backward needs)"),))
+        return Rewrite(
+            skipped=(
+                (
+                    act_path,
+                    f"{name}: nothing to save (the Linear keeps the activation's output, which "
+                    f"is all its backward needs)",
+                ),
+            )
+        )
     new = ActLinear.from_conv1d(linear, name, param) if conv1d else ActLinear.from_linear(linear, name, param)
-    return Rewrite(replacements=(
-        Replacement(act_path, nn.Identity(), f"{type(act).__name__} is applied by {linear_path}"),
-        Replacement(linear_path, new, _ACT_LINEAR_DETAIL),
-    ))
+    return Rewrite(
+        replacements=(
+            Replacement(act_path, nn.Identity(), f"{type(act).__name__} is applied by {linear_path}"),
+            Replacement(linear_path, new, _ACT_LINEAR_DETAIL),
+        )
+    )
 
 
 def _rewrite_gpt2_mlp(mlp: nn.Module) -> Rewrite:
@@ -204,8 +243,9 @@ def _rewrite_bert_layer(layer: nn.Module) -> Rewrite:
     inter, out = getattr(layer, "intermediate", None), getattr(layer, "output", None)
     if inter is None or out is None or not _is_linear(getattr(out, "dense", None)):
         return Rewrite(skipped=(("", "no intermediate -> output.dense (nn.Linear) pair"),))
-    return _act_linear_rewrite("intermediate.intermediate_act_fn", inter.intermediate_act_fn, "output.dense",
-                               out.dense, conv1d=False)
+    return _act_linear_rewrite(
+        "intermediate.intermediate_act_fn", inter.intermediate_act_fn, "output.dense", out.dense, conv1d=False
+    )
 
 
 # ---- timm -------------------------------------------------------------------------------------------------------
@@ -234,8 +274,10 @@ def _rewrite_timm_block(block: nn.Module) -> Rewrite:
     skipped: List[Tuple[str, str]] = []
     detail = "LayerNormLinear: keeps the norm's input and per-row mean/rstd instead of also the normalized tensor"
     attn, mlp = getattr(block, "attn", None), getattr(block, "mlp", None)
-    pairs = (("norm1", "attn.qkv", _is(attn, _TIMM_ATTENTION) and _is_linear(getattr(attn, "qkv", None))),
-             ("norm2", "mlp.fc1", _is(mlp, _TIMM_MLP) and _is_linear(getattr(mlp, "fc1", None))))
+    pairs = (
+        ("norm1", "attn.qkv", _is(attn, _TIMM_ATTENTION) and _is_linear(getattr(attn, "qkv", None))),
+        ("norm2", "mlp.fc1", _is(mlp, _TIMM_MLP) and _is_linear(getattr(mlp, "fc1", None))),
+    )
     for norm_name, linear_path, linear_ok in pairs:
         norm = getattr(block, norm_name, None)
         if not _is_layer_norm(norm) or not linear_ok:
@@ -247,8 +289,11 @@ def _rewrite_timm_block(block: nn.Module) -> Rewrite:
     return Rewrite(replacements=tuple(reps), skipped=tuple(skipped))
 
 
-add_module_rule(ModuleRule("llama_decoder_layer", tuple(_hf(t, f"{p}DecoderLayer") for t, p in LLAMA_FAMILY.items()),
-                           _rewrite_llama_layer))
+add_module_rule(
+    ModuleRule(
+        "llama_decoder_layer", tuple(_hf(t, f"{p}DecoderLayer") for t, p in LLAMA_FAMILY.items()), _rewrite_llama_layer
+    )
+)
 add_module_rule(ModuleRule("gated_mlp", tuple(sorted(_GATED_MLPS)), _rewrite_llama_mlp))
 add_module_rule(ModuleRule("rms_norm", tuple(sorted(_RMS_NORMS)), _rewrite_rms_norm))
 add_module_rule(ModuleRule("gpt2_mlp", (_hf("gpt2", "GPT2MLP"),), _rewrite_gpt2_mlp))

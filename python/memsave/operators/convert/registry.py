@@ -14,6 +14,7 @@ Built-in entries register themselves: the mask and pooling swaps in ``mask_swaps
 patterns in ``fused_patterns.py``, the model-zoo rules in ``model_zoo.py`` and ``causal_lm.py``. Users add swaps
 and patterns with :func:`register_module_swap` and :func:`register_sequential_pattern`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,10 +23,30 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 __all__ = [
-    "DEPENDS", "NO_GAIN", "PAYS", "SKIPPED", "TRANSPARENT", "ModuleRule", "ModuleSwap", "Replacement", "Rewrite",
-    "SequentialPattern", "add_module_rule", "add_module_swap", "element_matches", "keeps_input", "keeps_output",
-    "module_kind", "module_rule_for", "module_swap_for", "ordered_patterns", "qualified_class_name",
-    "register_module_swap", "register_sequential_pattern", "sequential_patterns", "unregister_sequential_pattern",
+    "DEPENDS",
+    "NO_GAIN",
+    "PAYS",
+    "SKIPPED",
+    "TRANSPARENT",
+    "ModuleRule",
+    "ModuleSwap",
+    "Replacement",
+    "Rewrite",
+    "SequentialPattern",
+    "add_module_rule",
+    "add_module_swap",
+    "element_matches",
+    "keeps_input",
+    "keeps_output",
+    "module_kind",
+    "module_rule_for",
+    "module_swap_for",
+    "ordered_patterns",
+    "qualified_class_name",
+    "register_module_swap",
+    "register_sequential_pattern",
+    "sequential_patterns",
+    "unregister_sequential_pattern",
 ]
 
 ElementMatcher = Union[type, Tuple[type, ...], Callable[[nn.Module], bool]]
@@ -165,8 +186,10 @@ def register_sequential_pattern(
     if not elements:
         raise ValueError(f"register_sequential_pattern({name!r}): the pattern is empty")
     for el in elements:
-        ok = (isinstance(el, type) and issubclass(el, nn.Module)) or callable(el) or (
-            isinstance(el, tuple) and all(isinstance(t, type) and issubclass(t, nn.Module) for t in el)
+        ok = (
+            (isinstance(el, type) and issubclass(el, nn.Module))
+            or callable(el)
+            or (isinstance(el, tuple) and all(isinstance(t, type) and issubclass(t, nn.Module) for t in el))
         )
         if not ok:
             raise TypeError(
@@ -235,7 +258,6 @@ def module_swap_for(module_type: type) -> Optional[ModuleSwap]:
 def add_module_swap(swap: ModuleSwap) -> None:
     """Register a fully specified :class:`ModuleSwap` (the built-in swaps use it for their verdict functions)."""
     _SWAPS[swap.torch_type] = swap
-
 
 
 # ---- module rules (fuse=True): known model classes rewritten inside ---------------------------------------------

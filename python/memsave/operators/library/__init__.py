@@ -19,6 +19,7 @@ loss      linear_cross_entropy, cross_entropy_tile_lse\_,                     ``
 amp       unscale_and_check\_, amp_update_scale\_                              ``csrc/ops/amp/``
 ========  ==================================================================  ==============================
 """
-from . import amp, gated_mlp, linear, loss, masks, norm_act, pooling, rms_norm  # noqa: F401
+
+from . import amp, gated_mlp, linear, loss, masks, norm_act, pooling, rms_norm
 
 __all__ = ["amp", "gated_mlp", "linear", "loss", "masks", "norm_act", "pooling", "rms_norm"]

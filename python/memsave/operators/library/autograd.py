@@ -7,6 +7,7 @@ arguments (the running statistics; inplace_abn also its input). Their Autograd k
 The two private ``torch._C`` names this needs (``_AutoDispatchBelowAutograd``, ``_after_autograd_keyset``) are the
 ones torch.library itself uses; they exist unchanged since torch 2.1 and are checked at import.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence, Type
@@ -39,7 +40,7 @@ if not hasattr(torch._C, "_AutoDispatchBelowAutograd") or not hasattr(torch._C, 
         f"which torch {torch.__version__} lacks; use torch >= 2.5"
     )
 
-_LIB = torch.library.Library("memsave", "FRAGMENT")  # noqa: TOR901 (kept alive for the registrations below)
+_LIB = torch.library.Library("memsave", "FRAGMENT")
 
 
 class Redispatch:

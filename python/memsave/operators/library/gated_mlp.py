@@ -4,6 +4,7 @@ projection applied to it).
 Fake kernels and autograd formulas. Both save ``gate`` and ``up`` only (plus the down projection's weight): torch's
 composition also keeps ``act(gate)`` and, for the down projection, the product.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple

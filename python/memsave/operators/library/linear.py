@@ -4,6 +4,7 @@ layer_norm_apply) and act_linear.
 Each registers its fake kernels and its autograd formula, which saves the Linear's *pre-normalization* or
 *pre-activation* input (plus per-row statistics for layer_norm_linear) instead of the tensor the Linear consumes.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
@@ -11,7 +12,6 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from .autograd import grads_or_none, register_backward_op_autograd
-
 
 # ----------------------------------------------------------------------------------------------------
 # memsave::layer_norm_linear: LayerNorm -> Linear keeping the LayerNorm input plus per-row mean/rstd.
@@ -36,8 +36,10 @@ def _layer_norm_linear_fake(
     nd = len(normalized_shape)
     torch._check(
         input.dim() >= nd and list(input.shape[input.dim() - nd :]) == list(normalized_shape),
-        lambda: f"memsave.layer_norm_linear: normalized_shape {normalized_shape} must equal the trailing dims of "
-        f"the input, got {tuple(input.shape)}",
+        lambda: (
+            f"memsave.layer_norm_linear: normalized_shape {normalized_shape} must equal the trailing dims of "
+            f"the input, got {tuple(input.shape)}"
+        ),
     )
     torch._check(weight.dim() == 2 and weight.shape[1] == input.shape[-1], lambda: "weight shape mismatch")
     out = input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=weight.dtype)
@@ -80,7 +82,7 @@ def _layer_norm_apply_fake(
 
 
 def _layer_norm_linear_setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, Tensor, Tensor]) -> None:
-    input, normalized_shape, ln_weight, ln_bias, eps, weight, bias = inputs
+    input, normalized_shape, ln_weight, ln_bias, _eps, weight, bias = inputs
     _, mean, rstd = output
     # The memory win: the norm's input and two per-row scalars, not the normalized tensor.
     ctx.save_for_backward(input, mean, rstd, ln_weight, ln_bias, weight)
@@ -101,7 +103,9 @@ def _layer_norm_linear_backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean
     return grads
 
 
-torch.library.register_autograd("memsave::layer_norm_linear", _layer_norm_linear_backward, setup_context=_layer_norm_linear_setup_context)
+torch.library.register_autograd(
+    "memsave::layer_norm_linear", _layer_norm_linear_backward, setup_context=_layer_norm_linear_setup_context
+)
 register_backward_op_autograd("memsave::layer_norm_linear_backward")
 register_backward_op_autograd("memsave::layer_norm_apply")
 

@@ -6,6 +6,7 @@ time. Its autograd formula saves the inputs it already has (hidden, weight, bias
 row (float64), instead of the [rows x classes] logits and their log-softmax that torch's two operators keep; its
 backward operator makes the logits again, tile by tile.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
@@ -19,8 +20,9 @@ Tensor = torch.Tensor
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-def _check_args(op: str, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor],
-                reduction: str) -> None:
+def _check_args(
+    op: str, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], reduction: str
+) -> None:
     """The shape checks of the C++ kernels, for fake tensors."""
     torch._check(
         hidden.dim() >= 1 and weight.dim() == 2 and weight.shape[1] == hidden.shape[-1],
@@ -28,8 +30,10 @@ def _check_args(op: str, hidden: Tensor, weight: Tensor, target: Tensor, bias: O
     )
     torch._check(
         list(target.shape) == list(hidden.shape[:-1]),
-        lambda: f"memsave.{op}: target must have hidden's leading shape {tuple(hidden.shape[:-1])}, got "
-        f"{tuple(target.shape)}",
+        lambda: (
+            f"memsave.{op}: target must have hidden's leading shape {tuple(hidden.shape[:-1])}, got "
+            f"{tuple(target.shape)}"
+        ),
     )
     torch._check(
         bias is None or (bias.dim() == 1 and bias.shape[0] == weight.shape[0]),
@@ -39,7 +43,7 @@ def _check_args(op: str, hidden: Tensor, weight: Tensor, target: Tensor, bias: O
     for name, t in (("weight", weight), ("target", target), ("bias", bias)):
         torch._check(
             t is None or t.device == hidden.device,
-            lambda: f"memsave.{op}: {name} is on {t.device} but hidden is on {hidden.device}",  # noqa: B023
+            lambda: f"memsave.{op}: {name} is on {t.device} but hidden is on {hidden.device}",
         )
 
 
@@ -87,7 +91,12 @@ def _linear_cross_entropy_backward_fake(
 
 @torch.library.register_fake("memsave::cross_entropy_tile_lse_")
 def _cross_entropy_tile_lse_fake(
-    logits: Tensor, target: Tensor, state: Tensor, class_start: int, num_classes: int, ignore_index: int,
+    logits: Tensor,
+    target: Tensor,
+    state: Tensor,
+    class_start: int,
+    num_classes: int,
+    ignore_index: int,
     label_smoothing: float,
 ) -> None:
     return None
@@ -95,8 +104,14 @@ def _cross_entropy_tile_lse_fake(
 
 @torch.library.register_fake("memsave::cross_entropy_tile_grad_")
 def _cross_entropy_tile_grad_fake(
-    logits: Tensor, target: Tensor, lse: Tensor, scale: Tensor, class_start: int, num_classes: int,
-    ignore_index: int, label_smoothing: float,
+    logits: Tensor,
+    target: Tensor,
+    lse: Tensor,
+    scale: Tensor,
+    class_start: int,
+    num_classes: int,
+    ignore_index: int,
+    label_smoothing: float,
 ) -> None:
     return None
 
@@ -120,8 +135,18 @@ def _linear_cross_entropy_backward(ctx: Any, grad_loss: Optional[Tensor], _grad_
     if grad_loss is None:
         return (None,) * len(passed)
     gh, gw, gb = torch.ops.memsave.linear_cross_entropy_backward(
-        grad_loss, hidden, weight, target, bias, lse, ctx.ignore_index, ctx.label_smoothing, ctx.reduction,
-        [bool(needs[0]), bool(needs[1]), bool(needs[3])], ctx.tile_rows, ctx.tile_classes,
+        grad_loss,
+        hidden,
+        weight,
+        target,
+        bias,
+        lse,
+        ctx.ignore_index,
+        ctx.label_smoothing,
+        ctx.reduction,
+        [bool(needs[0]), bool(needs[1]), bool(needs[3])],
+        ctx.tile_rows,
+        ctx.tile_classes,
     )
     return grads_or_none(passed, (gh, gw, None, gb, None, None, None, None, None))
 

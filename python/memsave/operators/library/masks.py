@@ -13,6 +13,7 @@ default generator of the tensor's device, so ``torch.manual_seed`` reproduces th
 checkpoint recompute does) replays them. This module registers, for all three, the fake kernels and the autograd
 of the functional form and of the backward.
 """
+
 from __future__ import annotations
 
 from typing import Any, Tuple

@@ -5,6 +5,7 @@ Each registers its fake kernels and its Autograd kernel. All three update the ru
 overwrites its input), so their Autograd kernels are ``autograd.Function`` classes registered through
 :func:`memsave.operators.library.autograd.register_mutating_autograd`.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
@@ -12,7 +13,6 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from .autograd import grads_or_none, register_backward_op_autograd, register_mutating_autograd
-
 
 # ----------------------------------------------------------------------------------------------------
 # memsave::batch_norm_act: batch norm + activation keeping only the batch-norm input and per-channel statistics.
@@ -142,7 +142,12 @@ def conv2d_output_shape(
 
 @torch.library.register_fake("memsave::batch_norm_act_apply")
 def _batch_norm_act_apply_fake(
-    input: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], act: str,
+    input: Tensor,
+    mean: Tensor,
+    invstd: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    act: str,
     act_param: float,
 ) -> Tensor:
     return empty_in_kernel_layout(input)
@@ -150,9 +155,22 @@ def _batch_norm_act_apply_fake(
 
 @torch.library.register_fake("memsave::batch_norm_act_conv2d")
 def _batch_norm_act_conv2d_fake(
-    input: Tensor, bn_weight: Optional[Tensor], bn_bias: Optional[Tensor], running_mean: Optional[Tensor],
-    running_var: Optional[Tensor], training: bool, momentum: float, eps: float, act: str, act_param: float,
-    weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int], dilation: List[int], groups: int,
+    input: Tensor,
+    bn_weight: Optional[Tensor],
+    bn_bias: Optional[Tensor],
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    training: bool,
+    momentum: float,
+    eps: float,
+    act: str,
+    act_param: float,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    groups: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     torch._check(input.dim() == 4, lambda: f"memsave.batch_norm_act_conv2d: expected 4-D input, got {input.dim()}-D")
     shape = conv2d_output_shape(input, weight, stride, padding, dilation)
@@ -163,9 +181,21 @@ def _batch_norm_act_conv2d_fake(
 
 @torch.library.register_fake("memsave::batch_norm_act_conv2d_backward")
 def _batch_norm_act_conv2d_backward_fake(
-    grad_out: Tensor, input: Tensor, bn_weight: Optional[Tensor], bn_bias: Optional[Tensor], mean: Tensor,
-    invstd: Tensor, training: bool, act: str, act_param: float, weight: Tensor, has_bias: bool, stride: List[int],
-    padding: List[int], dilation: List[int], groups: int,
+    grad_out: Tensor,
+    input: Tensor,
+    bn_weight: Optional[Tensor],
+    bn_bias: Optional[Tensor],
+    mean: Tensor,
+    invstd: Tensor,
+    training: bool,
+    act: str,
+    act_param: float,
+    weight: Tensor,
+    has_bias: bool,
+    stride: List[int],
+    padding: List[int],
+    dilation: List[int],
+    groups: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     grad_input, grad_bn_weight, grad_bn_bias = bn_backward_fake(input, bn_weight)
     grad_weight = torch.empty_like(weight).contiguous(memory_format=kernel_memory_format(weight))
@@ -176,13 +206,43 @@ def _batch_norm_act_conv2d_backward_fake(
 class _BatchNormActConv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, redispatch: Any, input: Tensor, bn_weight: Optional[Tensor], bn_bias: Optional[Tensor],
-        running_mean: Optional[Tensor], running_var: Optional[Tensor], training: bool, momentum: float, eps: float,
-        act: str, act_param: float, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
-        dilation: List[int], groups: int,
+        ctx: Any,
+        redispatch: Any,
+        input: Tensor,
+        bn_weight: Optional[Tensor],
+        bn_bias: Optional[Tensor],
+        running_mean: Optional[Tensor],
+        running_var: Optional[Tensor],
+        training: bool,
+        momentum: float,
+        eps: float,
+        act: str,
+        act_param: float,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        stride: List[int],
+        padding: List[int],
+        dilation: List[int],
+        groups: int,
     ) -> Tuple[Tensor, Tensor, Tensor]:
-        out, mean, invstd = redispatch(input, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps,
-                                       act, act_param, weight, bias, stride, padding, dilation, groups)
+        out, mean, invstd = redispatch(
+            input,
+            bn_weight,
+            bn_bias,
+            running_mean,
+            running_var,
+            training,
+            momentum,
+            eps,
+            act,
+            act_param,
+            weight,
+            bias,
+            stride,
+            padding,
+            dilation,
+            groups,
+        )
         # The memory win: the batch-norm input and two per-channel vectors; not the convolution's input.
         ctx.save_for_backward(input, bn_weight, bn_bias, mean, invstd, weight)
         ctx.training, ctx.act, ctx.act_param = training, act, act_param
@@ -198,8 +258,21 @@ class _BatchNormActConv2dFunction(torch.autograd.Function):
             return (None,) * 17
         has_bias, stride, padding, dilation, groups = ctx.conv
         gi, gbw, gbb, gw, gb = torch.ops.memsave.batch_norm_act_conv2d_backward(
-            grad_out, input, bn_weight, bn_bias, mean, invstd, ctx.training, ctx.act, ctx.act_param, weight,
-            has_bias, stride, padding, dilation, groups,
+            grad_out,
+            input,
+            bn_weight,
+            bn_bias,
+            mean,
+            invstd,
+            ctx.training,
+            ctx.act,
+            ctx.act_param,
+            weight,
+            has_bias,
+            stride,
+            padding,
+            dilation,
+            groups,
         )
         head = grads_or_none(needs[1:4], (gi, gbw, gbb))
         tail = grads_or_none(needs[11:13], (gw, gb))

@@ -3,6 +3,7 @@
 torch keeps int64 indices (8 bytes per output element) and its input; memsave keeps the 1-byte code and the input's
 sizes only (the backward scatters into a zero tensor of those sizes, so it never reads the input).
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Sequence, Tuple

@@ -4,6 +4,7 @@ Fake kernels and autograd formulas. ``rms_norm`` saves its input and one float p
 ``rms_norm_linear`` saves only the norm's input (its backward recomputes the normalized tensor and the statistic,
 the forward's values exactly) and calls the operators' own ``*_backward``.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
@@ -85,8 +86,10 @@ def _rms_norm_linear_fake(
     for i, w in enumerate(weights):
         torch._check(
             w.dim() == 2 and w.shape[1] == input.shape[-1],
-            lambda: f"memsave.rms_norm_linear: weights[{i}] must have shape [out_features, {input.shape[-1]}], "
-            f"got {tuple(w.shape)}",
+            lambda: (
+                f"memsave.rms_norm_linear: weights[{i}] must have shape [out_features, {input.shape[-1]}], "
+                f"got {tuple(w.shape)}"
+            ),
         )
     return [input.new_empty((*input.shape[:-1], w.shape[0]), dtype=w.dtype) for w in weights]
 

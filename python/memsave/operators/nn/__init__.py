@@ -10,12 +10,19 @@
 
 :func:`memsave.convert` swaps them into an existing model.
 """
+
 from .activation import LeakyReLU, ReLU, activation_spec
 from .dropout import Dropout
 from .gated_mlp import GatedMLP
 from .linear import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_layer_norm_linear
 from .loss import LinearCrossEntropy
-from .norm_act import BatchNormAct2d, BatchNormActConv2d, DeferredBatchNormAct2d, InPlaceABN2d, fuse_batch_norm_act_conv2d
+from .norm_act import (
+    BatchNormAct2d,
+    BatchNormActConv2d,
+    DeferredBatchNormAct2d,
+    InPlaceABN2d,
+    fuse_batch_norm_act_conv2d,
+)
 from .pooling import MaxPool2d
 from .rms_norm import DeferredRMSNorm, RMSNorm, RMSNormLinear, fuse_rms_norm_linear
 

@@ -1,4 +1,5 @@
 """What memsave's drop-in replacements for torch.nn modules (ReLU, LeakyReLU, Dropout, MaxPool2d) share."""
+
 from __future__ import annotations
 
 

@@ -1,5 +1,6 @@
 """memsave.nn.ReLU and memsave.nn.LeakyReLU: drop-in torch.nn modules that keep a 1-bit mask for backward; and
 :func:`activation_spec`, which reads the activation a torch module computes (for the fused modules and convert)."""
+
 from __future__ import annotations
 
 from typing import Optional, Tuple

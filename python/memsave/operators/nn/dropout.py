@@ -1,4 +1,5 @@
 """memsave.nn.Dropout: a drop-in torch.nn.Dropout that keeps a 1-bit keep mask for backward."""
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ keys of Hugging Face's ``LlamaMLP``; :meth:`GatedMLP.from_modules` takes existin
     mlp = layer.mlp                                                     # a Hugging Face LlamaMLP
     layer.mlp = memsave.nn.GatedMLP.from_modules(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act="silu")
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -70,7 +71,9 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, **factory)
 
     @classmethod
-    def from_modules(cls, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Linear, act: str = "silu") -> "GatedMLP":
+    def from_modules(
+        cls, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Linear, act: str = "silu"
+    ) -> "GatedMLP":
         """A GatedMLP holding the given modules (the same objects: nothing is copied, keys stay ``gate_proj.*`` ...).
 
         Args:

@@ -27,6 +27,7 @@ places of a model while keeping every state_dict key where it was. In a custom a
 New code can use the modules directly: ``LayerNormLinear(d, 3 * d)`` for ``nn.LayerNorm(d), nn.Linear(d, 3 * d)``,
 ``ActLinear(4 * d, d)`` for ``nn.GELU(), nn.Linear(4 * d, d)``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple, Union
@@ -101,8 +102,9 @@ class LayerNormLinear(nn.Module):
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.norm = nn.LayerNorm(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias,
-                                 **factory)
+        self.norm = nn.LayerNorm(
+            normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias, **factory
+        )
         linear = nn.Linear(self.norm.normalized_shape[-1], out_features, bias=bias, **factory)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
@@ -116,7 +118,8 @@ class LayerNormLinear(nn.Module):
             norm: an nn.LayerNorm over the Linear's input features (last entry of normalized_shape).
             linear: the nn.Linear that consumes the norm's output.
             register_norm: hold ``norm`` as the submodule ``norm`` (its keys become ``norm.*``). With False the norm
-                is only referenced: its parameters stay registered wherever they are (see :func:`fuse_layer_norm_linear`).
+                is only referenced: its parameters stay registered wherever they are (see
+                :func:`fuse_layer_norm_linear`).
 
         Returns:
             The fused module.
@@ -272,8 +275,11 @@ class ActLinear(nn.Module):
             >>> mlp.act, mlp.c_proj = torch.nn.Identity(), memsave.nn.ActLinear.from_conv1d(mlp.c_proj, "gelu_tanh")
         """
         weight, bias = getattr(conv, "weight", None), getattr(conv, "bias", None)
-        if not isinstance(weight, Tensor) or weight.dim() != 2 or (
-                bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (weight.shape[1],))):
+        if (
+            not isinstance(weight, Tensor)
+            or weight.dim() != 2
+            or (bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (weight.shape[1],)))
+        ):
             raise TypeError(
                 f"ActLinear.from_conv1d expects a Conv1D-style module (weight [in, out], bias [out]), got "
                 f"{type(conv).__name__}"
@@ -294,5 +300,7 @@ class ActLinear(nn.Module):
     def extra_repr(self) -> str:
         act = self.act if self.act_param == 0.0 else f"{self.act}({self.act_param})"
         layout = ", weight stored [in, out] (Conv1D)" if self.weight_transposed else ""
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"act={act}{layout}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"act={act}{layout}"
+        )

@@ -11,9 +11,10 @@ LinearCrossEntropy        the [rows, classes] logits' log-softmax          one l
 State dict: ``weight`` and ``bias`` as nn.Linear's, so a language model's ``lm_head`` loads into it (and
 :meth:`LinearCrossEntropy.from_linear` shares an existing head's parameters, tied embeddings included).
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -111,8 +112,13 @@ class LinearCrossEntropy(nn.Module):
     def forward(self, hidden: Tensor, target: Tensor) -> Tensor:
         """The loss of ``hidden [..., in_features]`` against ``target [...]`` (see the class)."""
         return F.linear_cross_entropy(
-            hidden, self.weight, target, self.bias, ignore_index=self.ignore_index,
-            label_smoothing=self.label_smoothing, reduction=self.reduction,
+            hidden,
+            self.weight,
+            target,
+            self.bias,
+            ignore_index=self.ignore_index,
+            label_smoothing=self.label_smoothing,
+            reduction=self.reduction,
         )
 
     def extra_repr(self) -> str:

@@ -31,9 +31,10 @@ raises TypeError for one, and ``nn.SyncBatchNorm.convert_sync_batchnorm`` does n
 are not ``_BatchNorm`` subclasses, deliberately: it would replace them with a SyncBatchNorm and drop the
 activation), so convert to SyncBatchNorm first and fuse only the layers that stay per-process.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -43,7 +44,13 @@ from .activation import activation_spec
 
 Tensor = torch.Tensor
 
-__all__ = ["BatchNormAct2d", "BatchNormActConv2d", "DeferredBatchNormAct2d", "InPlaceABN2d", "fuse_batch_norm_act_conv2d"]
+__all__ = [
+    "BatchNormAct2d",
+    "BatchNormActConv2d",
+    "DeferredBatchNormAct2d",
+    "InPlaceABN2d",
+    "fuse_batch_norm_act_conv2d",
+]
 
 
 class _BatchNormActBase(nn.Module):
@@ -119,11 +126,17 @@ class _BatchNormActBase(nn.Module):
         )
 
     def _load_from_state_dict(
-        self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool, missing_keys: list,
-        unexpected_keys: list, error_msgs: list,
+        self,
+        state_dict: dict,
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list,
+        unexpected_keys: list,
+        error_msgs: list,
     ) -> None:
         # Checkpoints from before num_batches_tracked existed (version < 2) load with 0, as nn.BatchNorm2d does.
-        version = local_metadata.get("version", None)
+        version = local_metadata.get("version")
         if (version is None or version < 2) and self.track_running_stats:
             key = prefix + "num_batches_tracked"
             if key not in state_dict:
@@ -143,9 +156,7 @@ class _BatchNormActBase(nn.Module):
                 f"{tuple(input.shape)})"
             )
         if input.shape[1] != self.num_features:
-            raise ValueError(
-                f"{type(self).__name__}({self.num_features}) got an input with {input.shape[1]} channels"
-            )
+            raise ValueError(f"{type(self).__name__}({self.num_features}) got an input with {input.shape[1]} channels")
 
     def _bn_arguments(self) -> Tuple[bool, float, Optional[Tensor], Optional[Tensor]]:
         """nn.BatchNorm2d's policy: (use batch statistics, momentum factor, running_mean, running_var to pass);
@@ -243,8 +254,16 @@ class BatchNormAct2d(_BatchNormActBase):
         self._check_input_dim(input)
         bn_training, factor, running_mean, running_var = self._bn_arguments()
         return F.batch_norm_act(
-            input, running_mean, running_var, self.weight, self.bias, bn_training, factor, self.eps,
-            self.act, self.act_param,
+            input,
+            running_mean,
+            running_var,
+            self.weight,
+            self.bias,
+            bn_training,
+            factor,
+            self.eps,
+            self.act,
+            self.act_param,
         )
 
 
@@ -307,8 +326,16 @@ class InPlaceABN2d(_BatchNormActBase):
         self._check_input_dim(input)
         bn_training, factor, running_mean, running_var = self._bn_arguments()
         return F.inplace_abn(
-            input, running_mean, running_var, self.weight, self.bias, bn_training, factor, self.eps,
-            self.act, self.act_param,
+            input,
+            running_mean,
+            running_var,
+            self.weight,
+            self.bias,
+            bn_training,
+            factor,
+            self.eps,
+            self.act,
+            self.act_param,
         )
 
     @classmethod
@@ -320,7 +347,8 @@ class InPlaceABN2d(_BatchNormActBase):
 class DeferredBatchNormAct2d(_BatchNormActBase):
     """A BatchNorm2d's parameters, buffers and settings (plus an activation) applied by the next module.
 
-    Made by :func:`fuse_batch_norm_act_conv2d` and ``memsave.convert``: it stays where the BatchNorm2d was (same state_dict
+    Made by :func:`fuse_batch_norm_act_conv2d` and ``memsave.convert``: it stays where the BatchNorm2d was (same
+    state_dict
     keys, same running-statistics policy) while the following :class:`BatchNormActConv2d` applies the norm and the
     activation inside its fused operator. Its forward returns its input unchanged, which is right only there.
 
@@ -376,10 +404,12 @@ class BatchNormActConv2d(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        self.bn = DeferredBatchNormAct2d(in_channels, act, eps, momentum, affine, track_running_stats, device, dtype,
-                                         act_param)
-        conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         device=device, dtype=dtype)
+        self.bn = DeferredBatchNormAct2d(
+            in_channels, act, eps, momentum, affine, track_running_stats, device, dtype, act_param
+        )
+        conv = nn.Conv2d(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, device=device, dtype=dtype
+        )
         self._take_conv(conv)
 
     def _take_conv(self, conv: nn.Conv2d) -> None:
@@ -423,9 +453,7 @@ class BatchNormActConv2d(nn.Module):
                 f"{type(bn).__name__}"
             )
         if isinstance(conv, nn.Conv2d) and conv.in_channels != bn.num_features:
-            raise ValueError(
-                f"BatchNorm2d({bn.num_features}) does not feed Conv2d(in_channels={conv.in_channels})"
-            )
+            raise ValueError(f"BatchNorm2d({bn.num_features}) does not feed Conv2d(in_channels={conv.in_channels})")
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused._take_conv(conv)
@@ -445,8 +473,22 @@ class BatchNormActConv2d(nn.Module):
         bn._check_input_dim(input)
         bn_training, factor, running_mean, running_var = bn._bn_arguments()
         return F.batch_norm_act_conv2d(
-            input, running_mean, running_var, bn.weight, bn.bias, self.weight, self.bias, bn_training, factor,
-            bn.eps, bn.act, bn.act_param, self.stride, self.padding, self.dilation, self.groups,
+            input,
+            running_mean,
+            running_var,
+            bn.weight,
+            bn.bias,
+            self.weight,
+            self.bias,
+            bn_training,
+            factor,
+            bn.eps,
+            bn.act,
+            bn.act_param,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
         )
 
     def extra_repr(self) -> str:

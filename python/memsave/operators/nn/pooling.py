@@ -1,4 +1,5 @@
 """memsave.nn.MaxPool2d: a drop-in torch.nn.MaxPool2d that keeps a 1-byte in-window argmax for backward."""
+
 from __future__ import annotations
 
 from typing import Tuple, Union

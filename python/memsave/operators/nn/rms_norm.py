@@ -19,6 +19,7 @@ keeps every key where it was::
         layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj) = memsave.nn.fuse_rms_norm_linear(
             layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple, Union
@@ -56,7 +57,9 @@ def _norm_eps(norm: nn.Module) -> Optional[float]:
 
 def _check_rms_norm_module(norm: nn.Module) -> None:
     weight = getattr(norm, "weight", None)
-    if not isinstance(norm, nn.Module) or (weight is not None and (not isinstance(weight, Tensor) or weight.dim() != 1)):
+    if not isinstance(norm, nn.Module) or (
+        weight is not None and (not isinstance(weight, Tensor) or weight.dim() != 1)
+    ):
         raise TypeError(
             f"expected an RMSNorm module with a 1-D weight (LlamaRMSNorm, torch.nn.RMSNorm over one dimension, "
             f"memsave.nn.RMSNorm), got {type(norm).__name__}"
@@ -161,8 +164,9 @@ class DeferredRMSNorm(nn.Module):
         super().__init__()
         _check_rms_norm_module(norm)
         weight = getattr(norm, "weight", None)
-        self.normalized_shape: Tuple[int, ...] = (weight.shape[0],) if weight is not None else tuple(
-            getattr(norm, "normalized_shape", ()))
+        self.normalized_shape: Tuple[int, ...] = (
+            (weight.shape[0],) if weight is not None else tuple(getattr(norm, "normalized_shape", ()))
+        )
         self.eps = _norm_eps(norm)
         if weight is not None:
             self.weight = weight

@@ -8,6 +8,7 @@
 ``search.py``     4. :func:`plan`: trace, chain, solve with the C++ planner (``csrc/planner``), verify by measuring
 ================  ==============================================================================================
 """
+
 from .chain import Chain, Piece, Skip, Stage
 from .plan import Plan, apply_plan
 from .search import plan

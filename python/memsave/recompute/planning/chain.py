@@ -12,6 +12,7 @@ the predicted timeline of the eager step is never below the allocator-level one 
 :class:`Stage`, :class:`Skip` and :class:`Chain` mirror ``planner::Stage``, ``planner::Skip`` and ``planner::Chain``
 (``csrc/planner/chain.h``) field for field; :meth:`Chain.to_dict` is the form the pybind11 binding reads.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -91,9 +92,14 @@ class Chain:
         Raises:
             TypeError, KeyError: a missing or unknown field.
         """
-        return cls(stages=[Stage(**s) for s in d["stages"]], skips=[Skip(**k) for k in d.get("skips", [])],
-                   base_bytes=d.get("base_bytes", 0), segment_bytes=d.get("segment_bytes", 0),
-                   recompute_bytes=d.get("recompute_bytes", 0), policies=list(d.get("policies", [])))
+        return cls(
+            stages=[Stage(**s) for s in d["stages"]],
+            skips=[Skip(**k) for k in d.get("skips", [])],
+            base_bytes=d.get("base_bytes", 0),
+            segment_bytes=d.get("segment_bytes", 0),
+            recompute_bytes=d.get("recompute_bytes", 0),
+            policies=list(d.get("policies", [])),
+        )
 
     def solve(self, budget_bytes: Optional[int], strategy: str, slots: int) -> Dict[str, Any]:
         """``memsave._C.planner_solve`` on this chain: the schedule of ``strategy`` within ``budget_bytes``."""
@@ -141,9 +147,9 @@ def _is_inplace(m: nn.Module) -> bool:
 class _Piece:
     """A run of the forward's events: one frontier module call (with in-place followers) or the glue between."""
 
-    kind: str                      # "module" or "glue"
+    kind: str  # "module" or "glue"
     calls: List[int]
-    lo: int                        # event range [lo, hi)
+    lo: int  # event range [lo, hi)
     hi: int
 
 
@@ -151,7 +157,7 @@ def _held_by_call(tr: Trace) -> Dict[int, int]:
     """Bytes allocated inside each call (descendants included) still alive when forward ends."""
     alive: Set[int] = set()
     created_at: Dict[int, int] = {}
-    for pos, ev in enumerate(tr.events[:tr.bwd_pos]):
+    for pos, ev in enumerate(tr.events[: tr.bwd_pos]):
         if ev[0] == "alloc":
             alive.add(ev[1])
             created_at[ev[1]] = pos
@@ -179,7 +185,8 @@ def _frontier(tr: Trace) -> List[int]:
         for ci in front:
             c = tr.calls[ci]
             open_up = bool(c.children) and (
-                _is_plain_sequential(c.module) or (len(c.children) >= 2 and held[ci] * 2 > total))
+                _is_plain_sequential(c.module) or (len(c.children) >= 2 and held[ci] * 2 > total)
+            )
             if open_up:
                 nxt.extend(c.children)
                 changed = True
@@ -253,8 +260,8 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
         elif ev[0] == "use" and ev[1] in creator and owner[pos] > creator[ev[1]]:
             users[ev[1]] = max(users.get(ev[1], -1), owner[pos])
 
-    A = [0] * (n + 1)   # boundary bytes kept for backward
-    T = [0] * (n + 1)   # boundary bytes freed once the next piece has read them ("passing")
+    A = [0] * (n + 1)  # boundary bytes kept for backward
+    T = [0] * (n + 1)  # boundary bytes freed once the next piece has read them ("passing")
     G = [0] * (n + 1)
     saved = [0] * n
     skips: List[Skip] = []
@@ -310,7 +317,7 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
     for run in timing:
         t_call, t_ret = run["t_call"], run["t_ret"]
         ts = []
-        for i, pc in enumerate(pieces):
+        for pc in pieces:
             if pc.kind == "module":
                 ts.append(sum(t_ret.get(ci, t_call[ci]) - t_call[ci] for ci in pc.calls))
             else:
@@ -331,7 +338,7 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
     # Which pieces may be recomputed, and which may share a region with the piece before.
     info: List[Piece] = []
     parent_calls: List[Optional[int]] = []
-    for i, pc in enumerate(pieces):
+    for pc in pieces:
         mods = [calls[ci].name for ci in pc.calls]
         parents = {calls[ci].parent for ci in pc.calls}
         parent = next(iter(parents)) if len(parents) == 1 else None
@@ -344,16 +351,31 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
             child_index = [ids.index(id(calls[ci].module)) for ci in pc.calls]
         contiguous = seq_parent and child_index == list(range(child_index[0], child_index[-1] + 1))
         recomputable = (
-            pc.kind == "module" and all(call_count[id(calls[ci].module)] == 1 for ci in pc.calls)
-            and not _is_inplace(calls[pc.calls[0]].module) and (len(pc.calls) == 1 or contiguous))
-        info.append(Piece(kind=pc.kind, modules=mods, parent=calls[parent].name if seq_parent else None,
-                          child_index=child_index, recomputable=bool(recomputable)))
+            pc.kind == "module"
+            and all(call_count[id(calls[ci].module)] == 1 for ci in pc.calls)
+            and not _is_inplace(calls[pc.calls[0]].module)
+            and (len(pc.calls) == 1 or contiguous)
+        )
+        info.append(
+            Piece(
+                kind=pc.kind,
+                modules=mods,
+                parent=calls[parent].name if seq_parent else None,
+                child_index=child_index,
+                recomputable=bool(recomputable),
+            )
+        )
         parent_calls.append(parent if seq_parent else None)
     for i, pi in enumerate(info):
         prev = info[i - 1] if i > 0 else None
         pi.joins_previous = bool(
-            prev is not None and pi.recomputable and prev.recomputable and parent_calls[i] is not None
-            and parent_calls[i] == parent_calls[i - 1] and pi.child_index[0] == prev.child_index[-1] + 1)
+            prev is not None
+            and pi.recomputable
+            and prev.recomputable
+            and parent_calls[i] is not None
+            and parent_calls[i] == parent_calls[i - 1]
+            and pi.child_index[0] == prev.child_index[-1] + 1
+        )
 
     # What a checkpointed region holds besides activations: snapshots of its modules' buffers, taken at entry (the
     # cost model counts them a second time during the recompute, when fresh copies are swapped in).
@@ -369,14 +391,24 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
 
     stages = []
     for i, pi in enumerate(info):
-        stages.append(Stage(
-            name="+".join(pi.modules) if pi.modules else f"<glue {i}>",
-            fwd_time=fwd_time[i], bwd_time=bwd_time[i],
-            input_bytes=A[i], output_bytes=A[i + 1],
-            input_passing_bytes=T[i], output_passing_bytes=T[i + 1],
-            input_grad_bytes=G[i], output_grad_bytes=G[i + 1],
-            saved_bytes=saved[i], param_grad_bytes=param_grad[i], checkpoint_bytes=checkpoint_bytes[i],
-            recomputable=pi.recomputable, joins_previous=pi.joins_previous))
+        stages.append(
+            Stage(
+                name="+".join(pi.modules) if pi.modules else f"<glue {i}>",
+                fwd_time=fwd_time[i],
+                bwd_time=bwd_time[i],
+                input_bytes=A[i],
+                output_bytes=A[i + 1],
+                input_passing_bytes=T[i],
+                output_passing_bytes=T[i + 1],
+                input_grad_bytes=G[i],
+                output_grad_bytes=G[i + 1],
+                saved_bytes=saved[i],
+                param_grad_bytes=param_grad[i],
+                checkpoint_bytes=checkpoint_bytes[i],
+                recomputable=pi.recomputable,
+                joins_previous=pi.joins_previous,
+            )
+        )
     # Each region saves the RNG states at entry and forks them for its recompute; only the CPU generator's state is
     # a tensor in the measured memory (on CUDA the states are CPU tensors and do not count).
     rng_bytes = torch.get_rng_state().numel() if tr.device.type == "cpu" else 0

@@ -17,6 +17,7 @@ an operator on a CPU: a GPT-2 block's forward takes 1.15 of eager's time in a se
 and each variant's time includes it for every operator of its piece, so that the planner does not choose a
 selective region whose saving that overhead eats.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,15 +28,21 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ..selective import OPERATOR_CLASSES, operators_of
 from .chain import Chain, Piece
 
-__all__ = ["ClassProfile", "OperatorProfile", "policy_classes", "profile_operator_classes",
-           "selective_overhead_per_operator", "selective_variants"]
+__all__ = [
+    "ClassProfile",
+    "OperatorProfile",
+    "policy_classes",
+    "profile_operator_classes",
+    "selective_overhead_per_operator",
+    "selective_variants",
+]
 
 # Per piece: operator class -> (bytes of the outputs its operators return, median seconds of those operators).
 ClassProfile = List[Dict[str, Tuple[int, float]]]
@@ -85,8 +92,14 @@ class _ClassRecorder(TorchDispatchMode):
         return out
 
 
-def profile_operator_classes(forward: Callable[[], Any], model: nn.Module, pieces: Sequence[Piece],
-                             classes: Sequence[str], steps: int, sync: Callable[[], None]) -> OperatorProfile:
+def profile_operator_classes(
+    forward: Callable[[], Any],
+    model: nn.Module,
+    pieces: Sequence[Piece],
+    classes: Sequence[str],
+    steps: int,
+    sync: Callable[[], None],
+) -> OperatorProfile:
     """Bytes returned and time taken by each operator class in each recomputable piece, over ``steps`` forwards, and
     the number of operators each such piece dispatches.
 
@@ -126,6 +139,7 @@ def profile_operator_classes(forward: Callable[[], Any], model: nn.Module, piece
         def hook(module: nn.Module, args: Any) -> None:
             stack.append(rec.piece)
             rec.piece = i
+
         return hook
 
     def leave(module: nn.Module, args: Any, output: Any) -> None:
@@ -159,8 +173,9 @@ def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPol
     return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def selective_overhead_per_operator(device: torch.device, sync: Callable[[], None], repeats: int = 7,
-                                    length: int = 64) -> float:
+def selective_overhead_per_operator(
+    device: torch.device, sync: Callable[[], None], repeats: int = 7, length: int = 64
+) -> float:
     """Seconds torch's selective-checkpoint contexts add to one operator, its forward and its recompute together.
 
     Runs ``length`` tiny operators (matrix products, which the policy keeps, alternating with multiplications, which
@@ -223,8 +238,9 @@ def policy_classes(policy: str) -> Tuple[str, ...]:
     return tuple(policy.split("+"))
 
 
-def selective_variants(chain: Chain, pieces: Sequence[Piece], profile: OperatorProfile,
-                       overhead_per_operator: float = 0.0) -> None:
+def selective_variants(
+    chain: Chain, pieces: Sequence[Piece], profile: OperatorProfile, overhead_per_operator: float = 0.0
+) -> None:
     """Give ``chain`` its selective policies and each recomputable stage one variant per policy, in place.
 
     The policies are the non-empty sets of the operator classes found in some recomputable piece, largest first
@@ -254,5 +270,6 @@ def selective_variants(chain: Chain, pieces: Sequence[Piece], profile: OperatorP
             continue
         overhead = n * overhead_per_operator
         st.selective_kept_bytes = [sum(prof.get(c, (0, 0.0))[0] for c in p) for p in policies]
-        st.selective_fwd_time = [max(0.0, st.fwd_time - sum(prof.get(c, (0, 0.0))[1] for c in p)) + overhead
-                                 for p in policies]
+        st.selective_fwd_time = [
+            max(0.0, st.fwd_time - sum(prof.get(c, (0, 0.0))[1] for c in p)) + overhead for p in policies
+        ]

@@ -5,6 +5,7 @@ a region of consecutive children of a plain ``nn.Sequential`` is :class:`_Groupe
 region per run of children). A selective region (:attr:`Plan.selective`) gets ``context_fn=memsave.selective(*its
 classes)``. :func:`memsave.unwrap` removes both.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -136,8 +137,15 @@ class Plan(RegionPlan):
                 what = "kept"
             name = ", ".join(pc.modules) if pc.modules else "(code between modules)"
             held = st.saved_bytes + st.output_bytes
-            rows.append((str(i), name if len(name) <= 48 else name[:45] + "...", what, format_bytes(held),
-                         f"{st.fwd_time * 1e3:.2f}"))
+            rows.append(
+                (
+                    str(i),
+                    name if len(name) <= 48 else name[:45] + "...",
+                    what,
+                    format_bytes(held),
+                    f"{st.fwd_time * 1e3:.2f}",
+                )
+            )
         head = ("#", "modules", "plan", "held", "fwd ms")
         widths = [max(len(h), *(len(row[k]) for row in rows)) for k, h in enumerate(head)]
         fmt = "  ".join("{:<%d}" % w for w in widths)
@@ -213,17 +221,26 @@ class Plan(RegionPlan):
             raise ValueError(
                 f"memsave.Plan.from_json: not a memsave plan of format {_PLAN_FORMAT} (got "
                 f"{d.get('format') if isinstance(d, dict) else type(d).__name__}); make it with memsave.plan(...)"
-                f".to_json()")
+                f".to_json()"
+            )
         try:
             return cls(
-                strategy=d["strategy"], budget_bytes=d["budget_bytes"],
-                predicted_peak_bytes=d["predicted_peak_bytes"], measured_peak_bytes=d["measured_peak_bytes"],
-                eager_peak_bytes=d["eager_peak_bytes"], min_feasible_bytes=d["min_feasible_bytes"],
-                predicted_extra_seconds=d["predicted_extra_seconds"], eager_step_seconds=d["eager_step_seconds"],
+                strategy=d["strategy"],
+                budget_bytes=d["budget_bytes"],
+                predicted_peak_bytes=d["predicted_peak_bytes"],
+                measured_peak_bytes=d["measured_peak_bytes"],
+                eager_peak_bytes=d["eager_peak_bytes"],
+                min_feasible_bytes=d["min_feasible_bytes"],
+                predicted_extra_seconds=d["predicted_extra_seconds"],
+                eager_step_seconds=d["eager_step_seconds"],
                 segments=[(int(b), int(e), bool(r)) for b, e, r in d["segments"]],
-                pieces=[Piece(**pc) for pc in d["pieces"]], chain=Chain.from_dict(d["chain"]),
-                model_class=d["model_class"], fingerprint=d["fingerprint"], device=d["device"],
-                selective=[tuple(str(c) for c in cs) for cs in d.get("selective", [])])
+                pieces=[Piece(**pc) for pc in d["pieces"]],
+                chain=Chain.from_dict(d["chain"]),
+                model_class=d["model_class"],
+                fingerprint=d["fingerprint"],
+                device=d["device"],
+                selective=[tuple(str(c) for c in cs) for cs in d.get("selective", [])],
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
 
@@ -233,9 +250,15 @@ class _GroupedForward(CheckpointedForward):
     """Instance-level ``forward`` of a plain ``nn.Sequential`` some of whose runs of children are checkpointed
     regions (one region per run). A subclass of wrap's forward so that :func:`memsave.unwrap` removes it."""
 
-    def __init__(self, module: nn.Sequential, name: str, groups: List[Tuple[int, int]],
-                 preserve_rng_state: bool = True, strict: bool = False,
-                 context_fns: Optional[Dict[Tuple[int, int], Callable[[], Tuple[Any, Any]]]] = None) -> None:
+    def __init__(
+        self,
+        module: nn.Sequential,
+        name: str,
+        groups: List[Tuple[int, int]],
+        preserve_rng_state: bool = True,
+        strict: bool = False,
+        context_fns: Optional[Dict[Tuple[int, int], Callable[[], Tuple[Any, Any]]]] = None,
+    ) -> None:
         super().__init__(module, name, None, preserve_rng_state, strict)
         self.groups = sorted(groups)
         self.context_fns = dict(context_fns or {})  # group -> selective context_fn (none: recomputed whole)
@@ -250,9 +273,15 @@ class _GroupedForward(CheckpointedForward):
         for start, end in self.groups:
             for child in children[i:start]:
                 x = child(x)
-            x = run_region(ModuleChain(children[start:end]), (x,), {}, name=f"{self.name}[{start}:{end}]",
-                           preserve_rng_state=self.preserve_rng_state, strict=self.strict,
-                           context_fn=self.context_fns.get((start, end)))
+            x = run_region(
+                ModuleChain(children[start:end]),
+                (x,),
+                {},
+                name=f"{self.name}[{start}:{end}]",
+                preserve_rng_state=self.preserve_rng_state,
+                strict=self.strict,
+                context_fn=self.context_fns.get((start, end)),
+            )
             i = end
         for child in children[i:]:
             x = child(x)
@@ -277,12 +306,16 @@ def _check_plan_matches(model: nn.Module, p: Plan) -> None:
     names = set(dict(model.named_modules()))
     wanted = {m for pc in p.pieces for m in pc.modules}
     missing = sorted(wanted - names)
-    detail = f"; modules it names that this model lacks: {', '.join(missing[:5])}" if missing else \
-        "; module names match but classes or parameter shapes differ"
+    detail = (
+        f"; modules it names that this model lacks: {', '.join(missing[:5])}"
+        if missing
+        else "; module names match but classes or parameter shapes differ"
+    )
     raise PlanMismatchError(
         f"memsave: this plan was made for a {p.model_class} (fingerprint {p.fingerprint}) but the model is a "
         f"{type(model).__name__} (fingerprint {fp}){detail}. Make a plan for this model with memsave.plan(model, "
-        f"*example_inputs, budget=...).")
+        f"*example_inputs, budget=...)."
+    )
 
 
 def apply_plan(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
@@ -307,8 +340,9 @@ def apply_plan(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True, st
     return model
 
 
-def apply_regions(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True,
-                   strict: bool = False) -> List[nn.Module]:
+def apply_regions(
+    model: nn.Module, p: Plan, *, preserve_rng_state: bool = True, strict: bool = False
+) -> List[nn.Module]:
     """Install the plan's regions; returns the modules given an instance-level forward (to undo them)."""
     modules = dict(model.named_modules())
     groups: Dict[str, List[Tuple[int, int]]] = {}
@@ -322,8 +356,9 @@ def apply_regions(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True,
         keeps = p.keeps(k)
         context_fn = selective_context(*keeps) if keeps else None
         if len(names) == 1:
-            if wrap_module(modules[names[0]], names[0], preserve_rng_state=preserve_rng_state, strict=strict,
-                           context_fn=context_fn):
+            if wrap_module(
+                modules[names[0]], names[0], preserve_rng_state=preserve_rng_state, strict=strict, context_fn=context_fn
+            ):
                 changed.append(modules[names[0]])
             continue
         parent = pcs[0].parent
@@ -331,7 +366,8 @@ def apply_regions(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True,
         if parent is None or any(pc.parent != parent for pc in pcs) or idx != list(range(idx[0], idx[-1] + 1)):
             raise PlanMismatchError(
                 f"memsave: region {names} of the plan is not a run of consecutive children of one nn.Sequential; "
-                f"the plan is corrupt or was edited")
+                f"the plan is corrupt or was edited"
+            )
         groups.setdefault(parent, []).append((idx[0], idx[-1] + 1))
         if context_fn is not None:
             contexts.setdefault(parent, {})[(idx[0], idx[-1] + 1)] = context_fn
@@ -339,8 +375,9 @@ def apply_regions(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True,
         mod = modules[parent]
         if is_wrapped(mod):
             continue
-        mod.__dict__["forward"] = _GroupedForward(mod, parent or type(mod).__name__, gs, preserve_rng_state, strict,
-                                                  contexts.get(parent))
+        mod.__dict__["forward"] = _GroupedForward(
+            mod, parent or type(mod).__name__, gs, preserve_rng_state, strict, contexts.get(parent)
+        )
         mod.__dict__["extra_repr"] = _GroupedRepr(mod, gs)
         changed.append(mod)
     return changed

@@ -35,6 +35,7 @@ How a plan is made:
 Budget = the peak memory of one training step (gradients set to None, forward, loss, backward) above what was
 allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation events on CPU (DESIGN.md).
 """
+
 from __future__ import annotations
 
 import re
@@ -48,8 +49,8 @@ from ...errors import InfeasibleBudgetError
 from ...measurement.allocator import step_peak_bytes
 from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
 from ...measurement.units import Budget, format_bytes, parse_budget
-from ..wrapping import is_wrapped, unwrap_module
 from ..selective import OPERATOR_CLASSES
+from ..wrapping import is_wrapped, unwrap_module
 from .chain import Chain, build_chain
 from .operators import policy_classes, profile_operator_classes, selective_overhead_per_operator, selective_variants
 from .plan import Plan, apply_regions, fingerprint
@@ -63,8 +64,15 @@ _STRATEGIES = ("optimal", "sqrt", "none", "all", "min_memory")
 class _Stepper:
     """Runs steps of the model with gradients cleared first, and measures a step's allocator-level peak."""
 
-    def __init__(self, model: nn.Module, inputs: Sequence[Any], kwargs: Dict[str, Any], loss_fn: LossFn,
-                 device: torch.device, state: SavedStepState) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Sequence[Any],
+        kwargs: Dict[str, Any],
+        loss_fn: LossFn,
+        device: torch.device,
+        state: SavedStepState,
+    ) -> None:
         self.model, self.inputs, self.kwargs, self.loss_fn = model, inputs, kwargs, loss_fn
         self.device, self.state = device, state
 
@@ -92,15 +100,18 @@ def _check_loss(out: Any, loss: Any) -> None:
         raise TypeError(
             f"memsave.plan: the loss is None: the model returned a {type(out).__name__} whose .loss is None (a Hugging "
             f"Face model computes its loss only when called with labels=...); pass labels=... to memsave.plan, or a "
-            f"loss_fn that maps the output to a scalar loss")
+            f"loss_fn that maps the output to a scalar loss"
+        )
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise TypeError(
             f"memsave.plan: loss_fn must return a scalar tensor, got "
-            f"{type(loss).__name__ if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}")
+            f"{type(loss).__name__ if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}"
+        )
     if not loss.requires_grad:
         raise TypeError(
             "memsave.plan: the loss does not require grad (computed without autograd, or from nothing that requires "
-            "grad), so a training step has no backward to plan for")
+            "grad), so a training step has no backward to plan for"
+        )
 
 
 def _split_inputs(example_kwargs: Optional[Mapping[str, Any]], model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
@@ -110,12 +121,14 @@ def _split_inputs(example_kwargs: Optional[Mapping[str, Any]], model_kwargs: Dic
     if not isinstance(example_kwargs, Mapping) or not all(isinstance(k, str) for k in example_kwargs):
         raise TypeError(
             f"memsave.plan: example_kwargs must be a dict of keyword name -> value for the model, got "
-            f"{type(example_kwargs).__name__}")
+            f"{type(example_kwargs).__name__}"
+        )
     both = sorted(set(example_kwargs) & set(model_kwargs))
     if both:
         raise ValueError(
             f"memsave.plan: keyword input(s) {', '.join(both)} given both in example_kwargs and as keywords; give "
-            f"each once")
+            f"each once"
+        )
     return {**example_kwargs, **model_kwargs}
 
 
@@ -128,19 +141,25 @@ def _selective_classes(selective: Union[bool, Sequence[str]]) -> Tuple[str, ...]
     if isinstance(selective, str) or not all(isinstance(c, str) for c in selective):
         raise TypeError(
             f"memsave.plan: selective must be True, False or a list of operator classes such as ['matmul'], got "
-            f"{selective!r}")
+            f"{selective!r}"
+        )
     unknown = [c for c in selective if c not in OPERATOR_CLASSES]
     if unknown or not selective:
         raise ValueError(
             f"memsave.plan: selective names {'no operator class' if not selective else repr(unknown[0])}; use "
-            f"True, False or classes among {', '.join(OPERATOR_CLASSES)}")
+            f"True, False or classes among {', '.join(OPERATOR_CLASSES)}"
+        )
     return tuple(dict.fromkeys(selective))
 
 
-def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
-                    solve_min_memory: Callable[[], Dict[str, Any]], make: Callable[[Dict[str, Any]], "Plan"],
-                    measure: Optional[Callable[["Plan"], int]], budget_bytes: int, rounds: int = 4
-                    ) -> Optional["Plan"]:
+def search_optimal(
+    solve: Callable[[Optional[int]], Dict[str, Any]],
+    solve_min_memory: Callable[[], Dict[str, Any]],
+    make: Callable[[Dict[str, Any]], "Plan"],
+    measure: Optional[Callable[["Plan"], int]],
+    budget_bytes: int,
+    rounds: int = 4,
+) -> Optional["Plan"]:
     """The optimal plan whose *measured* peak fits ``budget_bytes``, or None.
 
     The cost model's peak is off by a few allocations either way (allocator rounding, a temporary it does not see).
@@ -182,11 +201,20 @@ def search_optimal(solve: Callable[[Optional[int]], Dict[str, Any]],
     return best
 
 
-def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None,
-         loss_fn: Optional[LossFn] = None, strategy: str = "optimal", verbose: bool = False,
-         verify: bool = True, slots: int = 2000, timing_steps: int = 3,
-         selective: Union[bool, Sequence[str]] = True,
-         example_kwargs: Optional[Mapping[str, Any]] = None, **model_kwargs: Any) -> Plan:
+def plan(
+    model: nn.Module,
+    *example_inputs: Any,
+    budget: Optional[Budget] = None,
+    loss_fn: Optional[LossFn] = None,
+    strategy: str = "optimal",
+    verbose: bool = False,
+    verify: bool = True,
+    slots: int = 2000,
+    timing_steps: int = 3,
+    selective: Union[bool, Sequence[str]] = True,
+    example_kwargs: Optional[Mapping[str, Any]] = None,
+    **model_kwargs: Any,
+) -> Plan:
     """Choose what to recompute in backward so that a training step fits ``budget``, with the least recompute.
 
     Profiles a few steps of ``model`` on the example inputs (and puts back parameters' gradients, buffers such as
@@ -252,11 +280,11 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.plan: model must be an nn.Module, got {type(model).__name__}")
-    if not isinstance(strategy, str) or not (
-            strategy in _STRATEGIES or re.fullmatch(r"uniform:[1-9][0-9]*", strategy)):
+    if not isinstance(strategy, str) or not (strategy in _STRATEGIES or re.fullmatch(r"uniform:[1-9][0-9]*", strategy)):
         raise ValueError(
             f"memsave.plan: unknown strategy {strategy!r}; use one of optimal, sqrt, uniform:K (K >= 1), none, all, "
-            f"min_memory")
+            f"min_memory"
+        )
     if budget is None and strategy == "optimal":
         raise ValueError("memsave.plan: strategy='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
     if budget is not None:
@@ -269,12 +297,15 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
     if wrapped:
         raise ValueError(
             f"memsave.plan: the model already has checkpointed modules ({', '.join(wrapped[:3]) or '(root)'}); plan "
-            f"profiles the plain model: call memsave.unwrap(model) first")
+            f"profiles the plain model: call memsave.unwrap(model) first"
+        )
     if not any(p.requires_grad for p in model.parameters()) and not any(
-            t.requires_grad for t in tensors_in(everything)):
+        t.requires_grad for t in tensors_in(everything)
+    ):
         raise ValueError(
             f"memsave.plan: {type(model).__name__} has no parameter that requires grad and no example input "
-            f"requires grad, so a training step has no backward to plan for")
+            f"requires grad, so a training step has no backward to plan for"
+        )
     device = resolve_device(model, everything, None)
 
     state = SavedStepState(model, everything)
@@ -291,11 +322,15 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         except Exception as e:
             given = f"{len(example_inputs)} positional input(s)" + (
                 f" and the keyword input(s) {', '.join(kwargs)} (every keyword memsave.plan does not know goes to the "
-                f"model)" if kwargs else "")
+                f"model)"
+                if kwargs
+                else ""
+            )
             raise ValueError(
                 f"memsave.plan: one training step of {type(model).__name__} on the example inputs failed "
                 f"({type(e).__name__}: {e}); it was given {given}. Pass example inputs that "
-                f"model(*inputs, **kwargs) accepts and a loss_fn that maps its output to a scalar") from e
+                f"model(*inputs, **kwargs) accepts and a loss_fn that maps its output to a scalar"
+            ) from e
         tick()
         state.clear_grads()
         trace = trace_step(model, example_inputs, loss_fn, device, kwargs)
@@ -307,8 +342,9 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         chain, pieces = build_chain(trace, model, timing)
         found: List[Set[str]] = [set() for _ in pieces]  # operator classes met in each piece
         if classes:
-            profile = profile_operator_classes(lambda: model(*example_inputs, **kwargs), model, pieces, classes,
-                                               timing_steps, stepper.sync)
+            profile = profile_operator_classes(
+                lambda: model(*example_inputs, **kwargs), model, pieces, classes, timing_steps, stepper.sync
+            )
             selective_variants(chain, pieces, profile, selective_overhead_per_operator(device, stepper.sync))
             found = [set(prof) for prof in profile.classes]
             tick()
@@ -317,8 +353,9 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
             """The classes a selective region keeps: its policy's, less those none of its pieces runs."""
             if policy is None:
                 return ()
-            here = set().union(*found[segment[0]:segment[1]])
+            here = set().union(*found[segment[0] : segment[1]])
             return tuple(c for c in policy_classes(ch.policies[policy]) if c in here)
+
         n = len(pieces)
         none_peak = chain.simulate([(0, n, False)])["peak_bytes"]
         chain.base_bytes = max(0, eager_peak - none_peak)  # allocator-level memory the log cannot see
@@ -326,13 +363,23 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
         budget_bytes = parse_budget(budget, eager_peak) if budget is not None else None
 
         def make(res: Dict[str, Any], ch: Chain = chain) -> Plan:  # the solver's answer on ``ch``, not measured yet
-            return Plan(strategy=strategy, budget_bytes=budget_bytes,
-                        predicted_peak_bytes=int(res["predicted_peak_bytes"]), measured_peak_bytes=None,
-                        eager_peak_bytes=int(eager_peak), min_feasible_bytes=int(res["min_feasible_bytes"]),
-                        predicted_extra_seconds=float(res["predicted_extra_time"]), eager_step_seconds=eager_seconds,
-                        segments=[tuple(s) for s in res["segments"]], pieces=pieces, chain=ch,
-                        selective=[keeps(seg, k, ch) for seg, k in zip(res["segments"], res["segment_policies"])],
-                        model_class=type(model).__name__, fingerprint=fingerprint(model), device=str(device))
+            return Plan(
+                strategy=strategy,
+                budget_bytes=budget_bytes,
+                predicted_peak_bytes=int(res["predicted_peak_bytes"]),
+                measured_peak_bytes=None,
+                eager_peak_bytes=int(eager_peak),
+                min_feasible_bytes=int(res["min_feasible_bytes"]),
+                predicted_extra_seconds=float(res["predicted_extra_time"]),
+                eager_step_seconds=eager_seconds,
+                segments=[tuple(s) for s in res["segments"]],
+                pieces=pieces,
+                chain=ch,
+                selective=[keeps(seg, k, ch) for seg, k in zip(res["segments"], res["segment_policies"])],
+                model_class=type(model).__name__,
+                fingerprint=fingerprint(model),
+                device=str(device),
+            )
 
         measured_cache: Dict[Tuple, int] = {}
 
@@ -385,8 +432,10 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
                 result = search_optimal(
                     solve=lambda b, ch=ch: ch.solve(b, "optimal", slots),
                     solve_min_memory=lambda ch=ch: ch.solve(None, "min_memory", slots),
-                    make=lambda res, ch=ch: make(res, ch), measure=measure_plan if verify else None,
-                    budget_bytes=budget_bytes)
+                    make=lambda res, ch=ch: make(res, ch),
+                    measure=measure_plan if verify else None,
+                    budget_bytes=budget_bytes,
+                )
                 if result is not None:
                     break
         if result is None:
@@ -402,7 +451,9 @@ def plan(model: nn.Module, *example_inputs: Any, budget: Optional[Budget] = None
                     f"{format_bytes(budget_bytes)} ({budget_bytes} bytes) with {what}; the smallest budget that fits "
                     f"is {format_bytes(min_bytes)} ({min_bytes} bytes, measured with the minimum-memory plan; eager "
                     f"peaks at {format_bytes(eager_peak)}). Raise the budget, lower the batch size, or use "
-                    f"memory-efficient modules (memsave.convert).", min_bytes=min_bytes)
+                    f"memory-efficient modules (memsave.convert).",
+                    min_bytes=min_bytes,
+                )
     finally:
         if bar is not None:
             bar.close()

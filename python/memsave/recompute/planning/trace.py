@@ -6,6 +6,7 @@ allocation profiler (CPU) or the CUDA allocator's statistics, sampled at markers
 module call tree and, in order, every allocation, free and use of the step: the :class:`Trace`. Further steps time
 each module call (:func:`time_steps`).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -38,7 +39,7 @@ class Call:
     parent: Optional[int]
     depth: int
     children: List[int] = field(default_factory=list)
-    inputs: List[int] = field(default_factory=list)   # storage uids created during the step (not parameters)
+    inputs: List[int] = field(default_factory=list)  # storage uids created during the step (not parameters)
     outputs: List[int] = field(default_factory=list)
     pos_call: int = 0
     pos_ret: int = 0
@@ -51,8 +52,8 @@ class _StorageEventLog(LiveTensorTracker):
     def __init__(self, events: List[tuple]) -> None:
         super().__init__(track_modules=False)
         self.events = events
-        self.uid_of: Dict[int, int] = {}   # storage key (its _cdata) -> uid
-        self.nbytes: Dict[int, int] = {}   # uid -> bytes
+        self.uid_of: Dict[int, int] = {}  # storage key (its _cdata) -> uid
+        self.nbytes: Dict[int, int] = {}  # uid -> bytes
 
     def uid(self, t: torch.Tensor) -> Optional[int]:
         """The uid of ``t``'s storage if it was made during the step, else None."""
@@ -92,7 +93,7 @@ class Trace:
         self.bwd_pos = 0
         self.end_pos = 0
         self.input_grad_bytes = 0
-        self.markers: List[int] = []            # event indices of markers, increasing
+        self.markers: List[int] = []  # event indices of markers, increasing
         # CPU: profiler memory deltas (time ns, bytes) and marker times. CUDA: per marker (allocated, peak since
         # the previous marker), relative to what was allocated at the start.
         self.mem_deltas: List[Tuple[int, int]] = []
@@ -140,7 +141,7 @@ class Trace:
         """Read the profiler's allocation events and marker times (memsave's one CPU reading rule)."""
         events = read_cpu_events(prof, marker_prefix=_MARKER)
         self.mem_deltas = events.deltas
-        self.marker_ns = {int(name[len(_MARKER):]): ns for name, ns in events.markers.items()}
+        self.marker_ns = {int(name[len(_MARKER) :]): ns for name, ns in events.markers.items()}
         self._times = [t for t, _ in self.mem_deltas]
         self._running = list(itertools.accumulate(d for _, d in self.mem_deltas))
         missing = [m for m in self.markers if m not in self.marker_ns]
@@ -152,8 +153,13 @@ def _module_names(model: nn.Module) -> Dict[int, str]:
     return {id(m): name for name, m in model.named_modules()}
 
 
-def trace_step(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device: torch.device,
-               kwargs: Optional[Dict[str, Any]] = None) -> Trace:
+def trace_step(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    loss_fn: LossFn,
+    device: torch.device,
+    kwargs: Optional[Dict[str, Any]] = None,
+) -> Trace:
     """Run one step (``loss_fn(model(*inputs, **kwargs)).backward()``) recording the call tree, every
     allocation/free/use and when each tensor's gradient is ready."""
     kwargs = kwargs or {}
@@ -167,6 +173,7 @@ def trace_step(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device:
     def mark(uid: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             tr.marker(("mark", uid))
+
         return hook
 
     def note(tensors: List[torch.Tensor], into: List[int]) -> None:
@@ -231,13 +238,21 @@ def trace_step(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, device:
             h.remove()
     if prof is not None:
         tr.finish_cpu(prof)
-    tr.input_grad_bytes = sum(t.numel() * t.element_size() for t in tensors_in((inputs, kwargs))
-                              if t.requires_grad and t.is_leaf)
+    tr.input_grad_bytes = sum(
+        t.numel() * t.element_size() for t in tensors_in((inputs, kwargs)) if t.requires_grad and t.is_leaf
+    )
     return tr
 
 
-def time_steps(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, n_calls: int, steps: int,
-                sync: Callable[[], None], kwargs: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+def time_steps(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    loss_fn: LossFn,
+    n_calls: int,
+    steps: int,
+    sync: Callable[[], None],
+    kwargs: Optional[Dict[str, Any]] = None,
+) -> List[Dict[str, Any]]:
     """Time ``steps`` steps: start/end of every module call (in call order), forward, loss and backward."""
     kwargs = kwargs or {}
     runs = []
@@ -281,6 +296,7 @@ def time_steps(model: nn.Module, inputs: Sequence[Any], loss_fn: LossFn, n_calls
         if len(t_call) != n_calls:
             raise RuntimeError(
                 f"memsave.plan: the model made {len(t_call)} module calls in one step and {n_calls} in another; a "
-                f"plan needs the same sequence of module calls in every step (no data-dependent branches)")
+                f"plan needs the same sequence of module calls in every step (no data-dependent branches)"
+            )
         runs.append({"t_call": t_call, "t_ret": t_ret, "t0": t0, "t1": t1, "t2": t2, "t3": t3})
     return runs
