@@ -71,35 +71,36 @@ int main(int argc, char** argv) {
   const std::string out = argc > 1 ? argv[1] : "benchmarks/results/planner_speed.json";
   const std::vector<int> lengths = {10, 20, 50, 100, 200, 300, 500, 700, 1000};
   std::string rows;
-  std::printf("%6s %6s %8s %12s %12s %12s %10s %10s\n", "L", "slots", "policies", "dp_ms", "optimal_ms",
-              "min_peak_ms", "segments", "overhead");
+  std::printf("%6s %6s %8s %12s %12s %12s %10s %10s\n", "L", "slots", "policies", "dp_ms", "optimal_ms", "min_peak_ms",
+              "segments", "overhead");
   for (int policies : {0, 3})
-  for (int slots : {500, 2000})
-  for (int L : lengths) {
-    const Chain c = make_chain(L, 1000u + L, policies);
-    const std::int64_t lo = min_peak(c).peak_bytes;
-    const std::int64_t hi = simulate(c, schedule_none(c)).peak_bytes;
-    const std::int64_t budget = lo + (hi - lo) / 2;
-    const int reps = L <= 100 ? 21 : (L <= 300 ? 5 : 3);
-    DpResult dp;
-    PlanResult p;
-    const double dp_ms = median_ms([&] { dp = solve_dp(c, budget, slots); }, reps);
-    const double plan_ms = median_ms([&] { p = plan_optimal(c, budget, slots); }, reps);
-    const double mp_ms = median_ms([&] { (void)min_peak(c); }, reps);
-    std::printf("%6d %6d %8d %12.3f %12.3f %12.3f %10zu %10.4f\n", L, slots, policies, dp_ms, plan_ms, mp_ms,
-                p.segments.size(), p.predicted_extra_time / p.eager_time);
-    char buf[640];
-    std::snprintf(buf, sizeof buf,
-                  "    {\"L\": %d, \"slots\": %d, \"policies\": %d, \"dp_ms\": %.4f, \"optimal_ms\": %.4f, "
-                  "\"min_peak_ms\": %.4f, "
-                  "\"budget_bytes\": %lld, \"min_feasible_bytes\": %lld, \"no_checkpoint_peak_bytes\": %lld, "
-                  "\"predicted_peak_bytes\": %lld, \"extra_time_ratio\": %.4f, \"chosen_from\": \"%s\"}",
-                  L, slots, policies, dp_ms, plan_ms, mp_ms, static_cast<long long>(budget), static_cast<long long>(lo),
-                  static_cast<long long>(hi), static_cast<long long>(p.predicted_peak_bytes),
-                  p.predicted_extra_time / p.eager_time, p.chosen_from.c_str());
-    if (!rows.empty()) rows += ",\n";
-    rows += buf;
-  }
+    for (int slots : {500, 2000})
+      for (int L : lengths) {
+        const Chain c = make_chain(L, 1000u + L, policies);
+        const std::int64_t lo = min_peak(c).peak_bytes;
+        const std::int64_t hi = simulate(c, schedule_none(c)).peak_bytes;
+        const std::int64_t budget = lo + (hi - lo) / 2;
+        const int reps = L <= 100 ? 21 : (L <= 300 ? 5 : 3);
+        DpResult dp;
+        PlanResult p;
+        const double dp_ms = median_ms([&] { dp = solve_dp(c, budget, slots); }, reps);
+        const double plan_ms = median_ms([&] { p = plan_optimal(c, budget, slots); }, reps);
+        const double mp_ms = median_ms([&] { (void)min_peak(c); }, reps);
+        std::printf("%6d %6d %8d %12.3f %12.3f %12.3f %10zu %10.4f\n", L, slots, policies, dp_ms, plan_ms, mp_ms,
+                    p.segments.size(), p.predicted_extra_time / p.eager_time);
+        char buf[640];
+        std::snprintf(buf, sizeof buf,
+                      "    {\"L\": %d, \"slots\": %d, \"policies\": %d, \"dp_ms\": %.4f, \"optimal_ms\": %.4f, "
+                      "\"min_peak_ms\": %.4f, "
+                      "\"budget_bytes\": %lld, \"min_feasible_bytes\": %lld, \"no_checkpoint_peak_bytes\": %lld, "
+                      "\"predicted_peak_bytes\": %lld, \"extra_time_ratio\": %.4f, \"chosen_from\": \"%s\"}",
+                      L, slots, policies, dp_ms, plan_ms, mp_ms, static_cast<long long>(budget),
+                      static_cast<long long>(lo), static_cast<long long>(hi),
+                      static_cast<long long>(p.predicted_peak_bytes), p.predicted_extra_time / p.eager_time,
+                      p.chosen_from.c_str());
+        if (!rows.empty()) rows += ",\n";
+        rows += buf;
+      }
   std::ofstream f(out);
   if (!f) {
     std::fprintf(stderr, "cannot write %s; run from the repository root or pass an output path\n", out.c_str());
@@ -110,7 +111,8 @@ int main(int argc, char** argv) {
        "exact minimum peak + baseline candidates, what memsave.plan calls) and min_peak, budget halfway between "
        "the smallest feasible and the no-checkpoint peak; policies: selective variants per stage (0: whole "
        "segments only, as before)\",\n"
-    << "  \"compiler\": \"" <<
+    << "  \"compiler\": \""
+    <<
 #if defined(__clang__)
       "clang " __clang_version__
 #elif defined(__GNUC__)
@@ -118,7 +120,8 @@ int main(int argc, char** argv) {
 #else
       "unknown"
 #endif
-    << "\",\n  \"results\": [\n" << rows << "\n  ]\n}\n";
+    << "\",\n  \"results\": [\n"
+    << rows << "\n  ]\n}\n";
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

@@ -1,5 +1,6 @@
 // memsave._C: the pybind11 module. It binds what does not take tensors (build facts, the planner); tensor
-// operators are registered with the PyTorch dispatcher (TORCH_LIBRARY in csrc/ops/<family>/<op>.cpp) when this library loads.
+// operators are registered with the PyTorch dispatcher (TORCH_LIBRARY in csrc/ops/<family>/<op>.cpp) when this library
+// loads.
 #include <pybind11/pybind11.h>
 
 #include "planner_bindings.h"

@@ -35,10 +35,9 @@ std::int64_t as_int(const py::handle& v, const std::string& where) {
 }
 
 double as_float(const py::handle& v, const std::string& where) {
-  if (py::isinstance<py::bool_>(v) || !(PyFloat_Check(v.ptr()) || PyIndex_Check(v.ptr()) ||
-                                         py::hasattr(v, "__float__"))) {
-    throw py::type_error(where + " must be a number, got " +
-                         std::string(py::str(py::type::of(v).attr("__name__"))));
+  if (py::isinstance<py::bool_>(v) ||
+      !(PyFloat_Check(v.ptr()) || PyIndex_Check(v.ptr()) || py::hasattr(v, "__float__"))) {
+    throw py::type_error(where + " must be a number, got " + std::string(py::str(py::type::of(v).attr("__name__"))));
   }
   return py::cast<double>(py::float_(py::reinterpret_borrow<py::object>(v)));
 }
@@ -69,11 +68,26 @@ Stage parse_stage(const py::handle& obj, int i) {
   if (!py::isinstance<py::dict>(obj)) throw py::type_error(where + " must be a dict");
   const py::dict d = py::reinterpret_borrow<py::dict>(obj);
   check_keys(d,
-             {"name", "fwd_time", "bwd_time", "input_bytes", "output_bytes", "input_passing_bytes",
-             "output_passing_bytes", "input_grad_bytes", "output_grad_bytes",
-              "saved_bytes", "transient_bytes", "fwd_transient_bytes", "bwd_transient_bytes", "param_grad_bytes",
-              "checkpoint_bytes", "checkpoint_kept_bytes", "selective_fwd_time", "selective_kept_bytes",
-              "recomputable", "joins_previous"},
+             {"name",
+              "fwd_time",
+              "bwd_time",
+              "input_bytes",
+              "output_bytes",
+              "input_passing_bytes",
+              "output_passing_bytes",
+              "input_grad_bytes",
+              "output_grad_bytes",
+              "saved_bytes",
+              "transient_bytes",
+              "fwd_transient_bytes",
+              "bwd_transient_bytes",
+              "param_grad_bytes",
+              "checkpoint_bytes",
+              "checkpoint_kept_bytes",
+              "selective_fwd_time",
+              "selective_kept_bytes",
+              "recomputable",
+              "joins_previous"},
              where);
   auto field = [&](const char* k) { return where + "['" + k + "']"; };
   auto opt_int = [&](const char* k, std::int64_t dflt) { return d.contains(k) ? as_int(d[k], field(k)) : dflt; };

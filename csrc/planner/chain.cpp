@@ -128,22 +128,23 @@ void validate_schedule(const Chain& chain, const Schedule& schedule) {
     if (seg.policy != -1) {
       if (!seg.recompute || seg.policy < 0 || seg.policy >= chain.num_policies()) {
         throw std::invalid_argument("schedule segment " + std::to_string(k) + " has policy " +
-                                    std::to_string(seg.policy) + "; a selective segment is checkpointed and names "
-                                    "one of the chain's " + std::to_string(chain.num_policies()) +
-                                    " policies (-1: none)");
+                                    std::to_string(seg.policy) +
+                                    "; a selective segment is checkpointed and names "
+                                    "one of the chain's " +
+                                    std::to_string(chain.num_policies()) + " policies (-1: none)");
       }
       for (int i = seg.begin; i < seg.end; ++i) {
         if (!chain.has_variant(i, seg.policy)) {
-          throw std::invalid_argument("schedule segment " + std::to_string(k) + " recomputes " +
-                                      stage_label(chain, i) + " selectively, but it has no selective variant");
+          throw std::invalid_argument("schedule segment " + std::to_string(k) + " recomputes " + stage_label(chain, i) +
+                                      " selectively, but it has no selective variant");
         }
       }
     }
     if (seg.recompute) {
       for (int i = seg.begin; i < seg.end; ++i) {
         if (!chain.stages[i].recomputable) {
-          throw std::invalid_argument("schedule segment " + std::to_string(k) + " recomputes " +
-                                      stage_label(chain, i) + ", which is marked not recomputable");
+          throw std::invalid_argument("schedule segment " + std::to_string(k) + " recomputes " + stage_label(chain, i) +
+                                      ", which is marked not recomputable");
         }
         if (i > seg.begin && !chain.stages[i].joins_previous) {
           throw std::invalid_argument("schedule segment " + std::to_string(k) + " puts " + stage_label(chain, i) +

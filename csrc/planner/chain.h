@@ -49,7 +49,7 @@ struct Stage {
   double bwd_time = 0.0;
   std::int64_t input_bytes = 0;
   std::int64_t output_bytes = 0;
-  std::int64_t input_passing_bytes = 0;   // passing part of the input boundary (see above)
+  std::int64_t input_passing_bytes = 0;  // passing part of the input boundary (see above)
   std::int64_t output_passing_bytes = 0;
   std::int64_t input_grad_bytes = 0;   // gradient of the whole input boundary (0 if it does not require grad)
   std::int64_t output_grad_bytes = 0;  // gradient of the whole output boundary
@@ -57,7 +57,7 @@ struct Stage {
   std::int64_t fwd_transient_bytes = 0;
   std::int64_t bwd_transient_bytes = 0;
   std::int64_t param_grad_bytes = 0;
-  std::int64_t checkpoint_bytes = 0;  // extra bytes while the stage is in a checkpointed segment
+  std::int64_t checkpoint_bytes = 0;       // extra bytes while the stage is in a checkpointed segment
   std::int64_t checkpoint_kept_bytes = 0;  // held from its forward until its recompute (see above)
   // Selective variants, one per Chain::policies entry, or none (the stage then cannot be in a selective segment).
   std::vector<double> selective_fwd_time;
@@ -76,9 +76,9 @@ struct Skip {
 struct Chain {
   std::vector<Stage> stages;
   std::vector<Skip> skips;
-  std::int64_t base_bytes = 0;     // live for the whole step on top of everything the model describes
-  std::int64_t segment_bytes = 0;    // held by each checkpointed segment (see above)
-  std::int64_t recompute_bytes = 0;  // extra while a segment is recomputed (see above)
+  std::int64_t base_bytes = 0;        // live for the whole step on top of everything the model describes
+  std::int64_t segment_bytes = 0;     // held by each checkpointed segment (see above)
+  std::int64_t recompute_bytes = 0;   // extra while a segment is recomputed (see above)
   std::vector<std::string> policies;  // names of the selective policies (e.g. "matmul+attention"), may be empty
 
   int size() const { return static_cast<int>(stages.size()); }
@@ -91,9 +91,7 @@ struct Chain {
 
   int num_policies() const { return static_cast<int>(policies.size()); }
   // Whether stage i has a selective variant for policy k.
-  bool has_variant(int i, int k) const {
-    return k >= 0 && k < static_cast<int>(stages[i].selective_fwd_time.size());
-  }
+  bool has_variant(int i, int k) const { return k >= 0 && k < static_cast<int>(stages[i].selective_fwd_time.size()); }
 
   // Bytes of boundary j (0..L): kept part, passing part, gradient.
   std::int64_t boundary_bytes(int j) const;

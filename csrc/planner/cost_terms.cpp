@@ -55,14 +55,17 @@ SegmentTerms CostTerms::checkpointed(int begin, int end, int policy) const {
   SegmentTerms found;
   bool ok = false;
   if (begin >= 0 && end > begin && end <= L_ && policy >= -1 && policy < num_policies()) {
-    for_each_checkpointed(begin, [&](int e, const SegmentTerms& t) {
-      if (e == end) {
-        found = t;
-        ok = true;
-        return false;
-      }
-      return true;
-    }, policy);
+    for_each_checkpointed(
+        begin,
+        [&](int e, const SegmentTerms& t) {
+          if (e == end) {
+            found = t;
+            ok = true;
+            return false;
+          }
+          return true;
+        },
+        policy);
   }
   if (!ok) {
     throw std::invalid_argument("stages [" + std::to_string(begin) + ", " + std::to_string(end) +

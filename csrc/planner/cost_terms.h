@@ -67,11 +67,11 @@ class CostTerms {
   const Chain& chain_;
   int L_;
   std::vector<std::unique_ptr<const Chain>> selective_chains_;  // selective_chain(chain, k)
-  std::vector<std::unique_ptr<const CostTerms>> selective_;      // their terms
-  std::vector<std::int64_t> A_, T_, G_;      // boundary bytes (kept, passing) and gradient bytes, 0..L
-  std::vector<std::int64_t> born_;           // skip bytes produced by stage i
-  std::vector<std::int64_t> bwd_const_;      // backward of stage j minus held, segment-independent part
-  std::vector<std::int64_t> rec_const_;      // recompute of a segment ending at e (inclusive), gradient part
+  std::vector<std::unique_ptr<const CostTerms>> selective_;     // their terms
+  std::vector<std::int64_t> A_, T_, G_;  // boundary bytes (kept, passing) and gradient bytes, 0..L
+  std::vector<std::int64_t> born_;       // skip bytes produced by stage i
+  std::vector<std::int64_t> bwd_const_;  // backward of stage j minus held, segment-independent part
+  std::vector<std::int64_t> rec_const_;  // recompute of a segment ending at e (inclusive), gradient part
   std::vector<std::vector<int>> by_consumer_;
   std::vector<SegmentTerms> kept_;
 };
@@ -105,11 +105,11 @@ template <typename Fn>
 void CostTerms::for_each_whole(int b, Fn&& fn) const {
   const Chain& c = chain_;
   const std::int64_t base = c.base_bytes + A_[b] + T_[b];
-  std::int64_t sfwd = 0;    // skips produced in [b, j] still to be read at stage >= j
-  std::int64_t srec = 0;    // skips produced in [b, j]
-  std::int64_t esc = 0;     // skips produced in [b, e] read after e
-  std::int64_t cum = 0;     // sum over k in [b, j) of saved_k + A_{k+1}
-  std::int64_t kept = 0;    // sum over k in [b, j] of checkpoint_kept_bytes (held until stage k is recomputed)
+  std::int64_t sfwd = 0;  // skips produced in [b, j] still to be read at stage >= j
+  std::int64_t srec = 0;  // skips produced in [b, j]
+  std::int64_t esc = 0;   // skips produced in [b, e] read after e
+  std::int64_t cum = 0;   // sum over k in [b, j) of saved_k + A_{k+1}
+  std::int64_t kept = 0;  // sum over k in [b, j] of checkpoint_kept_bytes (held until stage k is recomputed)
   // rec_inner_max: the highest recompute moment minus the kept bytes still held then (those of the segment's
   // stages after it, so it is found once the segment's end is known: + kept).
   std::int64_t fwd_max = INT64_MIN, rec_inner_max = INT64_MIN, bwd_max = INT64_MIN;
@@ -132,8 +132,8 @@ void CostTerms::for_each_whole(int b, Fn&& fn) const {
     const std::int64_t in = j > b ? A_[j] + T_[j] : 0;  // the segment's own input is in `base`
     kept += s.checkpoint_kept_bytes;
     const std::int64_t fwd = in + A_[j + 1] + T_[j + 1] + s.fwd_transient_bytes + sfwd + kept;
-    const std::int64_t rec = cum + s.saved_bytes + A_[j + 1] + T_[j + 1] + (j > b ? T_[j] : 0) + srec +
-                             s.fwd_transient_bytes - kept;
+    const std::int64_t rec =
+        cum + s.saved_bytes + A_[j + 1] + T_[j + 1] + (j > b ? T_[j] : 0) + srec + s.fwd_transient_bytes - kept;
     cum += s.saved_bytes + A_[j + 1];
     const std::int64_t bwd = cum + srec + bwd_const_[j];
     fwd_max = std::max(fwd_max, fwd);

@@ -26,8 +26,21 @@ namespace {
 // Buffers of one step, each identified by (kind, index). Allocating a live buffer or freeing a dead one is a bug in
 // the simulator itself, reported as std::logic_error.
 enum Kind {
-  kBase, kAct, kActCopy, kPass, kPassCopy, kSaved, kGrad, kParamGrad, kSkipAct, kSkipActCopy, kSkipGrad, kSegment,
-  kRecompute, kKeptOut, kNumKinds
+  kBase,
+  kAct,
+  kActCopy,
+  kPass,
+  kPassCopy,
+  kSaved,
+  kGrad,
+  kParamGrad,
+  kSkipAct,
+  kSkipActCopy,
+  kSkipGrad,
+  kSegment,
+  kRecompute,
+  kKeptOut,
+  kNumKinds
 };
 
 class Memory {

@@ -44,7 +44,7 @@ const char* phase_name(Phase p);
 
 struct Moment {
   Phase phase;
-  int stage;               // the stage running (L for kBackwardStart)
+  int stage;                // the stage running (L for kBackwardStart)
   std::int64_t live_bytes;  // everything live at that moment, transient working memory included
 };
 
@@ -52,9 +52,9 @@ struct SimResult {
   std::int64_t peak_bytes = 0;
   Phase peak_phase = Phase::kForward;
   int peak_stage = 0;
-  double extra_time = 0.0;         // recompute: sum of fwd_time over checkpointed stages
-  std::int64_t end_bytes = 0;      // live after the step: base, chain input, its gradient, parameter gradients
-  std::vector<Moment> timeline;    // filled only when asked for
+  double extra_time = 0.0;       // recompute: sum of fwd_time over checkpointed stages
+  std::int64_t end_bytes = 0;    // live after the step: base, chain input, its gradient, parameter gradients
+  std::vector<Moment> timeline;  // filled only when asked for
 };
 
 // Simulates one forward+backward step of `chain` under `schedule` (validated first; throws std::invalid_argument on

@@ -41,18 +41,18 @@ namespace planner {
 constexpr std::int64_t kNoBudget = std::numeric_limits<std::int64_t>::max();
 
 struct PlanResult {
-  std::string strategy;         // as requested: optimal, sqrt, uniform:K, none, all, min_memory
-  std::string chosen_from;      // which candidate produced the schedule (e.g. "dp", "uniform:3", "min_peak")
-  Schedule segments;            // normalized: consecutive kept stages merged
-  bool feasible = false;        // predicted_peak_bytes <= budget_bytes
+  std::string strategy;     // as requested: optimal, sqrt, uniform:K, none, all, min_memory
+  std::string chosen_from;  // which candidate produced the schedule (e.g. "dp", "uniform:3", "min_peak")
+  Schedule segments;        // normalized: consecutive kept stages merged
+  bool feasible = false;    // predicted_peak_bytes <= budget_bytes
   std::int64_t budget_bytes = kNoBudget;
-  std::int64_t predicted_peak_bytes = 0;   // simulate() of the schedule
-  double predicted_extra_time = 0.0;       // recompute time of the schedule
-  double eager_time = 0.0;                 // sum of fwd_time + bwd_time
-  std::int64_t min_feasible_bytes = 0;     // smallest peak over all schedules
+  std::int64_t predicted_peak_bytes = 0;  // simulate() of the schedule
+  double predicted_extra_time = 0.0;      // recompute time of the schedule
+  double eager_time = 0.0;                // sum of fwd_time + bwd_time
+  std::int64_t min_feasible_bytes = 0;    // smallest peak over all schedules
   std::int64_t no_checkpoint_peak_bytes = 0;
-  int slots = 0;                 // memory slots of the dynamic program (optimal only)
-  std::int64_t slot_bytes = 0;   // bytes per slot (optimal only)
+  int slots = 0;                // memory slots of the dynamic program (optimal only)
+  std::int64_t slot_bytes = 0;  // bytes per slot (optimal only)
 };
 
 struct MinPeakResult {

@@ -31,7 +31,9 @@ void checkpoint_range(const Chain& chain, int b, int e, Schedule& out) {
 
 }  // namespace
 
-Schedule schedule_none(const Chain& chain) { return Schedule{Segment{0, chain.size(), false}}; }
+Schedule schedule_none(const Chain& chain) {
+  return Schedule{Segment{0, chain.size(), false}};
+}
 
 Schedule schedule_all(const Chain& chain) {
   Schedule s;

@@ -72,17 +72,20 @@ MinPeakResult min_peak(const Chain& chain) {
     time[i] = time[i + 1];
     choice[i] = kKeep;
     for (int policy = -1; policy < terms.num_policies(); ++policy) {
-      terms.for_each_checkpointed(i, [&](int end, const SegmentTerms& t) {
-        const std::int64_t v = value(t, end);
-        const double tt = t.cost + time[end];
-        if (v < best[i] || (v == best[i] && tt < time[i])) {
-          best[i] = v;
-          time[i] = tt;
-          choice[i] = end;
-          choice_policy[i] = policy;
-        }
-        return true;
-      }, policy);
+      terms.for_each_checkpointed(
+          i,
+          [&](int end, const SegmentTerms& t) {
+            const std::int64_t v = value(t, end);
+            const double tt = t.cost + time[end];
+            if (v < best[i] || (v == best[i] && tt < time[i])) {
+              best[i] = v;
+              time[i] = tt;
+              choice[i] = end;
+              choice_policy[i] = policy;
+            }
+            return true;
+          },
+          policy);
     }
   }
   MinPeakResult r;
@@ -113,10 +116,13 @@ DpResult solve_dp(const Chain& chain, std::int64_t budget_bytes, int slots) {
   for (int i = 0; i < L; ++i) {
     std::int64_t most = to_slots(terms.kept(i).held_delta);
     for (int policy = -1; policy < terms.num_policies(); ++policy) {
-      terms.for_each_checkpointed(i, [&](int, const SegmentTerms& t) {
-        most = std::max(most, to_slots(t.held_delta));
-        return true;
-      }, policy);
+      terms.for_each_checkpointed(
+          i,
+          [&](int, const SegmentTerms& t) {
+            most = std::max(most, to_slots(t.held_delta));
+            return true;
+          },
+          policy);
     }
     max_slots += most;
   }
@@ -169,10 +175,13 @@ DpResult solve_dp(const Chain& chain, std::int64_t budget_bytes, int slots) {
       return t.peak_offset <= budget_bytes;  // a kept run's offset only grows with its end
     });
     for (int policy = -1; policy < terms.num_policies(); ++policy) {
-      terms.for_each_checkpointed(i, [&](int end, const SegmentTerms& t) {
-        relax(i, t, end, (policy + 1) * (L + 1) + end);
-        return true;
-      }, policy);
+      terms.for_each_checkpointed(
+          i,
+          [&](int end, const SegmentTerms& t) {
+            relax(i, t, end, (policy + 1) * (L + 1) + end);
+            return true;
+          },
+          policy);
     }
   }
 

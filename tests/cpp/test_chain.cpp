@@ -24,9 +24,13 @@ Chain three_stages() {
   return c;
 }
 
-TEST(Chain, ValidChainPasses) { EXPECT_NO_THROW(three_stages().validate()); }
+TEST(Chain, ValidChainPasses) {
+  EXPECT_NO_THROW(three_stages().validate());
+}
 
-TEST(Chain, EmptyChainIsRejected) { EXPECT_THROW(Chain{}.validate(), std::invalid_argument); }
+TEST(Chain, EmptyChainIsRejected) {
+  EXPECT_THROW(Chain{}.validate(), std::invalid_argument);
+}
 
 TEST(Chain, MismatchedBoundaryIsRejectedWithStageNames) {
   Chain c = three_stages();
@@ -132,10 +136,10 @@ TEST(Chain, BoundariesAndEagerTime) {
 TEST(Schedule, CoverageIsChecked) {
   const Chain c = three_stages();
   EXPECT_NO_THROW(validate_schedule(c, {{0, 2, true}, {2, 3, false}}));
-  EXPECT_THROW(validate_schedule(c, {{0, 2, true}}), std::invalid_argument);                   // gap at the end
-  EXPECT_THROW(validate_schedule(c, {{0, 2, true}, {1, 3, false}}), std::invalid_argument);    // overlap
-  EXPECT_THROW(validate_schedule(c, {{0, 0, true}, {0, 3, false}}), std::invalid_argument);    // empty
-  EXPECT_THROW(validate_schedule(c, {{0, 4, false}}), std::invalid_argument);                  // past the end
+  EXPECT_THROW(validate_schedule(c, {{0, 2, true}}), std::invalid_argument);                 // gap at the end
+  EXPECT_THROW(validate_schedule(c, {{0, 2, true}, {1, 3, false}}), std::invalid_argument);  // overlap
+  EXPECT_THROW(validate_schedule(c, {{0, 0, true}, {0, 3, false}}), std::invalid_argument);  // empty
+  EXPECT_THROW(validate_schedule(c, {{0, 4, false}}), std::invalid_argument);                // past the end
   EXPECT_THROW(validate_schedule(c, {}), std::invalid_argument);
 }
 

@@ -248,8 +248,8 @@ TEST(Solver, SelectiveSegmentsWinWhenCheapOperatorsHoldTheBytes) {
     s.saved_bytes = 100;
     s.fwd_time = 10.0;
     s.bwd_time = 20.0;
-    s.selective_fwd_time = {2.0};    // the cheap operators: a fifth of the time
-    s.selective_kept_bytes = {25};   // the expensive operators' outputs: a quarter of the bytes
+    s.selective_fwd_time = {2.0};   // the cheap operators: a fifth of the time
+    s.selective_kept_bytes = {25};  // the expensive operators' outputs: a quarter of the bytes
     c.stages.push_back(s);
   }
   Chain whole_only = c;

@@ -22,8 +22,8 @@ inline void check_scalar_arg(const at::Tensor& t, const char* name, at::ScalarTy
 inline void check_unscale_args(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale,
                                const std::optional<at::Tensor>& per_tensor, at::DeviceType device_type) {
   constexpr const char* op = "memsave::unscale_and_check_";
-  TORCH_CHECK(found_inf.device().type() == device_type, op, ": found_inf is on ", found_inf.device(),
-              ", expected a ", device_type, " tensor");
+  TORCH_CHECK(found_inf.device().type() == device_type, op, ": found_inf is on ", found_inf.device(), ", expected a ",
+              device_type, " tensor");
   const at::Device device = found_inf.device();
   check_scalar_arg(found_inf, "found_inf", at::kFloat, device, op);
   check_scalar_arg(inv_scale, "inv_scale", at::kFloat, device, op);
@@ -34,15 +34,15 @@ inline void check_unscale_args(at::TensorList grads, const at::Tensor& found_inf
     TORCH_CHECK(g.device() == device, op, ": gradient ", i, " is on ", g.device(), " but found_inf is on ", device,
                 "; group gradients by device and call once per device");
     const auto dt = g.scalar_type();
-    TORCH_CHECK(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16, op, ": gradient ",
-                i, " has dtype ", dt, "; only float, double, half and bfloat16 gradients can be unscaled");
+    TORCH_CHECK(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16, op, ": gradient ", i,
+                " has dtype ", dt, "; only float, double, half and bfloat16 gradients can be unscaled");
   }
   if (per_tensor.has_value()) {
     const at::Tensor& f = *per_tensor;
     TORCH_CHECK(f.scalar_type() == at::kFloat && f.dim() == 1 && f.numel() == static_cast<int64_t>(grads.size()) &&
                     f.is_contiguous(),
-                op, ": per_tensor must be a contiguous float32 vector with one element per gradient (",
-                grads.size(), "), got ", f.scalar_type(), " of shape ", f.sizes());
+                op, ": per_tensor must be a contiguous float32 vector with one element per gradient (", grads.size(),
+                "), got ", f.scalar_type(), " of shape ", f.sizes());
     TORCH_CHECK(f.device() == device, op, ": per_tensor is on ", f.device(), " but found_inf is on ", device);
   }
 }
@@ -51,8 +51,8 @@ inline void check_update_args(const at::Tensor& scale, const at::Tensor& growth_
                               const at::Tensor& overflow_tracker, const at::Tensor& found_inf, int64_t hysteresis,
                               at::DeviceType device_type) {
   constexpr const char* op = "memsave::amp_update_scale_";
-  TORCH_CHECK(scale.device().type() == device_type, op, ": scale is on ", scale.device(), ", expected a ",
-              device_type, " tensor");
+  TORCH_CHECK(scale.device().type() == device_type, op, ": scale is on ", scale.device(), ", expected a ", device_type,
+              " tensor");
   const at::Device device = scale.device();
   check_scalar_arg(scale, "scale", at::kFloat, device, op);
   check_scalar_arg(growth_tracker, "growth_tracker", at::kInt, device, op);

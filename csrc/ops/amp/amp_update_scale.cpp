@@ -17,9 +17,9 @@
 namespace memsave {
 namespace {
 
-void amp_update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                          const at::Tensor& overflow_tracker, const at::Tensor& found_inf, double growth_factor,
-                          double backoff_factor, int64_t growth_interval, int64_t hysteresis) {
+void amp_update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker, const at::Tensor& overflow_tracker,
+                          const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                          int64_t growth_interval, int64_t hysteresis) {
   check_update_args(scale, growth_tracker, overflow_tracker, found_inf, hysteresis, at::kCPU);
   update_scale_step(scale.mutable_data_ptr<float>(), growth_tracker.mutable_data_ptr<int32_t>(),
                     overflow_tracker.mutable_data_ptr<int32_t>(), found_inf.const_data_ptr<float>(), growth_factor,
@@ -34,6 +34,8 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
       "Tensor found_inf, float growth_factor, float backoff_factor, int growth_interval, int hysteresis) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(memsave, CPU, m) { m.impl("amp_update_scale_", &amp_update_scale_cpu); }
+TORCH_LIBRARY_IMPL(memsave, CPU, m) {
+  m.impl("amp_update_scale_", &amp_update_scale_cpu);
+}
 
 }  // namespace memsave

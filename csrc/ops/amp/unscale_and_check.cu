@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(kUnscaleThreads)
 }
 
 template <typename scalar_t>
-void launch_unscale(const std::vector<std::pair<int32_t, at::Tensor>>& grads, float* found_inf,
-                    const float* inv_scale, float* per_tensor, cudaStream_t stream) {
+void launch_unscale(const std::vector<std::pair<int32_t, at::Tensor>>& grads, float* found_inf, const float* inv_scale,
+                    float* per_tensor, cudaStream_t stream) {
   constexpr int64_t kChunk = static_cast<int64_t>(kUnscaleThreads) * (kVecBytes / sizeof(scalar_t)) * kItersPerThread;
   // Keeps block numbers in int32 and grid.x in range; a launch is flushed before it would pass this.
   constexpr int64_t kMaxBlocks = int64_t{1} << 30;
@@ -121,8 +121,8 @@ void launch_unscale(const std::vector<std::pair<int32_t, at::Tensor>>& grads, fl
       return;
     }
     table.first_block[table.count] = static_cast<int32_t>(blocks);
-    unscale_and_check_kernel<scalar_t><<<static_cast<unsigned>(blocks), kUnscaleThreads, 0, stream>>>(
-        table, found_inf, inv_scale, per_tensor);
+    unscale_and_check_kernel<scalar_t>
+        <<<static_cast<unsigned>(blocks), kUnscaleThreads, 0, stream>>>(table, found_inf, inv_scale, per_tensor);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     table.count = 0;
     blocks = 0;

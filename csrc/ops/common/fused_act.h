@@ -22,13 +22,20 @@ enum class Act : int32_t { Identity = 0, ReLU, LeakyReLU, ELU, GELU, GELUTanh, S
 
 inline const char* act_name(Act a) {
   switch (a) {
-    case Act::Identity: return "identity";
-    case Act::ReLU: return "relu";
-    case Act::LeakyReLU: return "leaky_relu";
-    case Act::ELU: return "elu";
-    case Act::GELU: return "gelu";
-    case Act::GELUTanh: return "gelu_tanh";
-    case Act::SiLU: return "silu";
+    case Act::Identity:
+      return "identity";
+    case Act::ReLU:
+      return "relu";
+    case Act::LeakyReLU:
+      return "leaky_relu";
+    case Act::ELU:
+      return "elu";
+    case Act::GELU:
+      return "gelu";
+    case Act::GELUTanh:
+      return "gelu_tanh";
+    case Act::SiLU:
+      return "silu";
   }
   return "?";
 }
@@ -62,17 +69,23 @@ inline void check_invertible(Act a, double param, const char* op) {
 template <typename T>
 C10_HOST_DEVICE inline T act_forward(Act a, T y, T p) {
   switch (a) {
-    case Act::Identity: return y;
-    case Act::ReLU: return y <= T(0) ? T(0) : y;
-    case Act::LeakyReLU: return y > T(0) ? y : y * p;
-    case Act::ELU: return y <= T(0) ? p * ::expm1(y) : y;
-    case Act::GELU: return T(0.5) * y * (T(1) + ::erf(y * T(M_SQRT1_2)));
+    case Act::Identity:
+      return y;
+    case Act::ReLU:
+      return y <= T(0) ? T(0) : y;
+    case Act::LeakyReLU:
+      return y > T(0) ? y : y * p;
+    case Act::ELU:
+      return y <= T(0) ? p * ::expm1(y) : y;
+    case Act::GELU:
+      return T(0.5) * y * (T(1) + ::erf(y * T(M_SQRT1_2)));
     case Act::GELUTanh: {
       const T k_beta = T(M_SQRT2 * M_2_SQRTPI * 0.5);
       const T inner = k_beta * (y + T(0.044715) * y * y * y);
       return T(0.5) * y * (T(1) + ::tanh(inner));
     }
-    case Act::SiLU: return y / (T(1) + ::exp(-y));
+    case Act::SiLU:
+      return y / (T(1) + ::exp(-y));
   }
   return y;
 }
@@ -81,10 +94,14 @@ C10_HOST_DEVICE inline T act_forward(Act a, T y, T p) {
 template <typename T>
 C10_HOST_DEVICE inline T act_grad(Act a, T y, T p) {
   switch (a) {
-    case Act::Identity: return T(1);
-    case Act::ReLU: return y <= T(0) ? T(0) : T(1);
-    case Act::LeakyReLU: return y > T(0) ? T(1) : p;
-    case Act::ELU: return y <= T(0) ? p * ::exp(y) : T(1);
+    case Act::Identity:
+      return T(1);
+    case Act::ReLU:
+      return y <= T(0) ? T(0) : T(1);
+    case Act::LeakyReLU:
+      return y > T(0) ? T(1) : p;
+    case Act::ELU:
+      return y <= T(0) ? p * ::exp(y) : T(1);
     case Act::GELU: {
       const T cdf = T(0.5) * (T(1) + ::erf(y * T(M_SQRT1_2)));
       const T pdf = ::exp(T(-0.5) * y * y) * T(M_2_SQRTPI * M_SQRT1_2 * 0.5);
@@ -115,14 +132,16 @@ C10_HOST_DEVICE inline T act_grad(Act a, T y, T p) {
 template <typename T>
 C10_HOST_DEVICE inline T act_invert(Act a, T z, T p) {
   switch (a) {
-    case Act::LeakyReLU: return z > T(0) ? z : z / p;
+    case Act::LeakyReLU:
+      return z > T(0) ? z : z / p;
     case Act::ELU: {
       if (z > T(0)) return z;
       const T floor = T(-1) + (sizeof(T) >= 8 ? T(1e-15) : T(1.2e-7));
       const T r = z / p;
       return ::log1p(r > floor ? r : floor);
     }
-    default: return z;
+    default:
+      return z;
   }
 }
 
@@ -130,9 +149,12 @@ C10_HOST_DEVICE inline T act_invert(Act a, T z, T p) {
 template <typename T>
 C10_HOST_DEVICE inline T act_grad_from_output(Act a, T z, T p) {
   switch (a) {
-    case Act::LeakyReLU: return z > T(0) ? T(1) : p;
-    case Act::ELU: return z <= T(0) ? z + p : T(1);
-    default: return T(1);
+    case Act::LeakyReLU:
+      return z > T(0) ? T(1) : p;
+    case Act::ELU:
+      return z <= T(0) ? z + p : T(1);
+    default:
+      return T(1);
   }
 }
 

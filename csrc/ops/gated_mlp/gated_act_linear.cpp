@@ -4,7 +4,8 @@
 //
 //   gated_act_linear(gate, up, weight, bias?, act) -> out
 //       The product runs in gate's dtype (memsave::gated_act) and is cast to weight's dtype for the matmul.
-//   gated_act_linear_backward(grad_out, gate, up, weight, has_bias, act) -> (grad_gate, grad_up, grad_weight, grad_bias)
+//   gated_act_linear_backward(grad_out, gate, up, weight, has_bias, act) -> (grad_gate, grad_up, grad_weight,
+//   grad_bias)
 //       Recomputes the product for the weight gradient and frees it, then memsave::gated_act_backward on the
 //       product's gradient. grad_bias is empty when has_bias is false.
 //
@@ -37,21 +38,19 @@ at::Tensor call_gated_act(const at::Tensor& gate, const at::Tensor& up, c10::str
 
 std::tuple<at::Tensor, at::Tensor> call_gated_act_backward(const at::Tensor& grad, const at::Tensor& gate,
                                                            const at::Tensor& up, c10::string_view act) {
-  static const auto handle =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("memsave::gated_act_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                    c10::string_view)>();
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("memsave::gated_act_backward", "")
+                                 .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                           const at::Tensor&, c10::string_view)>();
   return handle.call(grad, gate, up, act);
 }
 
 void check_down(const at::Tensor& gate, const at::Tensor& weight, const char* op) {
   TORCH_CHECK_VALUE(weight.dim() == 2 && gate.dim() >= 1 && weight.size(1) == gate.size(-1), "memsave.", op,
                     ": weight must have shape [out_features, ", (gate.dim() >= 1 ? gate.size(-1) : 0),
-                    "] (in_features = gate's last dimension), got weight ", weight.sizes(), " for gate ",
-                    gate.sizes());
-  TORCH_CHECK(weight.device() == gate.device(), "memsave.", op, ": weight is on ", weight.device(),
-              " but gate is on ", gate.device());
+                    "] (in_features = gate's last dimension), got weight ", weight.sizes(), " for gate ", gate.sizes());
+  TORCH_CHECK(weight.device() == gate.device(), "memsave.", op, ": weight is on ", weight.device(), " but gate is on ",
+              gate.device());
 }
 
 at::Tensor gated_act_linear_forward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
@@ -79,11 +78,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_act_linear_back
   check_gate_up(gate, up, op);
   check_down(gate, weight, op);
   const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  TORCH_CHECK_VALUE(grad_out.dim() == gate.dim() && grad_out.size(-1) == out_features &&
-                        grad_out.numel() / std::max<int64_t>(out_features, 1) ==
-                            gate.numel() / std::max<int64_t>(in_features, 1),
-                    "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
-                    "of gate/up of shape ", gate.sizes(), " and weight of shape ", weight.sizes());
+  TORCH_CHECK_VALUE(
+      grad_out.dim() == gate.dim() && grad_out.size(-1) == out_features &&
+          grad_out.numel() / std::max<int64_t>(out_features, 1) == gate.numel() / std::max<int64_t>(in_features, 1),
+      "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
+      "of gate/up of shape ", gate.sizes(), " and weight of shape ", weight.sizes());
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, out_features});
   at::Tensor grad_weight;

@@ -21,8 +21,10 @@ namespace memsave {
 inline Act parse_gated_act(c10::string_view name, const char* op) {
   const Act a = parse_act(name, op);
   TORCH_CHECK_VALUE(a == Act::SiLU || a == Act::GELU || a == Act::GELUTanh || a == Act::ReLU || a == Act::Identity,
-                    "memsave.", op, ": act must be one of silu (SwiGLU), gelu (GeGLU), gelu_tanh, relu (ReGLU) or "
-                    "identity (bilinear), got '", act_name(a), "'");
+                    "memsave.", op,
+                    ": act must be one of silu (SwiGLU), gelu (GeGLU), gelu_tanh, relu (ReGLU) or "
+                    "identity (bilinear), got '",
+                    act_name(a), "'");
   return a;
 }
 
@@ -30,11 +32,16 @@ inline Act parse_gated_act(c10::string_view name, const char* op) {
 template <typename F>
 inline void with_gated_act(Act a, const F& f) {
   switch (a) {
-    case Act::SiLU: return f(std::integral_constant<Act, Act::SiLU>{});
-    case Act::GELU: return f(std::integral_constant<Act, Act::GELU>{});
-    case Act::GELUTanh: return f(std::integral_constant<Act, Act::GELUTanh>{});
-    case Act::ReLU: return f(std::integral_constant<Act, Act::ReLU>{});
-    default: return f(std::integral_constant<Act, Act::Identity>{});
+    case Act::SiLU:
+      return f(std::integral_constant<Act, Act::SiLU>{});
+    case Act::GELU:
+      return f(std::integral_constant<Act, Act::GELU>{});
+    case Act::GELUTanh:
+      return f(std::integral_constant<Act, Act::GELUTanh>{});
+    case Act::ReLU:
+      return f(std::integral_constant<Act, Act::ReLU>{});
+    default:
+      return f(std::integral_constant<Act, Act::Identity>{});
   }
 }
 

@@ -36,13 +36,20 @@ namespace {
 
 at::Tensor activation(const at::Tensor& x, Act a, double p) {
   switch (a) {
-    case Act::Identity: return x;
-    case Act::ReLU: return at::relu(x);
-    case Act::LeakyReLU: return at::leaky_relu(x, p);
-    case Act::ELU: return at::elu(x, p);
-    case Act::GELU: return at::gelu(x, "none");
-    case Act::GELUTanh: return at::gelu(x, "tanh");
-    case Act::SiLU: return at::silu(x);
+    case Act::Identity:
+      return x;
+    case Act::ReLU:
+      return at::relu(x);
+    case Act::LeakyReLU:
+      return at::leaky_relu(x, p);
+    case Act::ELU:
+      return at::elu(x, p);
+    case Act::GELU:
+      return at::gelu(x, "none");
+    case Act::GELUTanh:
+      return at::gelu(x, "tanh");
+    case Act::SiLU:
+      return at::silu(x);
   }
   return x;
 }
@@ -51,13 +58,20 @@ at::Tensor activation(const at::Tensor& x, Act a, double p) {
 // the output: both are <= 0 at the same places, so the result is identical.
 at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& x, Act a, double p) {
   switch (a) {
-    case Act::Identity: return grad;
-    case Act::ReLU: return at::threshold_backward(grad, x, 0);
-    case Act::LeakyReLU: return at::leaky_relu_backward(grad, x, p, false);
-    case Act::ELU: return at::elu_backward(grad, p, 1, 1, false, x);
-    case Act::GELU: return at::gelu_backward(grad, x, "none");
-    case Act::GELUTanh: return at::gelu_backward(grad, x, "tanh");
-    case Act::SiLU: return at::silu_backward(grad, x);
+    case Act::Identity:
+      return grad;
+    case Act::ReLU:
+      return at::threshold_backward(grad, x, 0);
+    case Act::LeakyReLU:
+      return at::leaky_relu_backward(grad, x, p, false);
+    case Act::ELU:
+      return at::elu_backward(grad, p, 1, 1, false, x);
+    case Act::GELU:
+      return at::gelu_backward(grad, x, "none");
+    case Act::GELUTanh:
+      return at::gelu_backward(grad, x, "tanh");
+    case Act::SiLU:
+      return at::silu_backward(grad, x);
   }
   return grad;
 }
@@ -84,19 +98,18 @@ at::Tensor act_linear_forward(const at::Tensor& input, const at::Tensor& weight,
   return at::linear(h, weight, bias);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(const at::Tensor& grad_out,
-                                                                   const at::Tensor& input, const at::Tensor& weight,
-                                                                   bool has_bias, c10::string_view act,
-                                                                   double act_param) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(const at::Tensor& grad_out, const at::Tensor& input,
+                                                                   const at::Tensor& weight, bool has_bias,
+                                                                   c10::string_view act, double act_param) {
   constexpr const char* op = "act_linear_backward";
   const Act a = parse_act(act, op);
   check_args(input, weight, op);
   const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  TORCH_CHECK_VALUE(grad_out.dim() == input.dim() && grad_out.size(-1) == out_features &&
-                        grad_out.numel() / std::max<int64_t>(out_features, 1) ==
-                            input.numel() / std::max<int64_t>(in_features, 1),
-                    "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
-                    "of an input of shape ", input.sizes(), " and weight of shape ", weight.sizes());
+  TORCH_CHECK_VALUE(
+      grad_out.dim() == input.dim() && grad_out.size(-1) == out_features &&
+          grad_out.numel() / std::max<int64_t>(out_features, 1) == input.numel() / std::max<int64_t>(in_features, 1),
+      "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
+      "of an input of shape ", input.sizes(), " and weight of shape ", weight.sizes());
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor x = input.contiguous();  // so the input gradient is contiguous whatever the input's strides
   const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, out_features});

@@ -35,7 +35,9 @@
 namespace memsave {
 namespace {
 
-bool defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+bool defined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
 
 // The dtype the norm runs in: the input's, promoted with the norm weight's (a float32 weight lifts a half input,
 // which is what autocast does to layer_norm on CUDA).
@@ -43,7 +45,9 @@ at::ScalarType ln_compute_dtype(const at::Tensor& input, const c10::optional<at:
   return defined(ln_weight) ? c10::promoteTypes(input.scalar_type(), ln_weight->scalar_type()) : input.scalar_type();
 }
 
-at::ScalarType ln_stat_dtype(at::ScalarType compute) { return compute == at::kDouble ? at::kDouble : at::kFloat; }
+at::ScalarType ln_stat_dtype(at::ScalarType compute) {
+  return compute == at::kDouble ? at::kDouble : at::kFloat;
+}
 
 // torch's layer norm keeps statistics in the input dtype on CPU and in the accumulation type on CUDA.
 at::ScalarType native_ln_stat_dtype(const at::Tensor& x) {
@@ -64,8 +68,8 @@ void check_linear(const at::Tensor& input, const at::Tensor& weight, const c10::
   TORCH_CHECK(weight.device() == input.device(), "memsave.", op, ": weight is on ", weight.device(),
               " but the input is on ", input.device());
   if (defined(bias)) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op,
-                      ": bias must have shape [", weight.size(0), "], got ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op, ": bias must have shape [",
+                      weight.size(0), "], got ", bias->sizes());
   }
 }
 
@@ -112,10 +116,12 @@ at::Tensor layer_norm_apply_cpu(const at::Tensor& input, c10::IntArrayRef normal
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_linear_forward(
-    const at::Tensor& input, c10::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& ln_weight,
-    const c10::optional<at::Tensor>& ln_bias, double eps, const at::Tensor& weight,
-    const c10::optional<at::Tensor>& bias) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_linear_forward(const at::Tensor& input,
+                                                                         c10::IntArrayRef normalized_shape,
+                                                                         const c10::optional<at::Tensor>& ln_weight,
+                                                                         const c10::optional<at::Tensor>& ln_bias,
+                                                                         double eps, const at::Tensor& weight,
+                                                                         const c10::optional<at::Tensor>& bias) {
   constexpr const char* op = "layer_norm_linear";
   ln_shape(input, normalized_shape, op);
   check_ln_param(ln_weight, normalized_shape, input, "ln_weight", op);
@@ -153,11 +159,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
   check_ln_stats(mean, rstd, input, s.rows, op);
   check_linear(input, weight, c10::nullopt, op);
   const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  TORCH_CHECK_VALUE(grad_out.dim() == input.dim() && grad_out.size(-1) == out_features &&
-                        grad_out.numel() / std::max<int64_t>(out_features, 1) ==
-                            input.numel() / std::max<int64_t>(in_features, 1),
-                    "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
-                    "of an input of shape ", input.sizes(), " and weight of shape ", weight.sizes());
+  TORCH_CHECK_VALUE(
+      grad_out.dim() == input.dim() && grad_out.size(-1) == out_features &&
+          grad_out.numel() / std::max<int64_t>(out_features, 1) == input.numel() / std::max<int64_t>(in_features, 1),
+      "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
+      "of an input of shape ", input.sizes(), " and weight of shape ", weight.sizes());
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
 
   const at::ScalarType cdt = ln_compute_dtype(input, ln_weight);
@@ -178,10 +184,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
   auto r = at::native_layer_norm_backward(grad_n, x, normalized_shape, mean.to(nsd), rstd.to(nsd), lw, lb,
                                           {true, defined(lw), defined(lb)});
   at::Tensor grad_input = std::get<0>(r).to(input.scalar_type());
-  at::Tensor grad_lw = defined(ln_weight) ? std::get<1>(r).to(ln_weight->scalar_type())
-                                          : at::empty({0}, input.options());
-  at::Tensor grad_lb = defined(ln_bias) ? std::get<2>(r).to(ln_bias->scalar_type())
-                                        : at::empty({0}, input.options());
+  at::Tensor grad_lw =
+      defined(ln_weight) ? std::get<1>(r).to(ln_weight->scalar_type()) : at::empty({0}, input.options());
+  at::Tensor grad_lb = defined(ln_bias) ? std::get<2>(r).to(ln_bias->scalar_type()) : at::empty({0}, input.options());
   return {grad_input, grad_lw, grad_lb, grad_weight, grad_bias};
 }
 

@@ -60,6 +60,8 @@ at::Tensor layer_norm_apply_cuda(const at::Tensor& input, c10::IntArrayRef norma
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) { m.impl("layer_norm_apply", &layer_norm_apply_cuda); }
+TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
+  m.impl("layer_norm_apply", &layer_norm_apply_cuda);
+}
 
 }  // namespace memsave

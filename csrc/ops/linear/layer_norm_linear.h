@@ -20,8 +20,10 @@ inline LnShape ln_shape(const at::Tensor& x, c10::IntArrayRef normalized_shape, 
   const int64_t nd = static_cast<int64_t>(normalized_shape.size());
   TORCH_CHECK_VALUE(nd >= 1, "memsave.", op, ": normalized_shape must have at least one dimension");
   TORCH_CHECK_VALUE(x.dim() >= nd && x.sizes().slice(x.dim() - nd).equals(normalized_shape), "memsave.", op,
-                    ": normalized_shape ", normalized_shape, " must equal the trailing dimensions of the input, got "
-                    "input of shape ", x.sizes());
+                    ": normalized_shape ", normalized_shape,
+                    " must equal the trailing dimensions of the input, got "
+                    "input of shape ",
+                    x.sizes());
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "memsave.", op,
               ": expected a floating-point input (float32, float64, float16 or bfloat16), got ", x.scalar_type());
   LnShape s{1, 1};
@@ -29,13 +31,13 @@ inline LnShape ln_shape(const at::Tensor& x, c10::IntArrayRef normalized_shape, 
   return s;
 }
 
-inline void check_ln_param(const c10::optional<at::Tensor>& t, c10::IntArrayRef normalized_shape,
-                           const at::Tensor& x, const char* what, const char* op) {
+inline void check_ln_param(const c10::optional<at::Tensor>& t, c10::IntArrayRef normalized_shape, const at::Tensor& x,
+                           const char* what, const char* op) {
   if (!t.has_value() || !t->defined()) return;
   TORCH_CHECK_VALUE(t->sizes().equals(normalized_shape), "memsave.", op, ": ", what, " must have shape ",
                     normalized_shape, ", got ", t->sizes());
-  TORCH_CHECK(t->device() == x.device(), "memsave.", op, ": ", what, " is on ", t->device(),
-              " but the input is on ", x.device());
+  TORCH_CHECK(t->device() == x.device(), "memsave.", op, ": ", what, " is on ", t->device(), " but the input is on ",
+              x.device());
 }
 
 inline void check_ln_stats(const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& x, int64_t rows,

@@ -58,7 +58,9 @@ C10_HOST_DEVICE inline float softmax_exp(float x) {
   return is_nan ? x : (x < kLo ? 0.0f : (x > kHi ? inf : y));
 }
 
-C10_HOST_DEVICE inline double softmax_exp(double x) { return exp(x); }
+C10_HOST_DEVICE inline double softmax_exp(double x) {
+  return exp(x);
+}
 
 // Merges the partial sum (m2, s2) into (m, s), where each pair stands for s * exp(m): the online log-sum-exp step.
 // A part with no finite term (m2 = -inf, s2 = 0) changes nothing; a NaN propagates.

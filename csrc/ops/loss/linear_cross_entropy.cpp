@@ -81,8 +81,8 @@ int cpu_isa() {
   static const int isa = [] {
     __builtin_cpu_init();
     int best = 0;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq")) {
       best = 2;
     } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       best = 1;
@@ -90,8 +90,10 @@ int cpu_isa() {
     const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
     if (cap != nullptr) {
       const std::string c(cap);
-      if (c == "default") best = 0;
-      else if (c == "avx2") best = std::min(best, 1);
+      if (c == "default")
+        best = 0;
+      else if (c == "avx2")
+        best = std::min(best, 1);
     }
     return best;
   }();
@@ -111,9 +113,12 @@ template <typename scalar_t, typename acc_t>
 RowLoops<scalar_t, acc_t> row_loops() {
 #ifdef MEMSAVE_LCE_X86_CLONES
   switch (cpu_isa()) {
-    case 2: return {&isa_avx512::row_lse_partials<scalar_t, acc_t>, &isa_avx512::row_grad<scalar_t, acc_t>};
-    case 1: return {&isa_avx2::row_lse_partials<scalar_t, acc_t>, &isa_avx2::row_grad<scalar_t, acc_t>};
-    default: break;
+    case 2:
+      return {&isa_avx512::row_lse_partials<scalar_t, acc_t>, &isa_avx512::row_grad<scalar_t, acc_t>};
+    case 1:
+      return {&isa_avx2::row_lse_partials<scalar_t, acc_t>, &isa_avx2::row_grad<scalar_t, acc_t>};
+    default:
+      break;
   }
 #endif
   return {&isa_default::row_lse_partials<scalar_t, acc_t>, &isa_default::row_grad<scalar_t, acc_t>};
@@ -212,13 +217,12 @@ void call_tile_lse(const at::Tensor& logits, const at::Tensor& target, const at:
   handle.call(logits, target, state, class_start, num_classes, ignore_index, label_smoothing);
 }
 
-void call_tile_grad(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse,
-                    const at::Tensor& scale, int64_t class_start, int64_t num_classes, int64_t ignore_index,
-                    double label_smoothing) {
+void call_tile_grad(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse, const at::Tensor& scale,
+                    int64_t class_start, int64_t num_classes, int64_t ignore_index, double label_smoothing) {
   static const auto handle = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("memsave::cross_entropy_tile_grad_", "")
-                                 .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                             const at::Tensor&, int64_t, int64_t, int64_t, double)>();
+                                 .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                             int64_t, int64_t, int64_t, double)>();
   handle.call(logits, target, lse, scale, class_start, num_classes, ignore_index, label_smoothing);
 }
 
@@ -257,15 +261,13 @@ void check_targets(const at::Tensor& t, int64_t num_classes, int64_t ignore_inde
   const at::Tensor bad = t.ne(ignore_index).logical_and_(t.lt(0).logical_or_(t.ge(num_classes)));
   if (!bad.any().item<bool>()) return;
   const int64_t index = at::nonzero(bad).select(1, 0)[0].item<int64_t>();
-  TORCH_CHECK_INDEX(false, "memsave.", op, ": target holds ", t[index].item<int64_t>(), " at (flattened) index ",
-                    index, ", which is neither a class index in [0, ", num_classes, ") nor ignore_index (",
-                    ignore_index, ")");
+  TORCH_CHECK_INDEX(false, "memsave.", op, ": target holds ", t[index].item<int64_t>(), " at (flattened) index ", index,
+                    ", which is neither a class index in [0, ", num_classes, ") nor ignore_index (", ignore_index, ")");
 }
 
 std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(
-    const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
-    const c10::optional<at::Tensor>& bias, int64_t ignore_index, double label_smoothing,
-    c10::string_view reduction, int64_t tile_rows, int64_t tile_classes) {
+    const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target, const c10::optional<at::Tensor>& bias,
+    int64_t ignore_index, double label_smoothing, c10::string_view reduction, int64_t tile_rows, int64_t tile_classes) {
   constexpr const char* op = "linear_cross_entropy";
   const LceShape s = check_linear_cross_entropy_args(hidden, weight, target, bias, label_smoothing, op);
   const LceReduction red = parse_lce_reduction(reduction, op);
@@ -283,8 +285,7 @@ std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(
     for (int64_t r0 = 0; r0 < s.rows; r0 += tiles.rows) {
       const int64_t nr = std::min(tiles.rows, s.rows - r0);
       const at::Tensor logits = tile_logits(h2, weight, bias, r0, nr, c0, nc);
-      call_tile_lse(logits, t.narrow(0, r0, nr), state.narrow(0, r0, nr), c0, s.classes, ignore_index,
-                    label_smoothing);
+      call_tile_lse(logits, t.narrow(0, r0, nr), state.narrow(0, r0, nr), c0, s.classes, ignore_index, label_smoothing);
     }
   }
   // Rows and the reduction in float64 (see kLceStateCols); the loss is rounded to hidden's dtype once.
@@ -293,9 +294,15 @@ std::tuple<at::Tensor, at::Tensor> linear_cross_entropy_forward(
   at::Tensor row_loss = lse.sub(state.select(1, 2)).masked_fill_(ignored, 0);
   at::Tensor loss;
   switch (red) {
-    case LceReduction::kNone: loss = row_loss.reshape(target.sizes()); break;
-    case LceReduction::kSum: loss = row_loss.sum(); break;
-    case LceReduction::kMean: loss = row_loss.sum().div(ignored.logical_not().sum()); break;  // 0 / 0 = nan, as torch
+    case LceReduction::kNone:
+      loss = row_loss.reshape(target.sizes());
+      break;
+    case LceReduction::kSum:
+      loss = row_loss.sum();
+      break;
+    case LceReduction::kMean:
+      loss = row_loss.sum().div(ignored.logical_not().sum());
+      break;  // 0 / 0 = nan, as torch
   }
   return {loss.to(hidden.scalar_type()), lse.contiguous()};
 }
@@ -332,9 +339,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
   // the number of rows that count, on the device, without a sync).
   at::Tensor scale;
   switch (red) {
-    case LceReduction::kNone: scale = grad_loss.reshape({s.rows}).to(acc).contiguous(); break;
-    case LceReduction::kSum: scale = grad_loss.reshape({1}).to(acc); break;
-    case LceReduction::kMean: scale = grad_loss.reshape({1}).to(acc).div(t.ne(ignore_index).sum()).to(acc); break;
+    case LceReduction::kNone:
+      scale = grad_loss.reshape({s.rows}).to(acc).contiguous();
+      break;
+    case LceReduction::kSum:
+      scale = grad_loss.reshape({1}).to(acc);
+      break;
+    case LceReduction::kMean:
+      scale = grad_loss.reshape({1}).to(acc).div(t.ne(ignore_index).sum()).to(acc);
+      break;
   }
 
   const bool wide = acc != hidden.scalar_type() && acc == at::kFloat;  // 16-bit inputs: accumulate in float32
@@ -373,8 +386,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
             grad_h_acc.narrow(0, r0, nr).add_(tile_product(g, w_tile));
           } else {
             at::Tensor out = grad_h.narrow(0, r0, nr);
-            if (c0 == 0) at::mm_out(out, g, w_tile);
-            else out.addmm_(g, w_tile);
+            if (c0 == 0)
+              at::mm_out(out, g, w_tile);
+            else
+              out.addmm_(g, w_tile);
           }
         }
         if (need_w) {

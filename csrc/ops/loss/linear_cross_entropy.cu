@@ -31,9 +31,9 @@ __device__ inline void warp_merge(acc_t& m, acc_t& s, acc_t& sz) {
 // merges them, and thread 0 merges the row's result into state[row] = (max, sum of exp, linear part of the loss),
 // in float64.
 template <typename scalar_t, typename acc_t>
-__global__ void tile_lse_kernel(const scalar_t* __restrict__ logits, int64_t cols,
-                                const int64_t* __restrict__ target, double* __restrict__ state, int64_t class_start,
-                                int64_t ignore_index, double target_weight, double smooth) {
+__global__ void tile_lse_kernel(const scalar_t* __restrict__ logits, int64_t cols, const int64_t* __restrict__ target,
+                                double* __restrict__ state, int64_t class_start, int64_t ignore_index,
+                                double target_weight, double smooth) {
   const int64_t row = blockIdx.x;
   const int64_t tr = target[row];
   if (tr == ignore_index) return;  // the whole block: its loss is 0 whatever its logits
@@ -84,9 +84,8 @@ __global__ void tile_grad_kernel(scalar_t* __restrict__ logits, int64_t cols, in
       continue;
     }
     const acc_t w = tr - class_start == col ? target_weight : acc_t(0);
-    logits[i] = static_cast<scalar_t>(
-        cross_entropy_grad(static_cast<acc_t>(logits[i]), split_lse<acc_t>(lse[row]), w, smooth,
-                           scale[row * scale_stride]));
+    logits[i] = static_cast<scalar_t>(cross_entropy_grad(static_cast<acc_t>(logits[i]), split_lse<acc_t>(lse[row]), w,
+                                                         smooth, scale[row * scale_stride]));
   }
 }
 
@@ -106,8 +105,8 @@ void cross_entropy_tile_lse_cuda(const at::Tensor& logits, const at::Tensor& tar
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "memsave_cross_entropy_tile_lse_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     tile_lse_kernel<scalar_t, acc_t><<<static_cast<unsigned>(rows), cuda::kThreads, 0, stream>>>(
-        z.const_data_ptr<scalar_t>(), cols, t.const_data_ptr<int64_t>(), state.mutable_data_ptr<double>(),
-        class_start, ignore_index, 1.0 - label_smoothing, label_smoothing / static_cast<double>(num_classes));
+        z.const_data_ptr<scalar_t>(), cols, t.const_data_ptr<int64_t>(), state.mutable_data_ptr<double>(), class_start,
+        ignore_index, 1.0 - label_smoothing, label_smoothing / static_cast<double>(num_classes));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -28,7 +28,9 @@ inline LceReduction parse_lce_reduction(c10::string_view reduction, const char* 
   TORCH_CHECK_VALUE(false, "memsave.", op, ": reduction must be 'mean', 'sum' or 'none', got '", reduction, "'");
 }
 
-inline bool lce_defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+inline bool lce_defined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
 
 // Checks what the forward and the backward take alike; names the offending argument.
 inline LceShape check_linear_cross_entropy_args(const at::Tensor& hidden, const at::Tensor& weight,
@@ -55,8 +57,8 @@ inline LceShape check_linear_cross_entropy_args(const at::Tensor& hidden, const 
   TORCH_CHECK(target.device() == hidden.device(), "memsave.", op, ": target is on ", target.device(),
               " but hidden is on ", hidden.device());
   if (lce_defined(bias)) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op,
-                      ": bias must have shape [", weight.size(0), "] (one entry per class), got ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op, ": bias must have shape [",
+                      weight.size(0), "] (one entry per class), got ", bias->sizes());
     TORCH_CHECK_TYPE(bias->scalar_type() == hidden.scalar_type(), "memsave.", op, ": bias has dtype ",
                      bias->scalar_type(), " but hidden has ", hidden.scalar_type());
     TORCH_CHECK(bias->device() == hidden.device(), "memsave.", op, ": bias is on ", bias->device(),
@@ -83,13 +85,11 @@ struct LceTiles {
 
 inline LceTiles lce_tiles(const LceShape& s, int64_t tile_rows, int64_t tile_classes, const char* op) {
   TORCH_CHECK_VALUE(tile_rows >= 0 && tile_classes >= 0, "memsave.", op,
-                    ": tile_rows and tile_classes must be >= 0 (0: automatic), got ", tile_rows, " and ",
-                    tile_classes);
-  const int64_t rows = std::max<int64_t>(1, tile_rows > 0 ? std::min(tile_rows, s.rows)
-                                                          : std::min(s.rows, kLceMaxTileRows));
-  const int64_t classes =
-      tile_classes > 0 ? std::min(tile_classes, s.classes)
-                       : std::min(s.classes, std::max(kLceMinTileClasses, kLceTileElements / rows));
+                    ": tile_rows and tile_classes must be >= 0 (0: automatic), got ", tile_rows, " and ", tile_classes);
+  const int64_t rows =
+      std::max<int64_t>(1, tile_rows > 0 ? std::min(tile_rows, s.rows) : std::min(s.rows, kLceMaxTileRows));
+  const int64_t classes = tile_classes > 0 ? std::min(tile_classes, s.classes)
+                                           : std::min(s.classes, std::max(kLceMinTileClasses, kLceTileElements / rows));
   return LceTiles{rows, classes};
 }
 
@@ -97,15 +97,13 @@ inline LceTiles lce_tiles(const LceShape& s, int64_t tile_rows, int64_t tile_cla
 // class_start, the rows' targets, and a per-row tensor (state or lse).
 inline void check_lce_tile_args(const at::Tensor& logits, const at::Tensor& target, int64_t class_start,
                                 int64_t num_classes, const char* op) {
-  TORCH_CHECK_VALUE(logits.dim() == 2, "memsave.", op, ": logits must be a [rows, classes] tile, got ",
-                    logits.sizes());
-  TORCH_CHECK_TYPE(at::isFloatingType(logits.scalar_type()), "memsave.", op,
-                   ": logits must be floating-point, got ", logits.scalar_type());
+  TORCH_CHECK_VALUE(logits.dim() == 2, "memsave.", op, ": logits must be a [rows, classes] tile, got ", logits.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(logits.scalar_type()), "memsave.", op, ": logits must be floating-point, got ",
+                   logits.scalar_type());
   TORCH_CHECK_TYPE(target.scalar_type() == at::kLong, "memsave.", op, ": target must be int64, got ",
                    target.scalar_type());
   TORCH_CHECK_VALUE(target.dim() == 1 && target.size(0) == logits.size(0), "memsave.", op,
-                    ": target must hold one class index per logits row (", logits.size(0), "), got ",
-                    target.sizes());
+                    ": target must hold one class index per logits row (", logits.size(0), "), got ", target.sizes());
   TORCH_CHECK_VALUE(class_start >= 0 && class_start + logits.size(1) <= num_classes, "memsave.", op,
                     ": the tile's classes [", class_start, ", ", class_start + logits.size(1),
                     ") must lie in [0, num_classes=", num_classes, ")");
@@ -114,22 +112,24 @@ inline void check_lce_tile_args(const at::Tensor& logits, const at::Tensor& targ
 }
 
 // float for 16-bit and float32 logits, double for double: the type the tile kernels compute in (and scale's).
-inline at::ScalarType lce_acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+inline at::ScalarType lce_acc_type(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
 
 // A per-row tensor of a tile kernel: [rows] or [1] (cols == 0: lse, scale) or a contiguous [rows, cols] (state).
 inline void check_lce_row_tensor(const at::Tensor& t, const at::Tensor& logits, int64_t cols, at::ScalarType want,
                                  const char* name, const char* op) {
   TORCH_CHECK_TYPE(t.scalar_type() == want, "memsave.", op, ": ", name, " must be ", want, " for ",
                    logits.scalar_type(), " logits, got ", t.scalar_type());
-  TORCH_CHECK(t.device() == logits.device(), "memsave.", op, ": ", name, " is on ", t.device(),
-              " but logits are on ", logits.device());
+  TORCH_CHECK(t.device() == logits.device(), "memsave.", op, ": ", name, " is on ", t.device(), " but logits are on ",
+              logits.device());
   if (cols == 0) {
     TORCH_CHECK_VALUE(t.dim() == 1 && (t.size(0) == logits.size(0) || t.size(0) == 1), "memsave.", op, ": ", name,
                       " must hold one value per logits row (", logits.size(0), ") or one for all, got ", t.sizes());
   } else {
-    TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == logits.size(0) && t.size(1) == cols && t.is_contiguous(),
-                      "memsave.", op, ": ", name, " must be a contiguous [", logits.size(0), ", ", cols,
-                      "] tensor, got ", t.sizes());
+    TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == logits.size(0) && t.size(1) == cols && t.is_contiguous(), "memsave.",
+                      op, ": ", name, " must be a contiguous [", logits.size(0), ", ", cols, "] tensor, got ",
+                      t.sizes());
   }
 }
 

@@ -15,7 +15,9 @@
 
 namespace memsave {
 
-C10_HOST_DEVICE inline int64_t packed_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
+C10_HOST_DEVICE inline int64_t packed_mask_bytes(int64_t numel) {
+  return (numel + 7) / 8;
+}
 
 // The checks every mask-saving operator makes on its floating-point input.
 inline void check_floating_input(const at::Tensor& x, const char* op) {
@@ -27,8 +29,8 @@ inline void check_floating_input(const at::Tensor& x, const char* op) {
 // A mask must have been produced for a tensor with as many elements as `grad`.
 inline void check_mask_matches(const at::Tensor& grad, const at::Tensor& mask, const char* op) {
   TORCH_CHECK(mask.scalar_type() == at::kByte, "memsave.", op, ": the mask must be uint8, got ", mask.scalar_type());
-  TORCH_CHECK(mask.dim() == 1 && mask.numel() == packed_mask_bytes(grad.numel()), "memsave.", op,
-              ": the mask has ", mask.numel(), " bytes but a gradient of ", grad.numel(), " elements needs ",
+  TORCH_CHECK(mask.dim() == 1 && mask.numel() == packed_mask_bytes(grad.numel()), "memsave.", op, ": the mask has ",
+              mask.numel(), " bytes but a gradient of ", grad.numel(), " elements needs ",
               packed_mask_bytes(grad.numel()), "; pass the mask the forward returned for this tensor");
   TORCH_CHECK(mask.device() == grad.device(), "memsave.", op, ": the mask is on ", mask.device(),
               " but the gradient is on ", grad.device());

@@ -125,6 +125,8 @@ TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
   m.impl("dropout_", &inplace_mask_adinplace<DropoutSpec>);
 }
 
-TORCH_LIBRARY_IMPL(memsave, Autograd, m) { m.impl("dropout_", &inplace_mask_autograd<DropoutSpec>); }
+TORCH_LIBRARY_IMPL(memsave, Autograd, m) {
+  m.impl("dropout_", &inplace_mask_autograd<DropoutSpec>);
+}
 
 }  // namespace memsave

@@ -21,8 +21,8 @@ namespace memsave {
 //   static at::Tensor backward(const at::Tensor& grad, const at::Tensor& mask, double scalar);
 template <class Spec>
 struct InplaceMaskFunction : public torch::autograd::Function<InplaceMaskFunction<Spec>> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor self,
-                                                double scalar, at::Tensor* mask_out) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::Tensor self, double scalar,
+                                                at::Tensor* mask_out) {
     at::Tensor mask;
     {
       at::AutoDispatchBelowADInplaceOrView guard;

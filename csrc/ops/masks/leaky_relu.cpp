@@ -98,6 +98,8 @@ TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
   m.impl("leaky_relu_", &inplace_mask_adinplace<LeakyReluSpec>);
 }
 
-TORCH_LIBRARY_IMPL(memsave, Autograd, m) { m.impl("leaky_relu_", &inplace_mask_autograd<LeakyReluSpec>); }
+TORCH_LIBRARY_IMPL(memsave, Autograd, m) {
+  m.impl("leaky_relu_", &inplace_mask_autograd<LeakyReluSpec>);
+}
 
 }  // namespace memsave

@@ -44,8 +44,7 @@ inline bool has_avx2() {
 
 // Forward of an element-wise op with a mask (Op: ReluMask, LeakyReluMask), mask bytes [b0, b1) of n elements.
 template <typename Op, typename T>
-void mask_forward_generic(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int64_t b1,
-                          at::opmath_type<T> a) {
+void mask_forward_generic(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int64_t b1, at::opmath_type<T> a) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t i0 = b * 8;
     const int64_t count = std::min<int64_t>(8, n - i0);
@@ -99,8 +98,7 @@ MEMSAVE_TARGET_AVX2 inline void expand_bits_pd(uint32_t bits, __m256d* lo, __m25
   *hi = _mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(b, sel_hi), sel_hi));
 }
 
-MEMSAVE_TARGET_AVX2 inline void relu_forward_avx2(const float* in, float* out, uint8_t* mask, int64_t b0,
-                                                  int64_t b1) {
+MEMSAVE_TARGET_AVX2 inline void relu_forward_avx2(const float* in, float* out, uint8_t* mask, int64_t b0, int64_t b1) {
   const __m256 zero = _mm256_setzero_ps();
   for (int64_t b = b0; b < b1; ++b) {
     const __m256 v = _mm256_loadu_ps(in + b * 8);

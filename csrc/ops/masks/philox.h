@@ -43,9 +43,8 @@ C10_HOST_DEVICE inline uint32_t mulhilo(uint32_t a, uint32_t b, uint32_t* hi) {
 }
 
 // The 4 random words of counter (c0, c1, c2, c3) under key (k0, k1).
-C10_HOST_DEVICE inline Words philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                                       uint32_t k1) {
-MEMSAVE_UNROLL
+C10_HOST_DEVICE inline Words philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  MEMSAVE_UNROLL
   for (int r = 0; r < kRounds; ++r) {
     uint32_t hi0, hi1;
     const uint32_t lo0 = mulhilo(kM0, c0, &hi0);
@@ -78,17 +77,19 @@ inline uint64_t keep_threshold(double p) {
 
 // Whether an element whose random word is `word` is kept, for a threshold from keep_threshold (2^32 keeps all,
 // 0 keeps none). The CPU (keep_byte) and CUDA (dropout.cu) kernels both decide through it.
-C10_HOST_DEVICE inline bool keeps(uint32_t word, uint64_t threshold) { return static_cast<uint64_t>(word) < threshold; }
+C10_HOST_DEVICE inline bool keeps(uint32_t word, uint64_t threshold) {
+  return static_cast<uint64_t>(word) < threshold;
+}
 
 // The byte of the keep mask covering elements 8*b .. 8*b+7 (groups 2b and 2b+1), for a threshold < 2^32.
 C10_HOST_DEVICE inline uint8_t keep_byte(int64_t b, uint32_t threshold, uint32_t k0, uint32_t k1, uint32_t c0,
                                          uint32_t c1) {
   uint8_t bits = 0;
-MEMSAVE_UNROLL
+  MEMSAVE_UNROLL
   for (int half = 0; half < 2; ++half) {
     const uint64_t group = static_cast<uint64_t>(b) * 2 + half;
     const Words w = philox4x32(c0, c1, static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), k0, k1);
-MEMSAVE_UNROLL
+    MEMSAVE_UNROLL
     for (int j = 0; j < 4; ++j) {
       bits |= static_cast<uint8_t>(keeps(w.v[j], threshold)) << (half * 4 + j);
     }

@@ -61,9 +61,8 @@ at::Tensor relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& mask)
 // Autograd of relu_ (C++: register_autograd takes functional schemas only).
 struct ReluSpec {
   static at::Tensor run(at::Tensor& self, double /*unused*/) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("memsave::relu_", "")
-                               .typed<at::Tensor(at::Tensor&)>();
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("memsave::relu_", "").typed<at::Tensor(at::Tensor&)>();
     return op.call(self);
   }
   static at::Tensor backward(const at::Tensor& grad, const at::Tensor& mask, double /*unused*/) {
@@ -74,8 +73,12 @@ struct ReluSpec {
   }
 };
 
-at::Tensor relu_inplace_autograd(at::Tensor& self) { return inplace_mask_autograd<ReluSpec>(self, 0.0); }
-at::Tensor relu_inplace_adinplace(at::Tensor& self) { return inplace_mask_adinplace<ReluSpec>(self, 0.0); }
+at::Tensor relu_inplace_autograd(at::Tensor& self) {
+  return inplace_mask_autograd<ReluSpec>(self, 0.0);
+}
+at::Tensor relu_inplace_adinplace(at::Tensor& self) {
+  return inplace_mask_adinplace<ReluSpec>(self, 0.0);
+}
 
 }  // namespace
 
@@ -95,6 +98,8 @@ TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
   m.impl("relu_", &relu_inplace_adinplace);
 }
 
-TORCH_LIBRARY_IMPL(memsave, Autograd, m) { m.impl("relu_", &relu_inplace_autograd); }
+TORCH_LIBRARY_IMPL(memsave, Autograd, m) {
+  m.impl("relu_", &relu_inplace_autograd);
+}
 
 }  // namespace memsave

@@ -34,13 +34,26 @@ namespace {
 
 void apply_act_inplace(at::Tensor& out, Act a, double p) {
   switch (a) {
-    case Act::Identity: break;
-    case Act::ReLU: at::relu_(out); break;
-    case Act::LeakyReLU: at::leaky_relu_(out, p); break;
-    case Act::ELU: at::elu_(out, p); break;
-    case Act::GELU: at::gelu_(out, "none"); break;
-    case Act::GELUTanh: at::gelu_(out, "tanh"); break;
-    case Act::SiLU: at::silu_(out); break;
+    case Act::Identity:
+      break;
+    case Act::ReLU:
+      at::relu_(out);
+      break;
+    case Act::LeakyReLU:
+      at::leaky_relu_(out, p);
+      break;
+    case Act::ELU:
+      at::elu_(out, p);
+      break;
+    case Act::GELU:
+      at::gelu_(out, "none");
+      break;
+    case Act::GELUTanh:
+      at::gelu_(out, "tanh");
+      break;
+    case Act::SiLU:
+      at::silu_(out);
+      break;
   }
 }
 
@@ -86,8 +99,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cpu(
   at::Tensor grad_in = at::empty_like(x);
   at::Tensor sums = at::empty({2, l.C}, x.options().dtype(at::kDouble));
   double* sum_g = sums.mutable_data_ptr<double>();
-  cpu::bn_act_backward_kernel<false>(go, x, ct.params<double>(a, act_param), training, l, grad_in, sum_g,
-                                     sum_g + l.C);
+  cpu::bn_act_backward_kernel<false>(go, x, ct.params<double>(a, act_param), training, l, grad_in, sum_g, sum_g + l.C);
   const at::ScalarType pd = is_defined(weight) ? weight->scalar_type() : bn_stat_dtype(input);
   return {grad_in, sums[1].to(pd, false, true), sums[0].to(pd, false, true)};
 }
@@ -112,7 +124,9 @@ TORCH_LIBRARY_IMPL(memsave, CPU, m) {
 #ifdef MEMSAVE_WITH_CUDA
 // The forward is torch's batch norm plus an in-place activation, so the same code serves CUDA tensors; the
 // backward's CUDA kernel is in batch_norm_act.cu.
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) { m.impl("batch_norm_act", &batch_norm_act_forward); }
+TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
+  m.impl("batch_norm_act", &batch_norm_act_forward);
+}
 #endif
 
 }  // namespace memsave

@@ -38,17 +38,15 @@ namespace {
 using OptTensor = c10::optional<at::Tensor>;
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_batch_norm_act(const at::Tensor& input, const OptTensor& weight,
-                                                                   const OptTensor& bias,
-                                                                   const OptTensor& running_mean,
+                                                                   const OptTensor& bias, const OptTensor& running_mean,
                                                                    const OptTensor& running_var, bool training,
                                                                    double momentum, double eps, c10::string_view act,
                                                                    double act_param) {
-  static const auto handle =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("memsave::batch_norm_act", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const OptTensor&, const OptTensor&,
-                                                                 const OptTensor&, const OptTensor&, bool, double,
-                                                                 double, c10::string_view, double)>();
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("memsave::batch_norm_act", "")
+                                 .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                     const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
+                                     const OptTensor&, bool, double, double, c10::string_view, double)>();
   return handle.call(input, weight, bias, running_mean, running_var, training, momentum, eps, act, act_param);
 }
 
@@ -65,12 +63,11 @@ at::Tensor call_batch_norm_act_apply(const at::Tensor& input, const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_batch_norm_act_backward(
     const at::Tensor& grad_out, const at::Tensor& input, const OptTensor& weight, const OptTensor& bias,
     const at::Tensor& mean, const at::Tensor& invstd, bool training, c10::string_view act, double act_param) {
-  static const auto handle =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("memsave::batch_norm_act_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                 const OptTensor&, const OptTensor&, const at::Tensor&,
-                                                                 const at::Tensor&, bool, c10::string_view, double)>();
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("memsave::batch_norm_act_backward", "")
+                                 .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                                     const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+                                     const at::Tensor&, const at::Tensor&, bool, c10::string_view, double)>();
   return handle.call(grad_out, input, weight, bias, mean, invstd, training, act, act_param);
 }
 
@@ -101,9 +98,9 @@ void check_conv(const at::Tensor& input, const at::Tensor& weight, c10::IntArray
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_conv2d_forward(
     const at::Tensor& input, const OptTensor& bn_weight, const OptTensor& bn_bias, const OptTensor& running_mean,
-    const OptTensor& running_var, bool training, double momentum, double eps, c10::string_view act,
-    double act_param, const at::Tensor& weight, const OptTensor& bias, c10::IntArrayRef stride,
-    c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups) {
+    const OptTensor& running_var, bool training, double momentum, double eps, c10::string_view act, double act_param,
+    const at::Tensor& weight, const OptTensor& bias, c10::IntArrayRef stride, c10::IntArrayRef padding,
+    c10::IntArrayRef dilation, int64_t groups) {
   check_conv(input, weight, stride, padding, dilation, groups, "batch_norm_act_conv2d");
   // The caller already cast for autocast; the inner ops must not be cast again.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);

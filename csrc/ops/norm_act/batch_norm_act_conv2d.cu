@@ -25,6 +25,8 @@ at::Tensor batch_norm_act_apply_cuda(const at::Tensor& input, const at::Tensor& 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) { m.impl("batch_norm_act_apply", &batch_norm_act_apply_cuda); }
+TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
+  m.impl("batch_norm_act_apply", &batch_norm_act_apply_cuda);
+}
 
 }  // namespace memsave

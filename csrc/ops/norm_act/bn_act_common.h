@@ -79,12 +79,13 @@ inline void check_same_shape(const at::Tensor& grad, const at::Tensor& x, const 
               " but the saved tensor is on ", x.device());
 }
 
-inline bool is_defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+inline bool is_defined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
 
 // Checks the input, affine parameters and running statistics of a batch-norm forward (batch_norm_act, inplace_abn).
 inline void check_bn_forward_args(const at::Tensor& input, const c10::optional<at::Tensor>& weight,
-                                  const c10::optional<at::Tensor>& bias,
-                                  const c10::optional<at::Tensor>& running_mean,
+                                  const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& running_mean,
                                   const c10::optional<at::Tensor>& running_var, bool training, const char* op) {
   check_bn_input(input, op);
   check_channel_vector(weight, input, "weight", op);

@@ -36,13 +36,20 @@ using opmath_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, fl
 template <typename F>
 inline void with_act(Act a, const F& f) {
   switch (a) {
-    case Act::Identity: return f(std::integral_constant<Act, Act::Identity>{});
-    case Act::ReLU: return f(std::integral_constant<Act, Act::ReLU>{});
-    case Act::LeakyReLU: return f(std::integral_constant<Act, Act::LeakyReLU>{});
-    case Act::ELU: return f(std::integral_constant<Act, Act::ELU>{});
-    case Act::GELU: return f(std::integral_constant<Act, Act::GELU>{});
-    case Act::GELUTanh: return f(std::integral_constant<Act, Act::GELUTanh>{});
-    case Act::SiLU: return f(std::integral_constant<Act, Act::SiLU>{});
+    case Act::Identity:
+      return f(std::integral_constant<Act, Act::Identity>{});
+    case Act::ReLU:
+      return f(std::integral_constant<Act, Act::ReLU>{});
+    case Act::LeakyReLU:
+      return f(std::integral_constant<Act, Act::LeakyReLU>{});
+    case Act::ELU:
+      return f(std::integral_constant<Act, Act::ELU>{});
+    case Act::GELU:
+      return f(std::integral_constant<Act, Act::GELU>{});
+    case Act::GELUTanh:
+      return f(std::integral_constant<Act, Act::GELUTanh>{});
+    case Act::SiLU:
+      return f(std::integral_constant<Act, Act::SiLU>{});
   }
 }
 
@@ -50,8 +57,7 @@ inline void with_act(Act a, const F& f) {
 template <typename T>
 struct Channels {
   std::vector<T> mean, invstd, w, b, inv_w, k;  // k = w * invstd
-  Channels(const ChannelParams<double>& p, int64_t C)
-      : mean(C), invstd(C), w(C), b(C), inv_w(C), k(C) {
+  Channels(const ChannelParams<double>& p, int64_t C) : mean(C), invstd(C), w(C), b(C), inv_w(C), k(C) {
     for (int64_t c = 0; c < C; ++c) {
       mean[c] = p.mean ? static_cast<T>(p.mean[c]) : T(0);
       invstd[c] = static_cast<T>(p.invstd[c]);
@@ -67,8 +73,8 @@ struct Channels {
 // `src` is the saved input (FromOutput = false) or the saved output (FromOutput = true); src, go and grad_in share
 // the layout `l` and are dense in it.
 template <bool FromOutput>
-void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const ChannelParams<double>& p,
-                            bool training, const BnLayout& l, at::Tensor& grad_in, double* sum_g, double* sum_gx) {
+void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const ChannelParams<double>& p, bool training,
+                            const BnLayout& l, at::Tensor& grad_in, double* sum_g, double* sum_gx) {
   const int64_t N = l.N, C = l.C, inner = l.inner;
   const int64_t M = N * inner;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "memsave_bn_act_backward_cpu", [&] {
@@ -124,8 +130,7 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
               for (int64_t i = 0; i < inner; ++i) {
                 T xhat, dact;
                 bn_act_recover<FromOutput>(A, ap, mean, invstd, w, b, inv_w, static_cast<T>(sp[i]), xhat, dact);
-                op[i] = static_cast<scalar_t>(
-                    bn_act_dx<FromOutput>(k, static_cast<T>(gp[i]) * dact, mg, xhat, mgx));
+                op[i] = static_cast<scalar_t>(bn_act_dx<FromOutput>(k, static_cast<T>(gp[i]) * dact, mg, xhat, mgx));
               }
             }
           }
@@ -152,7 +157,7 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
             for (int64_t c = 0; c < C; ++c) {
               T xhat, dact;
               bn_act_recover<FromOutput>(A, ap, mean[c], invstd[c], w[c], b[c], inv_w[c], static_cast<T>(sr[c]), xhat,
-                                     dact);
+                                         dact);
               const double gg = static_cast<double>(static_cast<T>(gr[c]) * dact);
               pg[c] += gg;
               pgx[c] += gg * static_cast<double>(xhat);
@@ -183,8 +188,8 @@ void bn_act_backward_kernel(const at::Tensor& go, const at::Tensor& src, const C
             T xhat, dact;
             bn_act_recover<FromOutput>(A, ap, mean[c], invstd[c], w[c], b[c], inv_w[c], static_cast<T>(sr[c]), xhat,
                                        dact);
-            orow[c] = static_cast<scalar_t>(
-                bn_act_dx<FromOutput>(kc[c], static_cast<T>(gr[c]) * dact, mg[c], xhat, mgx[c]));
+            orow[c] =
+                static_cast<scalar_t>(bn_act_dx<FromOutput>(kc[c], static_cast<T>(gr[c]) * dact, mg[c], xhat, mgx[c]));
           }
         }
       });

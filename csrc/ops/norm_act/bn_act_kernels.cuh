@@ -174,14 +174,14 @@ void backward(const at::Tensor& go, const at::Tensor& src, const ChannelTensors&
     if (!l.channels_last) {
       S = std::min<int64_t>({std::max<int64_t>(1, target_blocks / C), (M + kThreads - 1) / kThreads, 65535});
       partial = at::empty({S, 2, C}, ct.invstd.options());
-      reduce_nc_kernel<scalar_t, acc_t, FromOutput><<<dim3(C, S), kThreads, 0, stream>>>(
-          s, g, p, C, l.inner, M, partial.mutable_data_ptr<acc_t>());
+      reduce_nc_kernel<scalar_t, acc_t, FromOutput>
+          <<<dim3(C, S), kThreads, 0, stream>>>(s, g, p, C, l.inner, M, partial.mutable_data_ptr<acc_t>());
     } else {
       const int64_t col_blocks = (C + kWarp - 1) / kWarp;
       S = std::min<int64_t>({std::max<int64_t>(1, target_blocks / col_blocks), (M + kRows - 1) / kRows, 65535});
       partial = at::empty({S, 2, C}, ct.invstd.options());
-      reduce_cl_kernel<scalar_t, acc_t, FromOutput><<<dim3(col_blocks, S), dim3(kWarp, kRows), 0, stream>>>(
-          s, g, p, C, M, partial.mutable_data_ptr<acc_t>());
+      reduce_cl_kernel<scalar_t, acc_t, FromOutput>
+          <<<dim3(col_blocks, S), dim3(kWarp, kRows), 0, stream>>>(s, g, p, C, M, partial.mutable_data_ptr<acc_t>());
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     at::Tensor coef = at::empty({3, C}, ct.invstd.options());
@@ -189,9 +189,9 @@ void backward(const at::Tensor& go, const at::Tensor& src, const ChannelTensors&
         partial.const_data_ptr<acc_t>(), S, C, M, training, p, sums.mutable_data_ptr<acc_t>(),
         coef.mutable_data_ptr<acc_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    grad_input_kernel<scalar_t, acc_t, FromOutput><<<grid_for(numel), kThreads, 0, stream>>>(
-        s, g, p, coef.const_data_ptr<acc_t>(), C, l.inner, l.channels_last, numel,
-        grad_in.mutable_data_ptr<scalar_t>());
+    grad_input_kernel<scalar_t, acc_t, FromOutput>
+        <<<grid_for(numel), kThreads, 0, stream>>>(s, g, p, coef.const_data_ptr<acc_t>(), C, l.inner, l.channels_last,
+                                                   numel, grad_in.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -19,7 +19,7 @@ namespace memsave {
 // Per-channel values as raw pointers in the accumulation type; used on the host and in CUDA kernels.
 template <typename acc_t>
 struct ChannelParams {
-  const acc_t* mean;        // batch_norm_act only
+  const acc_t* mean;  // batch_norm_act only
   const acc_t* invstd;
   const acc_t* weight;      // 1 when the layer is not affine
   const acc_t* bias;        // 0 when the layer is not affine
@@ -52,8 +52,7 @@ C10_HOST_DEVICE inline void bn_act_recover(const ChannelParams<acc_t>& p, int64_
   if constexpr (FromOutput) {
     bn_act_recover<true>(p.act, p.act_param, acc_t(0), acc_t(0), acc_t(0), p.bias[c], p.inv_weight[c], v, xhat, dact);
   } else {
-    bn_act_recover<false>(p.act, p.act_param, p.mean[c], p.invstd[c], p.weight[c], p.bias[c], acc_t(0), v, xhat,
-                          dact);
+    bn_act_recover<false>(p.act, p.act_param, p.mean[c], p.invstd[c], p.weight[c], p.bias[c], acc_t(0), v, xhat, dact);
   }
 }
 

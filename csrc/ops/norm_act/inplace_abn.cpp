@@ -42,10 +42,12 @@ std::tuple<at::Tensor, at::Tensor> inplace_abn_cpu(at::Tensor& self, const c10::
   return stats;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> inplace_abn_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& output, const c10::optional<at::Tensor>& weight,
-    const c10::optional<at::Tensor>& bias, const at::Tensor& invstd, bool training, c10::string_view act,
-    double act_param) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> inplace_abn_backward_cpu(const at::Tensor& grad_out,
+                                                                        const at::Tensor& output,
+                                                                        const c10::optional<at::Tensor>& weight,
+                                                                        const c10::optional<at::Tensor>& bias,
+                                                                        const at::Tensor& invstd, bool training,
+                                                                        c10::string_view act, double act_param) {
   const Act a = check_inplace_abn_backward_args(grad_out, output, weight, bias, invstd, act, act_param);
 
   const at::MemoryFormat fmt = bn_memory_format(output);
@@ -56,8 +58,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> inplace_abn_backward_cpu(
   at::Tensor grad_in = at::empty_like(z);
   at::Tensor sums = at::empty({2, l.C}, z.options().dtype(at::kDouble));
   double* sum_g = sums.mutable_data_ptr<double>();
-  cpu::bn_act_backward_kernel<true>(go, z, ct.params<double>(a, act_param), training, l, grad_in, sum_g,
-                                    sum_g + l.C);
+  cpu::bn_act_backward_kernel<true>(go, z, ct.params<double>(a, act_param), training, l, grad_in, sum_g, sum_g + l.C);
   const at::ScalarType pd = is_defined(weight) ? weight->scalar_type() : bn_stat_dtype(output);
   return {grad_in, sums[1].to(pd, false, true), sums[0].to(pd, false, true)};
 }

@@ -30,10 +30,12 @@ std::tuple<at::Tensor, at::Tensor> inplace_abn_cuda(at::Tensor& self, const c10:
   return stats;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> inplace_abn_backward_cuda(
-    const at::Tensor& grad_out, const at::Tensor& output, const c10::optional<at::Tensor>& weight,
-    const c10::optional<at::Tensor>& bias, const at::Tensor& invstd, bool training, c10::string_view act,
-    double act_param) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> inplace_abn_backward_cuda(const at::Tensor& grad_out,
+                                                                         const at::Tensor& output,
+                                                                         const c10::optional<at::Tensor>& weight,
+                                                                         const c10::optional<at::Tensor>& bias,
+                                                                         const at::Tensor& invstd, bool training,
+                                                                         c10::string_view act, double act_param) {
   const Act a = check_inplace_abn_backward_args(grad_out, output, weight, bias, invstd, act, act_param);
   const c10::cuda::CUDAGuard guard(output.device());
 

@@ -17,8 +17,7 @@ namespace memsave {
 
 // Checks the arguments of inplace_abn and returns its activation.
 inline Act check_inplace_abn_args(const at::Tensor& self, const c10::optional<at::Tensor>& weight,
-                                  const c10::optional<at::Tensor>& bias,
-                                  const c10::optional<at::Tensor>& running_mean,
+                                  const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& running_mean,
                                   const c10::optional<at::Tensor>& running_var, bool training, c10::string_view act,
                                   double act_param) {
   constexpr const char* op = "inplace_abn";
@@ -48,8 +47,8 @@ inline Act check_inplace_abn_backward_args(const at::Tensor& grad_out, const at:
 // updates them (same kernel: momentum, unbiased variance).
 inline std::tuple<at::Tensor, at::Tensor> inplace_abn_stats(const at::Tensor& x,
                                                             const c10::optional<at::Tensor>& running_mean,
-                                                            const c10::optional<at::Tensor>& running_var,
-                                                            bool training, double momentum, double eps) {
+                                                            const c10::optional<at::Tensor>& running_var, bool training,
+                                                            double momentum, double eps) {
   const at::ScalarType sd = bn_stat_dtype(x);
   if (!training) {
     return {running_mean->to(sd, false, true), running_var->to(at::kDouble).add(eps).rsqrt().to(sd)};

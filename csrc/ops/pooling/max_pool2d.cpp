@@ -79,8 +79,7 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_out, const at::Tensor&
   if (planes == 0) {
     return grad_in;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_max_pool2d_backward_cpu",
-                                  [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_max_pool2d_backward_cpu", [&] {
     const scalar_t* go = g.const_data_ptr<scalar_t>();
     const uint8_t* code = am.const_data_ptr<uint8_t>();
     scalar_t* gi = grad_in.mutable_data_ptr<scalar_t>();
@@ -108,10 +107,12 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_out, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
-  m.def("max_pool2d(Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, "
-        "bool ceil_mode) -> (Tensor, Tensor)");
-  m.def("max_pool2d_backward(Tensor grad_out, Tensor argmax, SymInt[] input_size, int[2] kernel_size, "
-        "int[2] stride, int[2] padding, int[2] dilation) -> Tensor");
+  m.def(
+      "max_pool2d(Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, "
+      "bool ceil_mode) -> (Tensor, Tensor)");
+  m.def(
+      "max_pool2d_backward(Tensor grad_out, Tensor argmax, SymInt[] input_size, int[2] kernel_size, "
+      "int[2] stride, int[2] padding, int[2] dilation) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {

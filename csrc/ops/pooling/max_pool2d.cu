@@ -17,8 +17,8 @@ namespace {
 
 template <typename scalar_t>
 __global__ void max_pool2d_forward_kernel(const scalar_t* __restrict__ in, scalar_t* __restrict__ out,
-                                          uint8_t* __restrict__ argmax, int64_t total, int64_t H, int64_t W,
-                                          int64_t OH, int64_t OW, Pool2dParams p) {
+                                          uint8_t* __restrict__ argmax, int64_t total, int64_t H, int64_t W, int64_t OH,
+                                          int64_t OW, Pool2dParams p) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += step) {
     const int64_t ow = o % OW;
@@ -94,8 +94,8 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_cuda(const at::Tensor& self, at::I
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_max_pool2d_cuda", [&] {
     max_pool2d_forward_kernel<scalar_t><<<cuda::grid_for(total), cuda::kThreads, 0, stream>>>(
-        x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), argmax.mutable_data_ptr<uint8_t>(), total,
-        H, W, OH, OW, p);
+        x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), argmax.mutable_data_ptr<uint8_t>(), total, H, W,
+        OH, OW, p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {out, argmax};
@@ -118,11 +118,10 @@ at::Tensor max_pool2d_backward_cuda(const at::Tensor& grad_out, const at::Tensor
     return grad_in;
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_max_pool2d_backward_cuda",
-                                  [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_max_pool2d_backward_cuda", [&] {
     max_pool2d_backward_kernel<scalar_t><<<cuda::grid_for(total), cuda::kThreads, 0, stream>>>(
-        g.const_data_ptr<scalar_t>(), am.const_data_ptr<uint8_t>(), grad_in.mutable_data_ptr<scalar_t>(), total, H,
-        W, OH, OW, p);
+        g.const_data_ptr<scalar_t>(), am.const_data_ptr<uint8_t>(), grad_in.mutable_data_ptr<scalar_t>(), total, H, W,
+        OH, OW, p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return grad_in;

@@ -26,12 +26,12 @@ inline int64_t pool_output_size(int64_t in, int64_t k, int64_t pad, int64_t stri
   return out;
 }
 
-inline Pool2dParams check_pool2d_params(c10::IntArrayRef kernel_size, c10::IntArrayRef stride,
-                                        c10::IntArrayRef padding, c10::IntArrayRef dilation, const char* op) {
-  TORCH_CHECK(kernel_size.size() == 2 && stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
-              "memsave.", op, ": kernel_size, stride, padding and dilation must each have 2 values, got ",
-              kernel_size, ", ", stride, ", ", padding, ", ", dilation);
-  const Pool2dParams p{kernel_size[0], kernel_size[1], stride[0], stride[1],
+inline Pool2dParams check_pool2d_params(c10::IntArrayRef kernel_size, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                        c10::IntArrayRef dilation, const char* op) {
+  TORCH_CHECK(kernel_size.size() == 2 && stride.size() == 2 && padding.size() == 2 && dilation.size() == 2, "memsave.",
+              op, ": kernel_size, stride, padding and dilation must each have 2 values, got ", kernel_size, ", ",
+              stride, ", ", padding, ", ", dilation);
+  const Pool2dParams p{kernel_size[0], kernel_size[1], stride[0],   stride[1],
                        padding[0],     padding[1],     dilation[0], dilation[1]};
   TORCH_CHECK(p.kH > 0 && p.kW > 0, "memsave.", op, ": kernel_size must be greater than zero, but got ", kernel_size);
   TORCH_CHECK(p.sH > 0 && p.sW > 0, "memsave.", op, ": stride must be greater than zero, but got ", stride);
@@ -42,7 +42,8 @@ inline Pool2dParams check_pool2d_params(c10::IntArrayRef kernel_size, c10::IntAr
               " and kernel_size=", kernel_size);
   TORCH_CHECK(p.kH * p.kW <= kMaxPoolWindowPositions, "memsave.", op,
               ": the argmax is kept in one byte, so a window may hold at most 256 positions (16x16), but "
-              "kernel_size=", kernel_size, " has ", p.kH * p.kW, "; use torch.nn.functional.max_pool2d for it");
+              "kernel_size=",
+              kernel_size, " has ", p.kH * p.kW, "; use torch.nn.functional.max_pool2d for it");
   return p;
 }
 
@@ -52,9 +53,11 @@ inline std::vector<int64_t> max_pool2d_output_sizes(const at::Tensor& x, const P
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "memsave.", op,
               ": expected a floating-point tensor (float32, float64, float16 or bfloat16), got ", x.scalar_type());
   const int64_t dim = x.dim();
-  TORCH_CHECK((dim == 3 || dim == 4) && x.size(dim - 1) > 0 && x.size(dim - 2) > 0 && x.size(dim - 3) > 0,
-              "memsave.", op, ": expected a 3D (C, H, W) or 4D (N, C, H, W) input with non-zero C, H, W "
-              "(N may be 0), got sizes ", x.sizes());
+  TORCH_CHECK((dim == 3 || dim == 4) && x.size(dim - 1) > 0 && x.size(dim - 2) > 0 && x.size(dim - 3) > 0, "memsave.",
+              op,
+              ": expected a 3D (C, H, W) or 4D (N, C, H, W) input with non-zero C, H, W "
+              "(N may be 0), got sizes ",
+              x.sizes());
   const int64_t H = x.size(dim - 2);
   const int64_t W = x.size(dim - 1);
   const int64_t OH = pool_output_size(H, p.kH, p.pH, p.sH, p.dH, ceil_mode);
@@ -78,9 +81,9 @@ inline int64_t check_max_pool2d_backward_args(const at::Tensor& grad_out, const 
               ", got ", argmax.scalar_type(), " ", argmax.sizes(), "; pass the argmax the forward returned");
   TORCH_CHECK(argmax.device() == grad_out.device(), "memsave.max_pool2d_backward: argmax is on ", argmax.device(),
               " but the gradient is on ", grad_out.device());
-  TORCH_CHECK(grad_out.dim() == dim && grad_out.size(0) == input_size[0] && (dim == 3 || grad_out.size(1) ==
-              input_size[1]), "memsave.max_pool2d_backward: gradient sizes ", grad_out.sizes(),
-              " do not fit input_size ", input_size);
+  TORCH_CHECK(
+      grad_out.dim() == dim && grad_out.size(0) == input_size[0] && (dim == 3 || grad_out.size(1) == input_size[1]),
+      "memsave.max_pool2d_backward: gradient sizes ", grad_out.sizes(), " do not fit input_size ", input_size);
   return dim;
 }
 

@@ -122,8 +122,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_
                 in_t* gi = gip + row * cols;
                 for (int64_t j = 0; j < cols; ++j) {
                   const acc_t g = static_cast<acc_t>(gr[j]) * (wp ? wp[j] : acc_t(1));
-                  gi[j] = static_cast<in_t>(
-                      rms_norm_grad_input<acc_t>(g, static_cast<acc_t>(xr[j]) * rs, rs, mean_gn));
+                  gi[j] = static_cast<in_t>(rms_norm_grad_input<acc_t>(g, static_cast<acc_t>(xr[j]) * rs, rs, mean_gn));
                 }
               }
               if (pr != nullptr) {

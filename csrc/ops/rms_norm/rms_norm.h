@@ -17,7 +17,9 @@ struct RmsShape {
   int64_t cols;
 };
 
-inline bool rms_defined(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+inline bool rms_defined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
 
 inline RmsShape rms_shape(const at::Tensor& input, const char* op) {
   TORCH_CHECK(at::isFloatingType(input.scalar_type()), "memsave.", op,
@@ -33,8 +35,8 @@ inline void check_rms_weight(const c10::optional<at::Tensor>& weight, const at::
   if (!rms_defined(weight)) return;
   TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == input.size(-1), "memsave.", op, ": ", name,
                     " must have shape [", input.size(-1), "] (the input's last dimension), got ", weight->sizes());
-  TORCH_CHECK(at::isFloatingType(weight->scalar_type()), "memsave.", op, ": ", name,
-              " must be floating-point, got ", weight->scalar_type());
+  TORCH_CHECK(at::isFloatingType(weight->scalar_type()), "memsave.", op, ": ", name, " must be floating-point, got ",
+              weight->scalar_type());
   TORCH_CHECK(weight->device() == input.device(), "memsave.", op, ": ", name, " is on ", weight->device(),
               " but the input is on ", input.device());
 }
@@ -52,10 +54,10 @@ inline at::ScalarType rms_out_dtype(const at::Tensor& input, const c10::optional
 inline void check_rms_rstd(const at::Tensor& rstd, const at::Tensor& input, int64_t rows, const char* op) {
   TORCH_CHECK_VALUE(rstd.numel() == rows, "memsave.", op, ": rstd must hold one value per normalized row (", rows,
                     "), got ", rstd.numel());
-  TORCH_CHECK(rstd.scalar_type() == rms_acc_dtype(input), "memsave.", op, ": rstd must be ",
-              rms_acc_dtype(input), " for a ", input.scalar_type(), " input, got ", rstd.scalar_type());
-  TORCH_CHECK(rstd.device() == input.device(), "memsave.", op, ": rstd is on ", rstd.device(),
-              " but the input is on ", input.device());
+  TORCH_CHECK(rstd.scalar_type() == rms_acc_dtype(input), "memsave.", op, ": rstd must be ", rms_acc_dtype(input),
+              " for a ", input.scalar_type(), " input, got ", rstd.scalar_type());
+  TORCH_CHECK(rstd.device() == input.device(), "memsave.", op, ": rstd is on ", rstd.device(), " but the input is on ",
+              input.device());
 }
 
 // rms_norm's arguments (CPU and CUDA).

@@ -36,10 +36,10 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor> call_rms_norm(const at::Tensor& input, const c10::optional<at::Tensor>& weight,
                                                  double eps) {
-  static const auto handle = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("memsave::rms_norm", "")
-                                 .typed<std::tuple<at::Tensor, at::Tensor>(
-                                     const at::Tensor&, const c10::optional<at::Tensor>&, double)>();
+  static const auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("memsave::rms_norm", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const c10::optional<at::Tensor>&, double)>();
   return handle.call(input, weight, eps);
 }
 
@@ -148,15 +148,16 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tens
     }
     if (!grad_h.defined()) grad_h = at::zeros({s.rows, in_features}, h.options());
   }
-  auto r = call_rms_norm_backward(grad_h.view(input.sizes()), input, rstd, norm_weight,
-                                  {true, rms_defined(norm_weight)});
+  auto r =
+      call_rms_norm_backward(grad_h.view(input.sizes()), input, rstd, norm_weight, {true, rms_defined(norm_weight)});
   return {std::get<0>(r), std::get<1>(r), grad_weights, grad_biases};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
-  m.def("rms_norm_linear(Tensor input, Tensor? norm_weight, float eps, Tensor[] weights, Tensor?[] biases) -> Tensor[]");
+  m.def(
+      "rms_norm_linear(Tensor input, Tensor? norm_weight, float eps, Tensor[] weights, Tensor?[] biases) -> Tensor[]");
   m.def(
       "rms_norm_linear_backward(Tensor?[] grad_outs, Tensor input, Tensor? norm_weight, float eps, Tensor[] weights, "
       "bool[] has_bias) -> (Tensor, Tensor, Tensor[], Tensor[])");
