@@ -484,6 +484,14 @@ def test_float16_parameters_and_bad_arguments_raise() -> None:
         s.step(opt, closure=lambda: None)
 
 
+@pytest.mark.parametrize("init_scale", [0.0, -1.0, float("nan"), float("inf"), -float("inf")])
+def test_non_finite_or_non_positive_init_scale_raises(init_scale: float) -> None:
+    # 0 would give NaN weights after one step and -1 would ascend the loss, both silently.
+    with pytest.raises(ValueError, match="init_scale must be a finite number > 0"):
+        GradScaler("cpu", init_scale=init_scale)
+    GradScaler("cpu", init_scale=1e-3)  # any finite positive scale is accepted
+
+
 @pytest.mark.cuda
 def test_cuda_scaler_sequence_equals_torch() -> None:
     def run(scaler):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 import warnings
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
@@ -97,8 +98,8 @@ class GradScaler:
             steps), and :attr:`last_overflow` names them after an overflow.
 
     Raises:
-        ValueError: for a growth factor <= 1, a backoff factor outside (0, 1), or a growth interval or hysteresis
-            below 1.
+        ValueError: for an init_scale that is not a finite number > 0, a growth factor <= 1, a backoff factor
+            outside (0, 1), or a growth interval or hysteresis below 1.
 
     Example:
         >>> scaler = memsave.amp.GradScaler("cuda", hysteresis=2, overflow_diagnostics=model)
@@ -128,6 +129,9 @@ class GradScaler:
                 stacklevel=2,
             )
             self._enabled = False
+        if not (math.isfinite(float(init_scale)) and float(init_scale) > 0.0):
+            # 0 turns every gradient into NaN after one step; a negative scale silently ascends the loss.
+            raise ValueError(f"init_scale must be a finite number > 0 (e.g. 2.0**16), got {init_scale}")
         if not growth_factor > 1.0:
             raise ValueError(f"growth_factor must be > 1.0, got {growth_factor}")
         if not 0.0 < backoff_factor < 1.0:
