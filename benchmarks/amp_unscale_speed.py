@@ -37,10 +37,10 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
-import torch  # noqa: E402
+import torch
 
-import memsave  # noqa: E402,F401  (loads torch.ops.memsave)
-from benchmarks.run import environment  # noqa: E402
+import memsave  # noqa: F401  (loads torch.ops.memsave)
+from benchmarks.harness import environment
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

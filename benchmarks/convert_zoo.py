@@ -37,16 +37,30 @@ import argparse
 import copy
 import json
 import os
-import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import torch
 from torch import nn
 
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(HERE.parent))
+
 import memsave
+from benchmarks.harness import (
+    RunClock,
+    default_out,
+    load_average,
+    load_text,
+    rel_diff,
+    run_record,
+    sync,
+    write_results,
+)
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.operators.convert import plan_convert
 
@@ -121,16 +135,6 @@ def variants(model: nn.Module) -> Dict[str, nn.Module]:
     return out
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    scale = b.detach().double().abs().max().item()
-    return (a.detach().double() - b.detach().double()).abs().max().item() / (scale or 1.0)
-
-
 def bench_model(
     name: str,
     vocab: int,
@@ -173,16 +177,16 @@ def bench_model(
     for k in models:
         rows[k]["loss"] = losses[k].item()
         rows[k]["loss_rel_err"] = abs(losses[k].item() - losses["eager"].item()) / abs(losses["eager"].item())
-        rows[k]["grad_rel_err"] = max(_rel(g, e) for g, e in zip(grads[k], grads["eager"]))
+        rows[k]["grad_rel_err"] = max(rel_diff(g, e) for g, e in zip(grads[k], grads["eager"]))
     del grads
     times: Dict[str, List[float]] = {k: [] for k in models}
     for i in range(repeats):
         order = VARIANTS if i % 2 == 0 else tuple(reversed(VARIANTS))  # A B C D D C B A ...
         for k in order:
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             steps[k]()
-            _sync(device)
+            sync(device)
             times[k].append(time.perf_counter() - t0)
     for k in models:
         models[k].zero_grad(set_to_none=True)
@@ -234,9 +238,9 @@ def markdown(meta: dict, results: List[dict]) -> str:
         "",
         f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
         f"{meta['torch']}, transformers {meta['transformers']}, memsave {meta['memsave_version']}, {meta['date']}; "
-        f"load average (1 / 5 / 15 min) at the start {_load(meta['load_average_start'])}, at the end "
-        f"{_load(meta['load_average_end'])}. float32, random weights, dropout off. Peak: allocator-level, above the "
-        f"step's start. Activations: live-tensor tracker, bytes alive "
+        f"load average (1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
+        f"{load_text(meta['load_average_end'])}. float32, random weights, dropout off. Peak: allocator-level, "
+        f"above the step's start. Activations: live-tensor tracker, bytes alive "
         f"after forward. Step time: median of {meta['repeats']} interleaved steps, as a ratio to eager. Errors: "
         "relative to eager's loss and to each gradient's largest value (max over parameters).",
         "",
@@ -266,22 +270,6 @@ def markdown(meta: dict, results: List[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else platform's processor or machine."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _load(avg) -> str:
-    return "n/a" if avg is None else " / ".join(f"{v:.2f}" for v in avg)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -309,7 +297,7 @@ def main(argv=None) -> int:
     if args.tiny:
         args.hidden, args.seq, args.vocab = 32, 16, args.vocab or 512
     device = torch.device(args.device)
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    clock = RunClock()
     print(
         f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {args.repeats} "
         f"interleaved steps; ratios to eager",
@@ -335,33 +323,11 @@ def main(argv=None) -> int:
     print(HEADER)
     for res in results:
         print("\n".join(format_rows(res)))
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"load average at the start: {_load(load_start)}, at the end: {_load(load)}")
+    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
     if not args.no_save:
-        out = args.out or os.path.join(os.path.dirname(__file__), "results", f"convert_zoo_{args.device}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        meta = dict(
-            device=args.device,
-            torch=torch.__version__,
-            transformers=_transformers().__version__,
-            memsave_version=memsave.__version__,
-            memsave=memsave.build_info(),
-            threads=torch.get_num_threads(),
-            cpu=cpu_model(),
-            cpu_count=os.cpu_count(),
-            load_average_start=load_start,
-            load_average_end=load,
-            date=time.strftime("%Y-%m-%d %H:%M:%S"),
-            repeats=args.repeats,
-            command=" ".join(["python3 benchmarks/convert_zoo.py", *(argv if argv is not None else sys.argv[1:])]),
-        )
-        if args.device == "cuda":
-            meta["gpu"] = torch.cuda.get_device_name()
-            meta["cuda"] = torch.version.cuda
-        with open(out, "w") as f:
-            json.dump(dict(meta=meta, results=results), f, indent=2)
-        with open(os.path.splitext(out)[0] + ".md", "w") as f:
-            f.write(markdown(meta, results))
+        out = args.out or default_out("convert_zoo", args.device)
+        meta = run_record("convert_zoo", args.device, argv, clock, repeats=args.repeats)
+        write_results(out, meta, dict(results=results), markdown(meta, results))
         print(f"wrote {out} and its .md")
     return 0
 

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
-import platform
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -30,12 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import memsave  # noqa: E402
-from memsave.measurement import models as bench_models  # noqa: E402
-from memsave.measurement.allocator import step_peak_bytes  # noqa: E402
-from memsave.measurement.strategies import StrategyContext, parse_strategy  # noqa: E402
-from memsave.measurement.tracker import LiveTensorTracker  # noqa: E402
-from memsave.measurement.units import format_bytes  # noqa: E402
+import memsave
+from benchmarks.harness import environment
+from memsave.measurement import models as bench_models
+from memsave.measurement.allocator import step_peak_bytes
+from memsave.measurement.strategies import StrategyContext, parse_strategy
+from memsave.measurement.tracker import LiveTensorTracker
+from memsave.measurement.units import format_bytes
 
 
 def measure_peak(runner: torch.nn.Module, inputs: Any, loss_fn: Any, dev: torch.device) -> Dict[str, int]:
@@ -98,32 +96,11 @@ def run(
     return rows
 
 
-def environment(dev: torch.device) -> Dict[str, Any]:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    env: Dict[str, Any] = {
-        "torch": torch.__version__,
-        "memsave": memsave.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "threads": torch.get_num_threads(),
-        "date": datetime.date.today().isoformat(),
-        "commit": commit,
-    }
-    if dev.type == "cuda":
-        env.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(dev), cudnn=torch.backends.cudnn.version())
-    return env
-
-
 def markdown(rows: List[Dict[str, Any]], env: Dict[str, Any], dev: torch.device, size: str) -> str:
     how = (
         "`torch.cuda.max_memory_allocated` of one step above what was allocated before it"
         if dev.type == "cuda"
-        else "the allocator-level CPU peak from the profiler's allocation events (DESIGN.md)"
+        else "the allocator-level CPU peak from the profiler's allocation events (docs/design.md)"
     )
     lines = [
         f"# memsave.estimate vs measured peak ({dev.type}, size `{size}`)",

@@ -54,8 +54,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
-import memsave  # noqa: E402
-from benchmarks.real_models import (  # noqa: E402
+import memsave
+from benchmarks.harness import RunClock, default_out, load_average, load_text, run_record
+from benchmarks.real_models import (
     Case,
     Runner,
     argument_parser,
@@ -63,11 +64,9 @@ from benchmarks.real_models import (  # noqa: E402
     eager_reference,
     failure_reason,
     interleaved_times,
-    load_text,
     measure_variant,
     prepare,
     provenance,
-    run_metadata,
     torch_checkpoint_blocks,
 )
 
@@ -480,8 +479,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_compile = not (args.no_compile or args.quick)
     save = not args.no_save and (args.out is not None or not args.quick)
     device = torch.device(args.device)
-    start = time.perf_counter()
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    clock = RunClock()
     print(
         f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
         f"steps; ratios to eager",
@@ -501,18 +499,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 log=lambda s: print(s, flush=True),
             )
         )
-    load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(HEADER)
     for res in results:
         print("\n".join(format_rows(res)))
         for sentence in verdict(res):
             print(f"  {res['model']}: {sentence}")
-    print(f"load average at the start: {load_text(load_start)}, at the end: {load_text(load_end)}")
+    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
     if save:
-        out = args.out or str(HERE / "results" / f"frontier_{args.device}.json")
+        out = args.out or default_out("frontier", args.device)
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        meta = run_metadata(
-            "frontier", args, argv, start, load_start, load_end, repeats, fractions=sorted(set(args.fractions))
+        meta = run_record(
+            "frontier",
+            args.device,
+            argv,
+            clock,
+            repeats=repeats,
+            quick=args.quick,
+            fractions=sorted(set(args.fractions)),
         )
         with open(out, "w") as f:
             json.dump(dict(meta=meta, results=results), f, indent=2)

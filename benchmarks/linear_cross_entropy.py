@@ -29,17 +29,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as TF
 
-import memsave
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(HERE.parent))
+
 import memsave.functional as MF
+from benchmarks.harness import RunClock, default_out, load_average, load_text, rel_diff, run_record, sync, write_results
 from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
 
 Step = Callable[[], None]
@@ -107,16 +111,6 @@ def kept_bytes(fn, h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, device: to
     return cpu_memory_stats(lambda: fn(h, w, t)).net_bytes
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    scale = b.detach().double().abs().max().item()
-    return (a.detach().double() - b.detach().double()).abs().max().item() / (scale or 1.0)
-
-
 def bench_case(
     rows: int,
     hidden: int,
@@ -141,18 +135,18 @@ def bench_case(
         h.grad = w.grad = None
         row[f"{name}_kept_bytes"] = kept_bytes(fn, h, w, t, device)
         log(f"  {name}: peak {row[f'{name}_peak_bytes'] / 2**20:.1f} MiB")
-    row["loss_rel_diff"] = _rel_diff(results["memsave"][0], results["eager"][0])
-    row["grad_hidden_rel_diff"] = _rel_diff(results["memsave"][1], results["eager"][1])
-    row["grad_weight_rel_diff"] = _rel_diff(results["memsave"][2], results["eager"][2])
+    row["loss_rel_diff"] = rel_diff(results["memsave"][0], results["eager"][0])
+    row["grad_hidden_rel_diff"] = rel_diff(results["memsave"][1], results["eager"][1])
+    row["grad_weight_rel_diff"] = rel_diff(results["memsave"][2], results["eager"][2])
     del results
     times: Dict[str, List[float]] = {"eager": [], "memsave": []}
     for i in range(repeats):
         order = ("eager", "memsave") if i % 2 == 0 else ("memsave", "eager")  # A B B A ...
         for name in order:
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             steps[name]()
-            _sync(device)
+            sync(device)
             times[name].append(time.perf_counter() - t0)
     h.grad = w.grad = None
     for name in ("eager", "memsave"):
@@ -219,6 +213,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--markdown-from", default=None, help="only write the .md of this results JSON again")
     args = p.parse_args(argv)
+    clock = RunClock()
     if args.markdown_from:
         with open(args.markdown_from) as f:
             data = json.load(f)
@@ -244,32 +239,12 @@ def main(argv=None) -> int:
     print(HEADER)
     for r in rows:
         print(format_row(r))
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"load average at the end: {load}")
+    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
     if not args.no_save:
-        out = args.out or os.path.join(os.path.dirname(__file__), "results", f"linear_cross_entropy_{args.device}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        meta = dict(
-            device=args.device,
-            torch=torch.__version__,
-            memsave=memsave.build_info(),
-            threads=torch.get_num_threads(),
-            cpu=platform.processor() or platform.machine(),
-            cpu_count=os.cpu_count(),
-            load_average_end=load,
-            date=time.strftime("%Y-%m-%d %H:%M:%S"),
-            repeats=args.repeats,
-            command="python3 benchmarks/linear_cross_entropy.py "
-            + " ".join(argv if argv is not None else sys.argv[1:]),
-        )
-        if args.device == "cuda":
-            meta["gpu"] = torch.cuda.get_device_name()
-            meta["cuda"] = torch.version.cuda
-        with open(out, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=2)
-        with open(os.path.splitext(out)[0] + ".md", "w") as f:
-            f.write(markdown(meta, rows))
-        print(f"wrote {out} and its .md")
+        out = args.out or default_out("linear_cross_entropy", args.device)
+        meta = run_record("linear_cross_entropy", args.device, argv, clock, repeats=args.repeats)
+        write_results(out, meta, dict(rows=rows), markdown(meta, rows))
+        print(f"wrote {out}")
     return 0
 
 

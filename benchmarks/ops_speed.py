@@ -14,33 +14,30 @@ same size: 2 x 4 bytes per element over its time). Target: >= 0.8.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as TF
 
-import memsave
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(HERE.parent))
+
 import memsave.functional as MF
+from benchmarks.harness import RunClock, default_out, run_record, sync, write_results
 
 Step = Callable[[], None]
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def _time(step: Step, device: str) -> float:
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     step()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t0
 
 
@@ -131,6 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/ops_speed_<device>.json)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
+    clock = RunClock()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("ops_speed: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
         return 2
@@ -159,23 +157,9 @@ def main(argv=None) -> int:
             )
 
     if not args.no_save:
-        out = args.out or os.path.join(os.path.dirname(__file__), "results", f"ops_speed_{args.device}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        meta = dict(
-            device=args.device,
-            torch=torch.__version__,
-            memsave=memsave.build_info(),
-            threads=torch.get_num_threads(),
-            cpu=platform.processor() or platform.machine(),
-            date=time.strftime("%Y-%m-%d %H:%M:%S"),
-            elements=n,
-            repeats=args.repeats,
-        )
-        if args.device == "cuda":
-            meta["gpu"] = torch.cuda.get_device_name()
-            meta["cuda"] = torch.version.cuda
-        with open(out, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=2)
+        out = args.out or default_out("ops_speed", args.device)
+        meta = run_record("ops_speed", args.device, argv, clock, elements=n, repeats=args.repeats)
+        write_results(out, meta, dict(rows=rows), None)
         print(f"wrote {out}")
     return 0
 

@@ -36,18 +36,19 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.checkpoint import checkpoint_sequential  # noqa: E402
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint_sequential
 
-from benchmarks.run import _grad_step, _max_diff, _step_time, environment  # noqa: E402
-from memsave.measurement import models as bench_models  # noqa: E402
-from memsave.measurement.allocator import cpu_peak_bytes  # noqa: E402
-from memsave.measurement.measuring import measure  # noqa: E402
-from memsave.measurement.units import format_bytes  # noqa: E402
-from memsave.recompute.planning import plan  # noqa: E402
-from memsave.recompute.strategies import SequentialSegments  # noqa: E402
-from memsave.recompute.wrapping import wrap  # noqa: E402
+from benchmarks.harness import environment, max_grad_diff
+from benchmarks.run import _grad_step, _step_time
+from memsave.measurement import models as bench_models
+from memsave.measurement.allocator import cpu_peak_bytes
+from memsave.measurement.measuring import measure
+from memsave.measurement.units import format_bytes
+from memsave.recompute.planning import plan
+from memsave.recompute.strategies import SequentialSegments
+from memsave.recompute.wrapping import wrap
 
 
 def _peak(runner: nn.Module, case: bench_models.BenchCase, warmup: int = 1) -> int:
@@ -122,7 +123,7 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
         ("torch", torch_runner, torch_model),
     ):
         _, g = _grad_step(runner, model, case, seed, torch.device("cpu"))
-        diffs[label] = _max_diff(g, g_eager)
+        diffs[label] = max_grad_diff(g, g_eager)
     del g_eager, g
 
     # Interleaved timing: one step of each per round, after a warm-up round.

@@ -55,9 +55,7 @@ import contextlib
 import copy
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -71,11 +69,15 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(HERE.parent))
+
 import memsave
+from benchmarks.harness import RunClock, default_out, load_average, load_text, run_record, write_results
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.measurement.tracker import LiveTensorTracker
 
-HERE = Path(__file__).resolve().parent
 MODELS = ("gpt2", "llama", "vit", "resnet50")
 PLAN_FRACTIONS = (0.25, 0.5, 0.75)
 COMPILE_BUDGET = 0.5
@@ -532,11 +534,6 @@ def format_rows(res: dict) -> List[str]:
     return out
 
 
-def load_text(avg: Optional[Sequence[float]]) -> str:
-    """A load average triple as ``"1.00 / 0.50 / 0.25"`` (``n/a`` where the platform has none)."""
-    return "n/a" if avg is None else " / ".join(f"{v:.2f}" for v in avg)
-
-
 def provenance(meta: dict) -> str:
     """The sentence a results page opens with: the command, the machine, the versions, the commit, the load."""
     dirty = meta.get("git_dirty") or []
@@ -587,38 +584,6 @@ def markdown(meta: dict, results: List[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else platform's processor or machine."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git(*args: str) -> Optional[str]:
-    """``git ARGS`` in this checkout: its stripped output, or None when git fails or is missing."""
-    try:
-        out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def library_versions() -> Dict[str, Optional[str]]:
-    """The versions of transformers, timm and torchvision (None where one is not installed)."""
-    out: Dict[str, Optional[str]] = {}
-    for mod in ("transformers", "timm", "torchvision"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except ImportError:
-            out[mod] = None
-    return out
-
-
 def argument_parser(doc: Optional[str], script: str, rewritten: str) -> argparse.ArgumentParser:
     """The command line this benchmark and ``frontier.py`` share: device, models, repeats, quick, compile, threads,
     output. ``script`` names the default results file; ``rewritten`` says what ``--markdown-from`` writes again."""
@@ -635,45 +600,6 @@ def argument_parser(doc: Optional[str], script: str, rewritten: str) -> argparse
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--markdown-from", default=None, help=f"only write {rewritten} of this results JSON again")
     return p
-
-
-def run_metadata(
-    script: str,
-    args: argparse.Namespace,
-    argv: Optional[Sequence[str]],
-    start: float,
-    load_start: Optional[Sequence[float]],
-    load_end: Optional[Sequence[float]],
-    repeats: int,
-    **extra: Any,
-) -> Dict[str, Any]:
-    """What a results file records of its run: device, library versions, memsave's build, the commit (and the
-    package sources that differed from it), the CPU and threads, the load at start and end, the command."""
-    dirty = git("status", "--porcelain", "--", "python", "csrc")
-    meta = dict(
-        device=args.device,
-        torch=torch.__version__,
-        **library_versions(),
-        memsave_version=memsave.__version__,
-        memsave=memsave.build_info(),
-        git_commit=git("rev-parse", "--short", "HEAD"),
-        git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
-        threads=torch.get_num_threads(),
-        cpu=cpu_model(),
-        cpu_count=os.cpu_count(),
-        load_average_start=load_start,
-        load_average_end=load_end,
-        minutes=(time.perf_counter() - start) / 60,
-        date=time.strftime("%Y-%m-%d %H:%M:%S"),
-        repeats=repeats,
-        quick=args.quick,
-        **extra,
-        command=" ".join([f"python3 benchmarks/{script}.py", *(argv if argv is not None else sys.argv[1:])]),
-    )
-    if args.device == "cuda":
-        meta["gpu"] = torch.cuda.get_device_name()
-        meta["cuda"] = torch.version.cuda
-    return meta
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -694,8 +620,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     repeats = args.repeats or (2 if args.quick else 9)
     save = not args.no_save and (args.out is not None or not args.quick)
     device = torch.device(args.device)
-    start = time.perf_counter()
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    clock = RunClock()
     print(
         f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
         f"steps; ratios to eager",
@@ -707,28 +632,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results.append(
             bench_model(name, device, repeats, args.quick, not args.no_compile, log=lambda s: print(s, flush=True))
         )
-    load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(HEADER)
     for res in results:
         print("\n".join(format_rows(res)))
-    print(f"load average at the start: {load_text(load_start)}, at the end: {load_text(load_end)}")
+    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
     if save:
-        out = args.out or str(HERE / "results" / f"real_models_{args.device}.json")
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        meta = run_metadata(
+        out = args.out or default_out("real_models", args.device)
+        meta = run_record(
             "real_models",
-            args,
+            args.device,
             argv,
-            start,
-            load_start,
-            load_end,
-            repeats,
+            clock,
+            repeats=repeats,
+            quick=args.quick,
             compile_activation_memory_budget=COMPILE_BUDGET,
         )
-        with open(out, "w") as f:
-            json.dump(dict(meta=meta, results=results), f, indent=2)
-        with open(os.path.splitext(out)[0] + ".md", "w") as f:
-            f.write(markdown(meta, results))
+        write_results(out, meta, dict(results=results), markdown(meta, results))
         print(f"wrote {out} and its .md")
     return 0
 

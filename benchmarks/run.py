@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import gc
 import importlib
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,70 +40,24 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks import strategies as bench_strategies  # noqa: E402
-from memsave.errors import StrategyUnavailableError  # noqa: E402
-from memsave.measurement import models as bench_models  # noqa: E402
-from memsave.measurement.allocator import cpu_memory_stats  # noqa: E402
-from memsave.measurement.measuring import measure  # noqa: E402
-from memsave.measurement.strategies import StrategyContext  # noqa: E402
-from memsave.measurement.units import format_bytes  # noqa: E402
+from benchmarks import strategies as bench_strategies
+from benchmarks.harness import environment, max_grad_diff, sync
+from memsave.errors import StrategyUnavailableError
+from memsave.measurement import models as bench_models
+from memsave.measurement.allocator import cpu_memory_stats
+from memsave.measurement.measuring import measure
+from memsave.measurement.strategies import StrategyContext
+from memsave.measurement.units import format_bytes
 
 __all__ = ["main", "run", "environment", "to_markdown"]
 
 
 # ------------------------------------------------------------------------------------------------------ environment
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_commit() -> Optional[str]:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def environment(device: torch.device) -> Dict[str, Any]:
-    """Facts a result needs to be read: device name, torch / CUDA / memsave versions, threads, date, commit."""
-    env: Dict[str, Any] = {
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_threads": torch.get_num_threads(),
-        # Other processes share the CPU on a CI machine: read step-time ratios (interleaved with eager) with this.
-        "load_average": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "git_commit": _git_commit(),
-    }
-    try:
-        import memsave
-
-        env["memsave"] = memsave.build_info()
-    except (ImportError, AttributeError) as e:
-        env["memsave"] = f"unavailable: {e}"
-    return env
 
 
 # ------------------------------------------------------------------------------------------------------------ a row
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _grad_step(runner: Any, model: torch.nn.Module, case: bench_models.BenchCase, seed: int, device: torch.device):
@@ -116,10 +67,10 @@ def _grad_step(runner: Any, model: torch.nn.Module, case: bench_models.BenchCase
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(seed)
-        _sync(device)
+        sync(device)
         before = torch.cuda.memory_allocated(device)
         out = runner(*case.inputs)
-        _sync(device)
+        sync(device)
         forward_bytes = torch.cuda.memory_allocated(device) - before
     else:
         stats = cpu_memory_stats(lambda: runner(*case.inputs))
@@ -136,10 +87,10 @@ def _grad_step(runner: Any, model: torch.nn.Module, case: bench_models.BenchCase
 def _step_time(runner: Any, model: torch.nn.Module, case: bench_models.BenchCase, device: torch.device) -> float:
     for p in model.parameters():
         p.grad = None
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     case.loss_fn(runner(*case.inputs)).backward()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t0
 
 
@@ -165,13 +116,6 @@ def _interleaved_times(
         for p in m.parameters():
             p.grad = None
     return statistics.median(ts), statistics.median(te)
-
-
-def _max_diff(grads: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]) -> float:
-    if set(grads) != set(ref):
-        missing = sorted(set(ref) - set(grads))
-        raise RuntimeError(f"parameters without a gradient compared with eager: {missing[:5]}")
-    return max((float((grads[n].double() - ref[n].double()).abs().max()) for n in ref), default=0.0)
 
 
 def run_model(
@@ -245,7 +189,7 @@ def run_model(
             forward_alloc_bytes=int(forward_bytes),
             reserved_bytes=m.reserved_bytes,
             step_seconds=seconds,
-            max_grad_diff=_max_diff(grads, eager_grads) if eager_grads else None,
+            max_grad_diff=max_grad_diff(grads, eager_grads) if eager_grads else None,
             seconds_total=round(time.perf_counter() - t0, 2),
         )
         if strat.name == "eager":

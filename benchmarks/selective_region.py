@@ -35,8 +35,9 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
-import memsave  # noqa: E402
-from benchmarks.real_models import build, cpu_model, git, load_text  # noqa: E402
+import memsave
+from benchmarks.harness import cpu_model, git, load_average, load_text
+from benchmarks.real_models import build
 
 VARIANTS = ("eager", "whole", "selective")
 
@@ -60,7 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/selective_region_cpu.json)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_start = load_average()
     case = build("gpt2")
     block = case.model.transformer.h[0]
     x = torch.randn(
@@ -111,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             forward_ratio=statistics.median(forwards[v]) / statistics.median(forwards["eager"]),
             recompute_flops=r["backward_flops"] - rows["eager"]["backward_flops"],
         )
-    load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_end = load_average()
     lines = [f"{'variant':<10} {'step':>6} {'forward':>8} {'ops':>5} {'recompute GFLOP':>16}"]
     lines += [
         f"{v:<10} {r['step_ratio']:>6.2f} {r['forward_ratio']:>8.2f} {r['forward_ops']:>5} "

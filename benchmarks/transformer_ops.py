@@ -30,18 +30,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable, ClassVar, Dict, List, Tuple
 
 import torch
 from torch import nn
 
-import memsave
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.harness import RunClock, default_out, load_average, load_text, run_record, sync, write_results
 from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
 from memsave.nn import GatedMLP, RMSNorm, fuse_rms_norm_linear
 
@@ -168,11 +170,6 @@ def kept_bytes(model: nn.Module, x: torch.Tensor, device: torch.device) -> int:
     return cpu_memory_stats(lambda: model(leaf)).net_bytes
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def bench_case(build, shape, dtype: torch.dtype, device: torch.device, repeats: int) -> dict:
     torch.manual_seed(0)
     eager, ours = build()
@@ -189,10 +186,10 @@ def bench_case(build, shape, dtype: torch.dtype, device: torch.device, repeats: 
     for i in range(repeats):
         order = ("eager", "memsave") if i % 2 == 0 else ("memsave", "eager")  # A B B A ...
         for name in order:
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             steps[name]()
-            _sync(device)
+            sync(device)
             times[name].append(time.perf_counter() - t0)
     for name in ("eager", "memsave"):
         row[f"{name}_s"] = statistics.median(times[name])
@@ -213,6 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/transformer_ops_<device>.json)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
+    clock = RunClock()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("transformer_ops: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
         return 2
@@ -243,28 +241,11 @@ def main(argv=None) -> int:
             f"{r['kept_ratio']:>6.2f} {1e3 * r['eager_s']:>9.1f} {1e3 * r['memsave_s']:>8.1f} {r['time_ratio']:>6.2f}",
             flush=True,
         )
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"load average at the end: {load}")
+    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
     if not args.no_save:
-        out = args.out or os.path.join(os.path.dirname(__file__), "results", f"transformer_ops_{args.device}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        meta = dict(
-            device=args.device,
-            torch=torch.__version__,
-            memsave=memsave.build_info(),
-            threads=torch.get_num_threads(),
-            cpu=platform.processor() or platform.machine(),
-            cpu_count=os.cpu_count(),
-            load_average_end=load,
-            date=time.strftime("%Y-%m-%d %H:%M:%S"),
-            repeats=args.repeats,
-            command="python3 benchmarks/transformer_ops.py " + " ".join(argv or sys.argv[1:]),
-        )
-        if args.device == "cuda":
-            meta["gpu"] = torch.cuda.get_device_name()
-            meta["cuda"] = torch.version.cuda
-        with open(out, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=2)
+        out = args.out or default_out("transformer_ops", args.device)
+        meta = run_record("transformer_ops", args.device, argv, clock, repeats=args.repeats)
+        write_results(out, meta, dict(rows=rows), None)
         print(f"wrote {out}")
     return 0
 

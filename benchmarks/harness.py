@@ -1,0 +1,230 @@
+"""What every benchmark script shares: the machine and run record, device sync, gradient errors and the writers.
+
+One implementation of each, so that every results file under ``benchmarks/results/`` records its run the same way:
+the command, the device (CPU model or GPU name), threads, torch / model-library / memsave versions, the commit (and the
+package sources that differed from it), and the load average at the start and the end (this machine is shared: read
+the time ratios with it).
+
+Example::
+
+    from benchmarks.harness import RunClock, run_record, write_results
+
+    clock = RunClock()
+    rows = [...]                                      # the script's measurements
+    meta = run_record("my_bench", "cpu", argv, clock, repeats=9)
+    write_results("benchmarks/results/my_bench_cpu.json", meta, {"rows": rows}, markdown_text)
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+import torch
+
+import memsave
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+__all__ = [
+    "RESULTS",
+    "RunClock",
+    "cpu_model",
+    "default_out",
+    "environment",
+    "git",
+    "library_versions",
+    "load_average",
+    "load_text",
+    "max_grad_diff",
+    "rel_diff",
+    "run_record",
+    "sync",
+    "write_results",
+]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform's processor or machine."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git(*args: str) -> Optional[str]:
+    """``git ARGS`` in this checkout: its stripped output, or None when git fails or is missing."""
+    try:
+        out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def load_average() -> Optional[Sequence[float]]:
+    """The 1 / 5 / 15 minute load average, or None where the platform has none."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
+def load_text(avg: Optional[Sequence[float]]) -> str:
+    """A load average triple as ``"1.00 / 0.50 / 0.25"`` (``n/a`` where the platform has none)."""
+    return "n/a" if avg is None else " / ".join(f"{v:.2f}" for v in avg)
+
+
+def library_versions() -> Dict[str, Optional[str]]:
+    """The versions of transformers, timm and torchvision (None where one is not installed)."""
+    out: Dict[str, Optional[str]] = {}
+    for mod in ("transformers", "timm", "torchvision"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            out[mod] = None
+    return out
+
+
+class RunClock:
+    """The start of a run: its wall clock and load average, read again by :func:`run_record` at the end."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.load_start = load_average()
+
+    def minutes(self) -> float:
+        """Minutes since the run started."""
+        return (time.perf_counter() - self.start) / 60
+
+
+def run_record(
+    script: str, device: str, argv: Optional[Sequence[str]], clock: RunClock, **extra: Any
+) -> Dict[str, Any]:
+    """What a results file records of its run.
+
+    Args:
+        script: the benchmark's file name without ``.py`` (it names the command).
+        device: ``"cpu"`` or ``"cuda"``.
+        argv: the script's arguments (None: ``sys.argv[1:]``).
+        clock: the :class:`RunClock` made when the run started.
+        **extra: further fields (repeats, sizes, ...), recorded before the command.
+
+    Returns:
+        A JSON-ready dict: device, versions, memsave's build, commit and modified package sources, CPU and threads,
+        load at start and end, minutes, date, the extra fields and the command; a GPU run adds the GPU's name.
+    """
+    dirty = git("status", "--porcelain", "--", "python", "csrc")
+    meta: Dict[str, Any] = dict(
+        device=device,
+        torch=torch.__version__,
+        **library_versions(),
+        memsave_version=memsave.__version__,
+        memsave=memsave.build_info(),
+        git_commit=git("rev-parse", "--short", "HEAD"),
+        git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
+        threads=torch.get_num_threads(),
+        cpu=cpu_model(),
+        cpu_count=os.cpu_count(),
+        load_average_start=clock.load_start,
+        load_average_end=load_average(),
+        minutes=clock.minutes(),
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        **extra,
+        command=" ".join([f"python3 benchmarks/{script}.py", *(argv if argv is not None else sys.argv[1:])]),
+    )
+    if device == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name()
+        meta["cuda"] = torch.version.cuda
+    return meta
+
+
+def environment(device: torch.device) -> Dict[str, Any]:
+    """The machine facts of the strategy-table runs (``run.py``, ``plan_benefit.py``, ``amp_unscale_speed.py``).
+
+    Args:
+        device: where the run happens.
+
+    Returns:
+        Device name, torch / CUDA / cuDNN / Python versions, threads, load average, UTC date, commit and memsave's
+        build.
+    """
+    avg = load_average()
+    return {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_threads": torch.get_num_threads(),
+        "load_average": [round(v, 2) for v in avg] if avg is not None else None,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "git_commit": git("rev-parse", "--short", "HEAD"),
+        "memsave": memsave.build_info(),
+    }
+
+
+def sync(device: Any) -> None:
+    """Wait for the device's queued kernels (a no-op on CPU), so that a wall-clock time covers them."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| in float64 (0 = bitwise equal; b all zero: the absolute difference)."""
+    scale = b.detach().double().abs().max().item()
+    return (a.detach().double() - b.detach().double()).abs().max().item() / (scale or 1.0)
+
+
+def max_grad_diff(grads: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor]) -> float:
+    """The largest absolute difference between two gradient dicts keyed by parameter name.
+
+    Raises:
+        RuntimeError: when a parameter of ``ref`` has no gradient in ``grads`` (a silently missing gradient is a
+            result, not a zero).
+    """
+    if set(grads) != set(ref):
+        missing = sorted(set(ref) - set(grads))
+        raise RuntimeError(f"parameters without a gradient compared with eager: {missing[:5]}")
+    return max((float((grads[n].double() - ref[n].double()).abs().max()) for n in ref), default=0.0)
+
+
+def default_out(script: str, device: str) -> str:
+    """``benchmarks/results/<script>_<device>.json``."""
+    return str(RESULTS / f"{script}_{device}.json")
+
+
+def write_results(
+    out: str,
+    meta: Mapping[str, Any],
+    payload: Mapping[str, Any],
+    markdown_text: Optional[str],
+    extra: Optional[Callable[[str], None]] = None,
+) -> None:
+    """Write a run's JSON (``{"meta": ..., **payload}``) and its markdown page beside it (same name, ``.md``).
+
+    Args:
+        out: the JSON path; its folder is made if missing.
+        meta: the run record (:func:`run_record` or :func:`environment`).
+        payload: the results, merged into the JSON's top level.
+        markdown_text: the page (None: no page).
+        extra: called with ``out`` after both are written (a plot, say).
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(dict(meta=meta, **payload), f, indent=2)
+    if markdown_text is not None:
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write(markdown_text)
+    if extra is not None:
+        extra(out)
