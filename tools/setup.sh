@@ -55,11 +55,12 @@ fi
 # torchvision, with torch and torchvision pinned to the installed ones by a constraints file, so that pip can never
 # replace them (timm requires torchvision, peft requires accelerate; none pins torch). Exact versions, the ones the
 # suite was last run with: transformers renames layer arguments between minor releases (5.24: past_key_values ->
-# cache), and a CI run must not change with the day it runs on.
+# cache), and a CI run must not change with the day it runs on. lightning (optional: memsave.integrations.lightning)
+# the same way.
 have_version() { "$PY" -c "import sys, importlib.metadata as m; sys.exit(m.version('$1') != '$2')" >/dev/null 2>&1; }
 if [[ $WITH_TEST == 1 ]]; then
   hub=()
-  for spec in "transformers==5.24.0" "timm==1.0.31" "peft==0.21.2"; do
+  for spec in "transformers==5.24.0" "timm==1.0.31" "peft==0.21.2" "lightning==2.6.6"; do
     have_version "${spec%%==*}" "${spec#*==}" || hub+=("$spec")
   done
   if (( ${#hub[@]} )); then
@@ -68,6 +69,17 @@ if [[ $WITH_TEST == 1 ]]; then
     echo "[setup] installing ${hub[*]} (torch and torchvision kept: $(tr '\n' ' ' < "$pins"))"
     pip_install -c "$pins" "${hub[@]}"
     rm -f "$pins"
+  fi
+fi
+# The linters .ci/run runs before the tests, at the versions .pre-commit-config.yaml names.
+if [[ $WITH_TEST == 1 ]]; then
+  lint=()
+  for spec in "ruff==0.17.6" "mypy==2.4.1"; do
+    have_version "${spec%%==*}" "${spec#*==}" || lint+=("$spec")
+  done
+  if (( ${#lint[@]} )); then
+    echo "[setup] installing ${lint[*]}"
+    pip_install "${lint[@]}"
   fi
 fi
 command -v cmake >/dev/null || { echo "[setup] installing cmake"; pip_install "cmake>=3.24"; }
@@ -82,7 +94,7 @@ export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=true CCACHE_SLOPPINESS="${CCACHE_
 
 # Rebuild only when a source changed since the last successful build (or memsave does not import).
 stamp="build/.memsave-build-stamp"
-sources_hash="$( (git ls-files -z -- csrc CMakeLists.txt pyproject.toml python/memsave/_build_config.py.in 2>/dev/null \
+sources_hash="$( (git ls-files -z -- csrc CMakeLists.txt pyproject.toml python/memsave/_build_config.py.in python/memsave/_version.py 2>/dev/null \
                   | xargs -0 cat 2>/dev/null; "$PY" -c 'import torch; print(torch.__version__)') | sha1sum | cut -d' ' -f1)"
 if [[ $REBUILD == 0 && -f "$stamp" && "$(cat "$stamp")" == "$sources_hash" ]] && (cd /tmp && "$PY" -c "import memsave" 2>/dev/null) \
    && [[ "$("$PY" -c 'import memsave,os;print(os.path.dirname(memsave.__file__))' 2>/dev/null)" == "$ROOT/python/memsave" ]]; then

@@ -5,7 +5,7 @@ Three levers and one instrument, one subpackage each:
 ==================  ============================================================================================
 ``recompute/``      recompute in backward: :func:`checkpoint`, :func:`checkpointed`, :func:`checkpoint_sequential`,
                     :func:`wrap`, :func:`unwrap`, :func:`find_blocks`, :func:`selective` (keep chosen operators'
-                    outputs), :func:`plan` (a budget-driven plan solved in C++)
+                    outputs), :func:`chunked` (an MLP slice by slice), :func:`plan` (a budget-driven plan solved in C++)
 ``operators/``      memory-efficient operators (``torch.ops.memsave.*``): :mod:`memsave.functional`,
                     :mod:`memsave.nn`, :func:`convert`
 ``amp/``            mixed precision: :class:`memsave.amp.GradScaler`, :func:`accumulate`
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import sys
 
+from ._version import __version__
 from .extension import build_info, dispatch_table, load_extension
 
 _C = load_extension()  # before the parts: it registers the torch.ops.memsave schemas and kernels
@@ -50,6 +51,7 @@ from .recompute import (  # noqa: E402
     checkpoint,
     checkpoint_sequential,
     checkpointed,
+    chunked,
     find_blocks,
     plan,
     selective,
@@ -61,7 +63,6 @@ from .recompute import (  # noqa: E402
 sys.modules[__name__ + ".functional"] = functional
 sys.modules[__name__ + ".nn"] = nn
 
-__version__: str = build_info()["version"]
 
 __all__ = [
     # recompute in backward
@@ -72,6 +73,7 @@ __all__ = [
     "unwrap",
     "find_blocks",
     "selective",
+    "chunked",
     "plan",
     "Plan",
     # memory-efficient operators
