@@ -6,6 +6,7 @@
 ``wrapping.py``    :func:`wrap` / :func:`unwrap`: chosen submodules become regions, in place, state_dict unchanged
 ``blocks.py``      :func:`find_blocks`: a model's repeated blocks, what :func:`wrap` with no policy checkpoints
 ``selective.py``   :func:`selective`: a ``context_fn`` keeping the outputs of chosen operator classes (matmul, ...)
+``chunked.py``     :func:`chunked`: a position-wise module (an MLP) run slice by slice along the sequence
 ``planning/``      :func:`plan`: which regions fit a memory budget with the least recompute (C++ solver in
                    ``csrc/planner``)
 ``strategies.py``  the ``checkpoint:<policy>`` and ``plan:<budget>`` strategies of :func:`memsave.compare`
@@ -14,6 +15,7 @@
 
 from . import strategies  # noqa: F401  (registers the checkpoint:* and plan:* strategies)
 from .blocks import find_blocks
+from .chunked import chunked, is_chunked
 from .planning import Plan, plan
 from .region import checkpoint, checkpoint_sequential, checkpointed
 from .selective import OPERATOR_CLASSES, selective
@@ -27,7 +29,9 @@ __all__ = [
     "checkpoint",
     "checkpoint_sequential",
     "checkpointed",
+    "chunked",
     "find_blocks",
+    "is_chunked",
     "is_wrapped",
     "plan",
     "resolve_checkpoint_policy",

@@ -51,6 +51,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from torch import nn
 
+from ...recompute.chunked import check_chunks
+from .model_zoo import chunk_mlps
 from .registry import (
     DEPENDS,
     NO_GAIN,
@@ -415,6 +417,7 @@ def convert(
     *,
     fuse: bool = False,
     dropout: bool = False,
+    mlp_chunks: Optional[Union[int, str]] = None,
 ) -> nn.Module:
     """Swap memory-efficient modules into ``model``, recursively and in place; state_dict keys do not change.
 
@@ -436,6 +439,10 @@ def convert(
             timm ViT; a causal LM's loss without logits, see the module docstring): gradients equal up to float
             rounding, not bitwise. Parts a rule does not support are left alone and reported as skipped, with why.
         dropout: also swap ``nn.Dropout``: same keep probability and scaling, other random bits than torch's.
+        mlp_chunks: also run the MLPs of the model zoos above (Hugging Face Llama family, GPT-2, BERT, timm ViT)
+            slice by slice along the sequence, each slice recomputed in its own backward (:func:`memsave.chunked`):
+            an int number of slices, or ``"auto"`` (from the sequence length at each call: ``ceil(length /
+            max(hidden, 256))`` slices). Gradients equal up to float rounding. ``None`` (default): unchunked.
 
     Returns:
         ``model`` itself.
@@ -451,6 +458,7 @@ def convert(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.convert expects an nn.Module, got {type(model).__name__}")
+    chunks = check_chunks(mlp_chunks, "convert: mlp_chunks") if mlp_chunks is not None else None
     keys_before = set(model.state_dict().keys())
     planned, report, installs = _plan(
         model,
@@ -474,6 +482,8 @@ def convert(
         )
     for module, install in installs:
         install(module)
+    if chunks is not None:
+        chunk_mlps(model, chunks)
     if verbose:
         print(report.summary())
     return model

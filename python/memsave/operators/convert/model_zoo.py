@@ -20,6 +20,11 @@ timm ViT ``Block``                              ``norm1`` -> ``attn.qkv`` and ``
                                                 (:func:`memsave.nn.fuse_layer_norm_linear`)
 ==============================================  ===================================================================
 
+``convert(model, mlp_chunks=N)`` then runs each of these models' MLPs slice by slice along the sequence
+(:func:`chunk_mlps`, :func:`memsave.chunked`): a Llama-family layer's ``mlp``, GPT-2's ``GPT2Block.mlp``, BERT's
+``BertLayer.feed_forward_chunk`` (intermediate -> output, with its residual LayerNorm) and a timm ViT ``Block``'s
+``mlp``.
+
 A part whose configuration a rule does not support (an activation without a fused kernel, a Linear wrapped by an
 adapter, dropout between an activation and its Linear) is left as it was and reported as skipped, with the reason.
 The causal language models' loss (``lm_head`` and cross-entropy) is ``causal_lm.py``.
@@ -31,11 +36,12 @@ from typing import List, Optional, Tuple, Union
 
 from torch import nn
 
+from ...recompute.chunked import ChunkedForward, chunked
 from ..functional import GATED_ACTIVATIONS
 from ..nn import ActLinear, GatedMLP, RMSNorm, activation_spec, fuse_layer_norm_linear, fuse_rms_norm_linear
 from .registry import ModuleRule, Replacement, Rewrite, add_module_rule, qualified_class_name
 
-__all__ = ["LLAMA_FAMILY", "fused_activation"]
+__all__ = ["LLAMA_FAMILY", "chunk_mlps", "fused_activation"]
 
 #: Hugging Face decoder families whose layers are Llama's: ``model_type -> class-name prefix``.
 LLAMA_FAMILY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -300,3 +306,52 @@ add_module_rule(ModuleRule("gpt2_mlp", (_hf("gpt2", "GPT2MLP"),), _rewrite_gpt2_
 add_module_rule(ModuleRule("bert_feed_forward", (_hf("bert", "BertLayer"),), _rewrite_bert_layer))
 add_module_rule(ModuleRule("timm_mlp", (_TIMM_MLP,), _rewrite_timm_mlp))
 add_module_rule(ModuleRule("timm_vit_block", ("timm.models.vision_transformer.Block",), _rewrite_timm_block))
+
+
+# ---- chunked MLPs (convert's mlp_chunks) ------------------------------------------------------------------------
+
+#: Layers whose position-wise MLP convert(mlp_chunks=...) chunks, by qualified class name -> the MLP's attribute.
+_MLP_OF_LAYER = {
+    **{_hf(t, f"{p}DecoderLayer"): "mlp" for t, p in LLAMA_FAMILY.items()},
+    _hf("gpt2", "GPT2Block"): "mlp",
+    _hf("bert", "BertLayer"): "feed_forward_chunk",
+    "timm.models.vision_transformer.Block": "mlp",
+}
+
+
+def chunk_mlps(model: nn.Module, chunks: Union[int, str]) -> List[str]:
+    """Chunk, in place, the MLPs of the model-zoo layers ``convert`` knows (``convert(..., mlp_chunks=chunks)``).
+
+    Each such layer's MLP runs slice by slice along the sequence (dim 1), each slice recomputed in its own backward
+    (:func:`memsave.chunked`). BERT's MLP is the layer's ``feed_forward_chunk`` method (intermediate -> output with
+    its residual LayerNorm, which takes the attention output twice), given an instance-level chunked version.
+
+    Args:
+        model: the model; changed in place.
+        chunks: slices per call, or ``"auto"`` (:func:`memsave.recompute.chunked.auto_chunks`).
+
+    Returns:
+        the qualified names of the chunked MLPs (``"layers.0.mlp"``, ``"encoder.layer.0.feed_forward_chunk"``).
+
+    Example:
+        >>> chunk_mlps(llama, "auto")
+        ['model.layers.0.mlp', 'model.layers.1.mlp']
+    """
+    done = []
+    for name, layer in model.named_modules():
+        attr = _MLP_OF_LAYER.get(qualified_class_name(layer))
+        if attr is None:
+            continue
+        qualified = f"{name}.{attr}" if name else attr
+        target = getattr(layer, attr, None)
+        if isinstance(target, nn.Module):
+            chunked(target, chunks, dim=1)
+        elif callable(target):  # a bound method: the layer gets an instance-level chunked one
+            previous = layer.__dict__.get(attr)
+            if isinstance(previous, ChunkedForward):
+                previous = previous.previous
+            layer.__dict__[attr] = ChunkedForward(layer, chunks, 1, qualified, previous, method=attr)
+        else:
+            continue
+        done.append(qualified)
+    return done
