@@ -9,18 +9,17 @@ all-reduce (it ran under no_sync), so this also checks that flush() averages the
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Dict, List
 
+import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import needs_gloo
+from helpers.distributed import run_ranks
 from helpers.models import gelu_mlp
 
 WORLD, B, K = 2, 4, 3
@@ -72,19 +71,10 @@ def _run(rank: int) -> Dict[str, Any]:
     }
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        torch.save(_run(rank), os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
+@pytest.mark.slow
 @needs_gloo
 def test_accumulate_under_ddp(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    results = run_ranks(_run, tmp_path, world=WORLD)
     for r, res in enumerate(results):
         # One bucket (a small model): one all-reduce on each window's final micro-step, none on the others.
         assert res["counts"] == [0, 0, 1, 1, 1, 2, 2, 2], f"rank {r}: all-reduce calls after each micro-step"

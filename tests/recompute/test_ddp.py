@@ -9,17 +9,16 @@ floating-point addition, which is commutative, so the order in which buckets bec
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Dict
 
+import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import models, needs_gloo
+from helpers.distributed import run_ranks
 
 WORLD = 2
 STEPS = 3
@@ -53,23 +52,18 @@ def _train(rank: int, wrapped: bool, find_unused: bool) -> Dict[str, torch.Tenso
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        results = {}
-        for find_unused in (False, True):
-            for wrapped in (False, True):
-                results[(find_unused, wrapped)] = _train(rank, wrapped, find_unused)
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _all_runs(rank: int) -> dict:
+    return {
+        (find_unused, wrapped): _train(rank, wrapped, find_unused)
+        for find_unused in (False, True)
+        for wrapped in (False, True)
+    }
 
 
+@pytest.mark.slow
 @needs_gloo
 def test_ddp_weights_equal_plain_ddp(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    ranks = run_ranks(_all_runs, tmp_path, world=WORLD)
     for find_unused in (False, True):
         for r in range(WORLD):
             plain, wrapped = ranks[r][(find_unused, False)], ranks[r][(find_unused, True)]

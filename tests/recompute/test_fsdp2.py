@@ -10,16 +10,14 @@ runs while FSDP2 has the block's parameters unsharded for its backward.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Dict
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from helpers import models, needs_gloo
+from helpers.distributed import run_ranks
 
 WORLD = 2
 STEPS = 3
@@ -60,21 +58,15 @@ def _train(rank: int, wrapped: bool) -> Dict[str, torch.Tensor]:
     return {k: _full(v) for k, v in model.state_dict().items()}
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        results = {wrapped: _train(rank, wrapped) for wrapped in (False, True)}
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _both_runs(rank: int) -> Dict[bool, Dict[str, torch.Tensor]]:
+    return {wrapped: _train(rank, wrapped) for wrapped in (False, True)}
 
 
+@pytest.mark.slow
 @needs_gloo
 @pytest.mark.skipif(fully_shard is None, reason="needs torch.distributed.fsdp.fully_shard (FSDP2)")
 def test_fsdp2_weights_equal_plain_fsdp2(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    ranks = run_ranks(_both_runs, tmp_path, world=WORLD)
     for r in range(WORLD):
         plain, wrapped = ranks[r][False], ranks[r][True]
         assert list(plain) == list(wrapped)
