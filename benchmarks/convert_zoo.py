@@ -8,7 +8,7 @@ gradients compare without RNG):
 model    config
 =======  ================================================================================================
 llama    LlamaForCausalLM: 2 layers, hidden 256, MLP 688, 4 heads, vocabulary 32,000, batch 2 x 256 tokens --
-         issue 13's anchor (eager peaks at ~209 MiB on CPU)
+         the anchor size (eager peaks at ~209 MiB on CPU)
 gpt2     GPT2LMHeadModel: 2 layers, hidden 256, 4 heads, vocabulary 50,257 (GPT-2's), batch 2 x 256 tokens
 =======  ================================================================================================
 

@@ -1,4 +1,4 @@
-"""The frontier of peak memory against step time (issue 14, item 3): every recompute strategy side by side on
+"""The frontier of peak memory against step time: every recompute strategy side by side on
 Hugging Face GPT-2 and Llama, a timm ViT-tiny and torchvision's ResNet-50 -- the same models, sizes, inputs, losses
 and measurements as ``real_models.py`` (random weights, float32, training mode, dropout off).
 

@@ -1,7 +1,7 @@
 """Peak memory and forward+backward time of memsave.functional.linear_cross_entropy against the eager composition
 ``F.cross_entropy(F.linear(hidden, weight), target)`` at a language model's head.
 
-Cases (``--cases``, each ``ROWSxHIDDENxCLASSES:DTYPE``; default ``DEFAULT_CASES``): issue 13's acceptance size
+Cases (``--cases``, each ``ROWSxHIDDENxCLASSES:DTYPE``; default ``DEFAULT_CASES``): the acceptance size
 (1,024 x 256 x 32,000, float32) and its realistic shapes, 4,096 rows x hidden 1,024 with vocabularies of 32,000 and
 128,000 (the 128,000 one at 2,048 rows on CPU: at 4,096 eager would peak near 6 GiB and take ~26 s a step on 2
 cores), plus bfloat16.

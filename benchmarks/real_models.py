@@ -1,4 +1,4 @@
-"""memsave on real model definitions (issue 12, item 7): Hugging Face GPT-2 and Llama, a timm ViT and torchvision's
+"""memsave on real model definitions: Hugging Face GPT-2 and Llama, a timm ViT and torchvision's
 ResNet-50, one training step each, eager against every recompute strategy a user would reach for.
 
 Models (random weights from configs, seed 0, float32, training mode, dropout off so that ``torch.compile``'s rows

@@ -1,4 +1,4 @@
-"""What one selective region costs against a whole one (issue 14's frontier, why CPU time follows FLOPs only partly):
+"""What one selective region costs against a whole one (why CPU time follows FLOPs only partly):
 one Hugging Face GPT-2 block (``real_models.py``'s GPT-2: d 256, 4 heads, 4 x 256 tokens, float32), stepped
 
 * ``eager``: the block;

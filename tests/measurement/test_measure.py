@@ -273,7 +273,7 @@ def test_measure_cuda_peak_matches_allocator():
     m = measure(model, x, steps=2)
     assert m.device.startswith("cuda") and m.reserved_bytes is not None and m.reserved_bytes > 0
     assert m.activation_bytes == HAND_ACTIVATIONS
-    # Redo the DESIGN.md recipe by hand: the peak above the baseline of one step.
+    # Redo the documented recipe by hand: the peak above the baseline of one step.
     for p in model.parameters():
         p.grad = None
     torch.cuda.synchronize()

@@ -1,4 +1,4 @@
-"""memsave.convert(model, fuse=True) on the model zoos (issue 13, item 4): Hugging Face Llama, Mistral, Qwen2, Qwen3,
+"""memsave.convert(model, fuse=True) on the model zoos: Hugging Face Llama, Mistral, Qwen2, Qwen3,
 GPT-2 and BERT, timm's ViT -- real model definitions at tiny configs with random weights (nothing is downloaded),
 CPU float32.
 
@@ -395,7 +395,7 @@ def test_timm_vit_mlp_and_norms_fused():
 
 
 def test_llama_anchor_peak_is_at_most_half_of_eager():
-    """Issue 13's acceptance model: 2 layers, hidden 256, vocabulary 32,000, 2 x 256 tokens, float32 (allocator-level
+    """The acceptance model: 2 layers, hidden 256, vocabulary 32,000, 2 x 256 tokens, float32 (allocator-level
     peak of one training step; benchmarks/convert_zoo.py measures 0.33)."""
     from memsave.measurement.allocator import step_peak_bytes
 

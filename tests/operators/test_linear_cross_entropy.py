@@ -1,6 +1,6 @@
 """memsave::linear_cross_entropy (and its tile kernels), memsave.functional.linear_cross_entropy and
 memsave.nn.LinearCrossEntropy: against torch's F.linear + F.cross_entropy in float64, float32 and 16-bit, plus the
-memory claims (allocator-level, CPU) of issue 13."""
+memory claims (allocator-level, CPU) of the fused loss."""
 
 from __future__ import annotations
 
@@ -429,7 +429,7 @@ def test_after_forward_it_holds_one_float_per_row_not_the_logits():
 
 
 def test_forward_backward_peak_is_under_a_quarter_of_eager():
-    """Issue 13's acceptance: N=1024, hidden 256, V=32000, CPU, float32, allocator-level."""
+    """Acceptance size: N=1024, hidden 256, V=32000, CPU, float32, allocator-level."""
     rows, hidden, classes = 1024, 256, 32000
     g = torch.Generator().manual_seed(7)
     h = torch.randn(rows, hidden, generator=g, requires_grad=True)

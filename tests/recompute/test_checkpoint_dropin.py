@@ -1,4 +1,4 @@
-"""memsave.checkpoint as a drop-in for torch.utils.checkpoint.checkpoint (issue 12, items 2 and 4).
+"""memsave.checkpoint as a drop-in for torch.utils.checkpoint.checkpoint.
 
 * torch's keyword arguments with torch's meaning, every other keyword to the region function (``name`` and
   ``strict`` included), and Hugging Face's way of calling it (``functools.partial(checkpoint, **kwargs)``);
@@ -35,7 +35,7 @@ def _clear(*tensors: torch.Tensor) -> None:
         t.grad = None
 
 
-# ==== item 2: torch's keywords ================================================================================
+# ==== torch's keywords ================================================================================
 
 
 def _region(x: torch.Tensor, *, name: str = "default", strict: bool = False, scale: float = 1.0) -> torch.Tensor:
@@ -283,7 +283,7 @@ def test_transformers_checkpointing_through_memsave(kind: str) -> None:
         assert p.grad is None or torch.equal(p.grad, q.grad), n
 
 
-# ==== item 4: the peer suite's gaps ===========================================================================
+# ==== the peer suite's gaps ===========================================================================
 
 # ---- torch.autograd.grad inside a region -----------------------------------------------------------------------
 

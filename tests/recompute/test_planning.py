@@ -1,6 +1,6 @@
 """memsave.plan: the budget guarantee on four model families, gradients bitwise equal to eager, Plan API, bad input.
 
-The guarantee is checked the way DESIGN.md measures memory on CPU: the allocator-level peak of one training step
+The guarantee is checked the way memsave measures memory on CPU: the allocator-level peak of one training step
 (gradients None, forward, loss, backward) from the profiler's allocation events, relative to the step's start.
 Run with ``-s`` to see the measured margins (budget - measured peak) of every model and budget.
 """
@@ -84,7 +84,7 @@ def _step(model: nn.Module, x: torch.Tensor) -> None:
 
 
 def _peak(model: nn.Module, x: torch.Tensor) -> int:
-    """Allocator-level CPU peak of one step with gradients None at its start (DESIGN.md)."""
+    """Allocator-level CPU peak of one step with gradients None at its start (docs/design.md)."""
     for p in model.parameters():
         p.grad = None
     return cpu_peak_bytes(lambda: _step(model, x))

@@ -1,4 +1,4 @@
-"""The allocator-level memory of one call: what every memory figure in memsave is read from (DESIGN.md).
+"""The allocator-level memory of one call: what every memory figure in memsave is read from (docs/design.md).
 
 * CUDA: ``torch.cuda.max_memory_allocated() - memory_allocated()`` around the call, peak statistics reset first.
 * CPU: PyTorch's profiler with ``profile_memory=True`` records every CPU allocation and free with its size and time
@@ -124,7 +124,7 @@ def read_cpu_events(prof: Any, marker_prefix: Optional[str] = None) -> CpuEvents
 
 
 def cpu_allocation_profiler() -> torch.autograd.profiler.profile:
-    """The profiler context that records every CPU allocation and free with its size and time (DESIGN.md).
+    """The profiler context that records every CPU allocation and free with its size and time (docs/design.md).
 
     The autograd profiler is what ``torch.profiler.profile`` wraps; used directly it records CPU activity only and
     does not warn about profiling cycles.
@@ -173,7 +173,7 @@ def cpu_memory_stats(fn: Callable[[], Any]) -> CpuMemoryStats:
 
 
 def cpu_peak_bytes(step_fn: Callable[[], Any]) -> int:
-    """Allocator-level peak CPU memory of one call of ``step_fn``, relative to the start (DESIGN.md).
+    """Allocator-level peak CPU memory of one call of ``step_fn``, relative to the start (docs/design.md).
 
     Args:
         step_fn: the work to measure, called once with no arguments.
@@ -191,7 +191,7 @@ def cpu_peak_bytes(step_fn: Callable[[], Any]) -> int:
 
 # ------------------------------------------------------------------------------------------------------ measurement
 def step_peak_bytes(step_fn: Callable[[], Any], device: torch.device) -> int:
-    """Peak memory of one call of ``step_fn`` above what was allocated before it, as DESIGN.md measures it.
+    """Peak memory of one call of ``step_fn`` above what was allocated before it, as docs/design.md describes.
 
     CUDA: ``max_memory_allocated() - memory_allocated()`` around the call, peak statistics reset first (so
     ``max_memory_reserved`` afterwards is the call's too). CPU: :func:`cpu_peak_bytes`.

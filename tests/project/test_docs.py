@@ -1,0 +1,75 @@
+"""The front door and the docs: a short README with the two commands, links that resolve, no reference to a file or
+tracker that is not in the repository."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import List, Set
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "CHANGELOG.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading: lower case, punctuation dropped, spaces to dashes."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> Set[str]:
+    return {_slug(line.lstrip("#")) for line in path.read_text().splitlines() if line.startswith("#")}
+
+
+def _tracked(*patterns: str) -> List[Path]:
+    out = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [ROOT / p for p in out.split() if (ROOT / p).is_file()]
+
+
+def test_readme_is_short_and_starts_with_the_two_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    quick = text[text.index("## Quick start") :]
+    assert quick.index("bash tools/setup.sh && python3 -m memsave demo") < quick.index("bash .ci/run")
+    assert 'pytest -m "not slow"' in text and "tools/gpu_check.sh" in text
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path) -> None:
+    broken = []
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto
+        file_part, _, anchor = target.partition("#")
+        path = (doc.parent / file_part).resolve() if file_part else doc
+        if not path.exists() or (anchor and path.suffix == ".md" and anchor not in _anchors(path)):
+            broken.append(target)
+    assert not broken, f"{doc.name}: links to nothing: {broken}"
+
+
+def test_the_anchor_check_can_fail(tmp_path: Path) -> None:
+    doc = tmp_path / "a.md"
+    doc.write_text("# Real heading\n")
+    assert "real-heading" in _anchors(doc) and "missing" not in _anchors(doc)
+
+
+def test_no_reference_to_files_or_trackers_outside_the_repository() -> None:
+    sources = _tracked("python", "benchmarks/*.py", "tests", "examples", "tools", "docs", "README.md")
+    stale = re.compile(r"DESIGN\.md|\b[Ii]ssue \d+\b|\bitem \d+\b")
+    hits = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in sources
+        if p.suffix in {".py", ".md", ".sh", ".ipynb"} and p.name != "test_docs.py"
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if stale.search(line) and "pytorch" not in line.lower()
+    ]
+    assert not hits, f"references to a file or tracker that is not in the repository: {hits}"
