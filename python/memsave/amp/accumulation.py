@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import torch
 import torch.distributed as dist
@@ -64,7 +64,7 @@ class Accumulator:
     # its final micro-step, i.e. right after the backward of the one before.
     def _enter_no_sync(self) -> None:
         if self._ddp and self.steps > 1 and self._no_sync is None:
-            self._no_sync = self.model.no_sync()
+            self._no_sync = cast(Any, self.model).no_sync()
             self._no_sync.__enter__()
 
     def _exit_no_sync(self) -> None:

@@ -626,7 +626,7 @@ def _any_found(flags: Iterable[torch.Tensor]) -> bool:
     if len(flags) == 1:
         return bool(flags[0].item())
     dev = flags[0].device
-    return bool(sum(f.to(dev, non_blocking=True) for f in flags).item())
+    return bool(torch.stack([f.to(dev, non_blocking=True) for f in flags]).sum().item())
 
 
 def _unscale_fallback(

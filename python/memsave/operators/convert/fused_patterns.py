@@ -21,7 +21,7 @@ Opt-in, because it changes what the input tensor holds: :func:`register_inplace_
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, cast
 
 from torch import nn
 
@@ -47,13 +47,13 @@ def _is_activation(module: nn.Module) -> bool:
     return spec is not None and spec[0] != "identity"
 
 
-def _build_batch_norm_act(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]:
+def _build_batch_norm_act(modules: List[Any]) -> Optional[Sequence[nn.Module]]:
     bn, act = modules
     name, param = activation_spec(act)  # type: ignore[misc]
     return [BatchNormAct2d.from_batchnorm(bn, act=name, act_param=param), nn.Identity()]
 
 
-def _build_batch_norm_act_conv2d(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]:
+def _build_batch_norm_act_conv2d(modules: List[Any]) -> Optional[Sequence[nn.Module]]:
     bn, act, conv = modules
     if conv.padding_mode != "zeros" or isinstance(conv.padding, str) or conv.in_channels != bn.num_features:
         return None
@@ -62,17 +62,17 @@ def _build_batch_norm_act_conv2d(modules: List[nn.Module]) -> Optional[Sequence[
     return [deferred, nn.Identity(), BatchNormActConv2d.from_modules(deferred, conv, register_bn=False)]
 
 
-def _build_layer_norm_linear(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]:
+def _build_layer_norm_linear(modules: List[Any]) -> Optional[Sequence[nn.Module]]:
     norm, linear = modules
     if tuple(norm.normalized_shape)[-1] != linear.in_features:
         return None
     deferred = DeferredLayerNorm(norm)
-    fused = LayerNormLinear.from_modules(deferred, linear, register_norm=False)
+    fused = LayerNormLinear.from_modules(cast(nn.LayerNorm, deferred), linear, register_norm=False)
     fused.train(linear.training)
     return [deferred.train(norm.training), fused]
 
 
-def _build_act_linear(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]:
+def _build_act_linear(modules: List[Any]) -> Optional[Sequence[nn.Module]]:
     act, linear = modules
     name, param = activation_spec(act)  # type: ignore[misc]
     if name == "relu":
@@ -82,7 +82,7 @@ def _build_act_linear(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]
     return [nn.Identity(), fused]
 
 
-def _build_inplace_abn(modules: List[nn.Module]) -> Optional[Sequence[nn.Module]]:
+def _build_inplace_abn(modules: List[Any]) -> Optional[Sequence[nn.Module]]:
     conv, bn, act = modules
     name, param = activation_spec(act)  # type: ignore[misc]
     if name not in ("leaky_relu", "elu") or not param or param <= 0:

@@ -4,7 +4,7 @@ Dropout for memsave's mask-saving modules, with the verdict of each (does the ma
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from torch import nn
 
@@ -54,7 +54,7 @@ def _leaky_relu_note(
     )
 
 
-def _maxpool_refuse(module: nn.Module) -> Optional[str]:
+def _maxpool_refuse(module: Any) -> Optional[str]:
     try:
         pool_params(module.kernel_size, module.stride, module.padding, module.dilation)
     except (TypeError, ValueError) as exc:

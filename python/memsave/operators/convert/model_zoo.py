@@ -32,13 +32,22 @@ The causal language models' loss (``lm_head`` and cross-entropy) is ``causal_lm.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union, cast
 
 from torch import nn
 
 from ...recompute.chunked import ChunkedForward, chunked
 from ..functional import GATED_ACTIVATIONS
-from ..nn import ActLinear, GatedMLP, RMSNorm, activation_spec, fuse_layer_norm_linear, fuse_rms_norm_linear
+from ..nn import (
+    ActLinear,
+    DeferredRMSNorm,
+    GatedMLP,
+    RMSNorm,
+    RMSNormLinear,
+    activation_spec,
+    fuse_layer_norm_linear,
+    fuse_rms_norm_linear,
+)
 from .registry import ModuleRule, Replacement, Rewrite, add_module_rule, qualified_class_name
 
 __all__ = ["LLAMA_FAMILY", "chunk_mlps", "fused_activation"]
@@ -121,7 +130,7 @@ _GATED_DETAIL = (
 )
 
 
-def _gated_mlp(mlp: nn.Module, gate: nn.Module, up: nn.Module) -> Union[GatedMLP, str]:
+def _gated_mlp(mlp: Any, gate: Any, up: Any) -> Union[GatedMLP, str]:
     """A GatedMLP for a Llama-family MLP with these gate/up modules, or why not."""
     if not _is_linear(mlp.down_proj):
         return f"down_proj is a {type(mlp.down_proj).__name__}, not an nn.Linear"
@@ -133,18 +142,18 @@ def _gated_mlp(mlp: nn.Module, gate: nn.Module, up: nn.Module) -> Union[GatedMLP
     return GatedMLP.from_modules(gate, up, mlp.down_proj, act=act[0])
 
 
-def _rewrite_llama_mlp(mlp: nn.Module) -> Rewrite:
+def _rewrite_llama_mlp(mlp: Any) -> Rewrite:
     new = _gated_mlp(mlp, mlp.gate_proj, mlp.up_proj)
     if isinstance(new, str):
         return Rewrite(skipped=(("", new),))
     return Rewrite(replacements=(Replacement("", new, _GATED_DETAIL),))
 
 
-def _rewrite_rms_norm(norm: nn.Module) -> Rewrite:
+def _rewrite_rms_norm(norm: Any) -> Rewrite:
     return Rewrite(replacements=(Replacement("", RMSNorm.from_module(norm), _NORM_DETAIL),))
 
 
-def _rewrite_llama_layer(layer: nn.Module) -> Rewrite:
+def _rewrite_llama_layer(layer: Any) -> Rewrite:
     """input_layernorm -> q/k/v and post_attention_layernorm -> gate/up fused; the MLP a GatedMLP."""
     reps: List[Replacement] = []
     skipped: List[Tuple[str, str]] = []
@@ -152,9 +161,9 @@ def _rewrite_llama_layer(layer: nn.Module) -> Rewrite:
     projs = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
     if _is(layer.input_layernorm, _RMS_NORMS):
         if all(_is_linear(p) for p in projs):
-            deferred, fused = fuse_rms_norm_linear(layer.input_layernorm, *projs)
+            deferred, fused = fuse_rms_norm_linear(layer.input_layernorm, *cast(List[nn.Linear], projs))
             reps.append(Replacement("input_layernorm", deferred, "holds the norm's weight; q/k/v_proj apply the norm"))
-            for name, new in zip(("q_proj", "k_proj", "v_proj"), fused):
+            for name, new in zip(("q_proj", "k_proj", "v_proj"), cast(Tuple[RMSNormLinear, ...], fused)):
                 reps.append(
                     Replacement(
                         f"self_attn.{name}",
@@ -176,17 +185,19 @@ def _rewrite_llama_layer(layer: nn.Module) -> Rewrite:
     if not _is(mlp, _GATED_MLPS):
         skipped.append(("mlp", f"{type(mlp).__name__} is not a Llama-family gated MLP"))
     else:
-        gate, up, deferred = mlp.gate_proj, mlp.up_proj, None
+        gate, up = mlp.gate_proj, mlp.up_proj
+        post_deferred: Optional[DeferredRMSNorm] = None
         if post_ok and _is_linear(gate) and _is_linear(up):
-            deferred, (gate, up) = fuse_rms_norm_linear(post, gate, up)
+            post_deferred, fused_pair = fuse_rms_norm_linear(post, gate, up)
+            gate, up = cast(Tuple[RMSNormLinear, ...], fused_pair)
         new_mlp = _gated_mlp(mlp, gate, up)
         if isinstance(new_mlp, str):
             skipped.append(("mlp", new_mlp))
-        elif deferred is not None:
+        elif post_deferred is not None:
             reps.append(
                 Replacement(
                     "post_attention_layernorm",
-                    deferred,
+                    post_deferred,
                     "holds the norm's weight; mlp.gate_proj/up_proj apply the norm",
                 )
             )
@@ -215,7 +226,7 @@ _ACT_LINEAR_DETAIL = (
 )
 
 
-def _act_linear_rewrite(act_path: str, act: object, linear_path: str, linear: nn.Module, conv1d: bool) -> Rewrite:
+def _act_linear_rewrite(act_path: str, act: object, linear_path: str, linear: Any, conv1d: bool) -> Rewrite:
     spec = fused_activation(act)
     if isinstance(spec, str):
         return Rewrite(skipped=((act_path, spec),))
@@ -239,13 +250,13 @@ def _act_linear_rewrite(act_path: str, act: object, linear_path: str, linear: nn
     )
 
 
-def _rewrite_gpt2_mlp(mlp: nn.Module) -> Rewrite:
+def _rewrite_gpt2_mlp(mlp: Any) -> Rewrite:
     if not _is(mlp.c_proj, _CONV1D):
         return Rewrite(skipped=(("c_proj", f"{type(mlp.c_proj).__name__} is not transformers' Conv1D"),))
     return _act_linear_rewrite("act", mlp.act, "c_proj", mlp.c_proj, conv1d=True)
 
 
-def _rewrite_bert_layer(layer: nn.Module) -> Rewrite:
+def _rewrite_bert_layer(layer: Any) -> Rewrite:
     inter, out = getattr(layer, "intermediate", None), getattr(layer, "output", None)
     if inter is None or out is None or not _is_linear(getattr(out, "dense", None)):
         return Rewrite(skipped=(("", "no intermediate -> output.dense (nn.Linear) pair"),))
@@ -257,7 +268,7 @@ def _rewrite_bert_layer(layer: nn.Module) -> Rewrite:
 # ---- timm -------------------------------------------------------------------------------------------------------
 
 
-def _rewrite_timm_mlp(mlp: nn.Module) -> Rewrite:
+def _rewrite_timm_mlp(mlp: Any) -> Rewrite:
     if not _is_linear(mlp.fc2):
         return Rewrite(skipped=(("fc2", f"{type(mlp.fc2).__name__} is not an nn.Linear (use_conv?)"),))
     if type(mlp.norm) is not nn.Identity:
@@ -275,7 +286,7 @@ def _is_layer_norm(norm: object) -> bool:
     return _is(norm, _TIMM_LAYER_NORM) and not getattr(norm, "_fast_norm", False)
 
 
-def _rewrite_timm_block(block: nn.Module) -> Rewrite:
+def _rewrite_timm_block(block: Any) -> Rewrite:
     reps: List[Replacement] = []
     skipped: List[Tuple[str, str]] = []
     detail = "LayerNormLinear: keeps the norm's input and per-row mean/rstd instead of also the normalized tensor"
@@ -289,7 +300,9 @@ def _rewrite_timm_block(block: nn.Module) -> Rewrite:
         if not _is_layer_norm(norm) or not linear_ok:
             skipped.append((norm_name, f"not an nn.LayerNorm feeding an nn.Linear {linear_path}"))
             continue
-        deferred, fused = fuse_layer_norm_linear(norm, block.get_submodule(linear_path))
+        deferred, fused = fuse_layer_norm_linear(
+            cast(nn.LayerNorm, norm), cast(nn.Linear, block.get_submodule(linear_path))
+        )
         reps.append(Replacement(norm_name, deferred, f"holds the LayerNorm's parameters; {linear_path} applies it"))
         reps.append(Replacement(linear_path, fused, detail))
     return Rewrite(replacements=tuple(reps), skipped=tuple(skipped))

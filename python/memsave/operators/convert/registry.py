@@ -18,7 +18,7 @@ and patterns with :func:`register_module_swap` and :func:`register_sequential_pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
@@ -101,10 +101,10 @@ class ModuleSwap:
     """A one-for-one swap convert makes: how to build the replacement, when to refuse, and the verdict note."""
 
     torch_type: type
-    build: Callable[[nn.Module], nn.Module]
-    refuse: Callable[[nn.Module], Optional[str]]
+    build: Callable[[Any], nn.Module]
+    refuse: Callable[[Any], Optional[str]]
     # note(module, producer, consumer) -> (verdict, detail); producer/consumer None when not visible
-    note: Callable[[nn.Module, Optional[nn.Module], Optional[nn.Module]], Tuple[str, str]]
+    note: Callable[[Any, Optional[nn.Module], Optional[nn.Module]], Tuple[str, str]]
     # The convert() flag that must be set for this swap (None: bitwise exact, always made).
     opt_in: Optional[str] = None
 
