@@ -12,11 +12,11 @@ namespace memsave {
 
 inline void check_scalar_arg(const at::Tensor& t, const char* name, at::ScalarType dtype, at::Device device,
                              const char* op) {
+  TORCH_CHECK(t.layout() == at::kStrided, op, ": ", name, " must be a dense tensor");
+  TORCH_CHECK(t.device() == device, op, ": expected all tensors to be on the same device, but ", name, " is on ",
+              t.device(), " and the other arguments are on ", device, "; keep one call per device");
   TORCH_CHECK(t.numel() == 1, op, ": ", name, " must hold exactly one element, got shape ", t.sizes());
   TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.device() == device, op, ": ", name, " is on ", t.device(), " but the gradients are on ", device,
-              "; keep one call per device");
-  TORCH_CHECK(t.layout() == at::kStrided, op, ": ", name, " must be a dense tensor");
 }
 
 inline void check_unscale_args(at::TensorList grads, const at::Tensor& found_inf, const at::Tensor& inv_scale,
@@ -29,13 +29,13 @@ inline void check_unscale_args(at::TensorList grads, const at::Tensor& found_inf
   check_scalar_arg(inv_scale, "inv_scale", at::kFloat, device, op);
   for (size_t i = 0; i < grads.size(); ++i) {
     const at::Tensor& g = grads[i];
-    TORCH_CHECK(g.layout() == at::kStrided, op, ": gradient ", i, " has layout ", g.layout(),
+    TORCH_CHECK(g.layout() == at::kStrided, op, ": grads[", i, "] has layout ", g.layout(),
                 "; pass a sparse gradient's values (grad._values() of a coalesced tensor) instead");
-    TORCH_CHECK(g.device() == device, op, ": gradient ", i, " is on ", g.device(), " but found_inf is on ", device,
-                "; group gradients by device and call once per device");
+    TORCH_CHECK(g.device() == device, op, ": expected all tensors to be on the same device, but grads[", i, "] is on ",
+                g.device(), " and found_inf is on ", device, "; group gradients by device and call once per device");
     const auto dt = g.scalar_type();
-    TORCH_CHECK(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16, op, ": gradient ", i,
-                " has dtype ", dt, "; only float, double, half and bfloat16 gradients can be unscaled");
+    TORCH_CHECK(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16, op, ": grads[", i,
+                "] has dtype ", dt, "; only float, double, half and bfloat16 gradients can be unscaled");
   }
   if (per_tensor.has_value()) {
     const at::Tensor& f = *per_tensor;

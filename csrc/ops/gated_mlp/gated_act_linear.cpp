@@ -23,6 +23,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "gated_mlp/gated_act.h"
 #include "gated_mlp/gated_act_math.h"
 
@@ -45,24 +46,12 @@ std::tuple<at::Tensor, at::Tensor> call_gated_act_backward(const at::Tensor& gra
   return handle.call(grad, gate, up, act);
 }
 
-void check_down(const at::Tensor& gate, const at::Tensor& weight, const char* op) {
-  TORCH_CHECK_VALUE(weight.dim() == 2 && gate.dim() >= 1 && weight.size(1) == gate.size(-1), "memsave.", op,
-                    ": weight must have shape [out_features, ", (gate.dim() >= 1 ? gate.size(-1) : 0),
-                    "] (in_features = gate's last dimension), got weight ", weight.sizes(), " for gate ", gate.sizes());
-  TORCH_CHECK(weight.device() == gate.device(), "memsave.", op, ": weight is on ", weight.device(), " but gate is on ",
-              gate.device());
-}
-
 at::Tensor gated_act_linear_forward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
                                     const c10::optional<at::Tensor>& bias, c10::string_view act) {
   constexpr const char* op = "gated_act_linear";
   parse_gated_act(act, op);
   check_gate_up(gate, up, op);
-  check_down(gate, weight, op);
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op, ": bias must have shape [",
-                      weight.size(0), "], got ", bias->sizes());
-  }
+  check_linear_params(weight, bias, gate.size(-1), gate, "gate", "weight", "bias", op);
   // The caller already cast for autocast; the inner ops must not be cast again.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   at::Tensor p = call_gated_act(gate, up, act);
@@ -76,13 +65,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_act_linear_back
   constexpr const char* op = "gated_act_linear_backward";
   parse_gated_act(act, op);
   check_gate_up(gate, up, op);
-  check_down(gate, weight, op);
+  check_linear_params(weight, c10::nullopt, gate.size(-1), gate, "gate", "weight", "bias", op);
+  check_linear_grad_out(grad_out, "grad_out", gate, "gate", weight, op);
   const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  TORCH_CHECK_VALUE(
-      grad_out.dim() == gate.dim() && grad_out.size(-1) == out_features &&
-          grad_out.numel() / std::max<int64_t>(out_features, 1) == gate.numel() / std::max<int64_t>(in_features, 1),
-      "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
-      "of gate/up of shape ", gate.sizes(), " and weight of shape ", weight.sizes());
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, out_features});
   at::Tensor grad_weight;

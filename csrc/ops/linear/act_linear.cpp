@@ -29,6 +29,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "common/fused_act.h"
 
 namespace memsave {
@@ -76,21 +77,17 @@ at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& x, Act 
   return grad;
 }
 
-void check_args(const at::Tensor& input, const at::Tensor& weight, const char* op) {
-  TORCH_CHECK(at::isFloatingType(input.scalar_type()), "memsave.", op,
-              ": expected a floating-point input (float32, float64, float16 or bfloat16), got ", input.scalar_type());
-  TORCH_CHECK_VALUE(weight.dim() == 2 && input.dim() >= 1 && weight.size(1) == input.size(-1), "memsave.", op,
-                    ": weight must have shape [out_features, ", (input.dim() >= 1 ? input.size(-1) : 0),
-                    "] (in_features = the input's last dimension), got weight ", weight.sizes(), " for input ",
-                    input.sizes());
-  TORCH_CHECK(weight.device() == input.device(), "memsave.", op, ": weight is on ", weight.device(),
-              " but the input is on ", input.device());
+void check_args(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                const char* op) {
+  check_floating(input, "input", op);
+  TORCH_CHECK_VALUE(input.dim() >= 1, "memsave.", op, ": input must have at least one dimension (in_features)");
+  check_linear_params(weight, bias, input.size(-1), input, "input", "weight", "bias", op);
 }
 
 at::Tensor act_linear_forward(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                               c10::string_view act, double act_param) {
   const Act a = parse_act(act, "act_linear");
-  check_args(input, weight, "act_linear");
+  check_args(input, weight, bias, "act_linear");
   // The caller already cast for autocast; the inner ops must not be cast again.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   at::Tensor h = activation(input, a, act_param);
@@ -103,13 +100,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(const at::Ten
                                                                    c10::string_view act, double act_param) {
   constexpr const char* op = "act_linear_backward";
   const Act a = parse_act(act, op);
-  check_args(input, weight, op);
+  check_args(input, weight, c10::nullopt, op);
+  check_linear_grad_out(grad_out, "grad_out", input, "input", weight, op);
   const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  TORCH_CHECK_VALUE(
-      grad_out.dim() == input.dim() && grad_out.size(-1) == out_features &&
-          grad_out.numel() / std::max<int64_t>(out_features, 1) == input.numel() / std::max<int64_t>(in_features, 1),
-      "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
-      "of an input of shape ", input.sizes(), " and weight of shape ", weight.sizes());
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor x = input.contiguous();  // so the input gradient is contiguous whatever the input's strides
   const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, out_features});

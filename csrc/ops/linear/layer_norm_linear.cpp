@@ -35,14 +35,10 @@
 namespace memsave {
 namespace {
 
-bool defined(const c10::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
-}
-
 // The dtype the norm runs in: the input's, promoted with the norm weight's (a float32 weight lifts a half input,
 // which is what autocast does to layer_norm on CUDA).
 at::ScalarType ln_compute_dtype(const at::Tensor& input, const c10::optional<at::Tensor>& ln_weight) {
-  return defined(ln_weight) ? c10::promoteTypes(input.scalar_type(), ln_weight->scalar_type()) : input.scalar_type();
+  return is_defined(ln_weight) ? c10::promoteTypes(input.scalar_type(), ln_weight->scalar_type()) : input.scalar_type();
 }
 
 at::ScalarType ln_stat_dtype(at::ScalarType compute) {
@@ -56,21 +52,8 @@ at::ScalarType native_ln_stat_dtype(const at::Tensor& x) {
 }
 
 c10::optional<at::Tensor> cast_opt(const c10::optional<at::Tensor>& t, at::ScalarType dt) {
-  if (!defined(t)) return c10::nullopt;
+  if (!is_defined(t)) return c10::nullopt;
   return t->to(dt);
-}
-
-void check_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                  const char* op) {
-  TORCH_CHECK_VALUE(weight.dim() == 2 && input.dim() >= 1 && weight.size(1) == input.size(-1), "memsave.", op,
-                    ": weight must have shape [out_features, ", input.size(-1),
-                    "] to follow a layer norm over the last dimension ", input.size(-1), ", got ", weight.sizes());
-  TORCH_CHECK(weight.device() == input.device(), "memsave.", op, ": weight is on ", weight.device(),
-              " but the input is on ", input.device());
-  if (defined(bias)) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op, ": bias must have shape [",
-                      weight.size(0), "], got ", bias->sizes());
-  }
 }
 
 at::Tensor layer_norm_apply_cpu(const at::Tensor& input, c10::IntArrayRef normalized_shape, const at::Tensor& mean,
@@ -83,8 +66,8 @@ at::Tensor layer_norm_apply_cpu(const at::Tensor& input, c10::IntArrayRef normal
   const auto opts = x.options().dtype(mt);
   const at::Tensor m = mean.to(mt).contiguous();
   const at::Tensor r = rstd.to(mt).contiguous();
-  const at::Tensor w = defined(weight) ? weight->to(mt).contiguous().view({-1}) : at::ones({s.cols}, opts);
-  const at::Tensor b = defined(bias) ? bias->to(mt).contiguous().view({-1}) : at::zeros({s.cols}, opts);
+  const at::Tensor w = is_defined(weight) ? weight->to(mt).contiguous().view({-1}) : at::ones({s.cols}, opts);
+  const at::Tensor b = is_defined(bias) ? bias->to(mt).contiguous().view({-1}) : at::zeros({s.cols}, opts);
   at::Tensor out = at::empty(input.sizes(), input.options().dtype(dtype.value_or(input.scalar_type())));
   const int64_t cols = s.cols;
   AT_DISPATCH_FLOATING_TYPES(mt, "memsave_layer_norm_apply_cpu_math", [&] {
@@ -126,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_linear_forward(const a
   ln_shape(input, normalized_shape, op);
   check_ln_param(ln_weight, normalized_shape, input, "ln_weight", op);
   check_ln_param(ln_bias, normalized_shape, input, "ln_bias", op);
-  check_linear(input, weight, bias, op);
+  check_linear_params(weight, bias, input.size(-1), input, "input", "weight", "bias", op);
   // The caller already cast for autocast; the inner ops must not be cast again.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::ScalarType cdt = ln_compute_dtype(input, ln_weight);
@@ -157,13 +140,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
   check_ln_param(ln_weight, normalized_shape, input, "ln_weight", op);
   check_ln_param(ln_bias, normalized_shape, input, "ln_bias", op);
   check_ln_stats(mean, rstd, input, s.rows, op);
-  check_linear(input, weight, c10::nullopt, op);
+  check_linear_params(weight, c10::nullopt, input.size(-1), input, "input", "weight", "bias", op);
+  check_linear_grad_out(grad_out, "grad_out", input, "input", weight, op);
   const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  TORCH_CHECK_VALUE(
-      grad_out.dim() == input.dim() && grad_out.size(-1) == out_features &&
-          grad_out.numel() / std::max<int64_t>(out_features, 1) == input.numel() / std::max<int64_t>(in_features, 1),
-      "memsave.", op, ": grad_out has shape ", grad_out.sizes(), ", which does not match the output ",
-      "of an input of shape ", input.sizes(), " and weight of shape ", weight.sizes());
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
 
   const at::ScalarType cdt = ln_compute_dtype(input, ln_weight);
@@ -182,11 +161,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
 
   const at::ScalarType nsd = native_ln_stat_dtype(x);
   auto r = at::native_layer_norm_backward(grad_n, x, normalized_shape, mean.to(nsd), rstd.to(nsd), lw, lb,
-                                          {true, defined(lw), defined(lb)});
+                                          {true, is_defined(lw), is_defined(lb)});
   at::Tensor grad_input = std::get<0>(r).to(input.scalar_type());
   at::Tensor grad_lw =
-      defined(ln_weight) ? std::get<1>(r).to(ln_weight->scalar_type()) : at::empty({0}, input.options());
-  at::Tensor grad_lb = defined(ln_bias) ? std::get<2>(r).to(ln_bias->scalar_type()) : at::empty({0}, input.options());
+      is_defined(ln_weight) ? std::get<1>(r).to(ln_weight->scalar_type()) : at::empty({0}, input.options());
+  at::Tensor grad_lb =
+      is_defined(ln_bias) ? std::get<2>(r).to(ln_bias->scalar_type()) : at::empty({0}, input.options());
   return {grad_input, grad_lw, grad_lb, grad_weight, grad_bias};
 }
 

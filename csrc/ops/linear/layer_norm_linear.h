@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
+#include "common/checks.h"
+
 namespace memsave {
 
 // Rows (product of the leading dims) and columns (product of normalized_shape) of a layer-norm input.
@@ -24,8 +26,7 @@ inline LnShape ln_shape(const at::Tensor& x, c10::IntArrayRef normalized_shape, 
                     " must equal the trailing dimensions of the input, got "
                     "input of shape ",
                     x.sizes());
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "memsave.", op,
-              ": expected a floating-point input (float32, float64, float16 or bfloat16), got ", x.scalar_type());
+  check_floating(x, "input", op);
   LnShape s{1, 1};
   for (int64_t d = 0; d < x.dim(); ++d) (d < x.dim() - nd ? s.rows : s.cols) *= x.size(d);
   return s;
@@ -33,19 +34,18 @@ inline LnShape ln_shape(const at::Tensor& x, c10::IntArrayRef normalized_shape, 
 
 inline void check_ln_param(const c10::optional<at::Tensor>& t, c10::IntArrayRef normalized_shape, const at::Tensor& x,
                            const char* what, const char* op) {
-  if (!t.has_value() || !t->defined()) return;
+  if (!is_defined(t)) return;
+  check_float_arg(*t, what, x, "input", op);
   TORCH_CHECK_VALUE(t->sizes().equals(normalized_shape), "memsave.", op, ": ", what, " must have shape ",
                     normalized_shape, ", got ", t->sizes());
-  TORCH_CHECK(t->device() == x.device(), "memsave.", op, ": ", what, " is on ", t->device(), " but the input is on ",
-              x.device());
 }
 
 inline void check_ln_stats(const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& x, int64_t rows,
                            const char* op) {
+  check_float_arg(mean, "mean", x, "input", op);
+  check_float_arg(rstd, "rstd", x, "input", op);
   TORCH_CHECK_VALUE(mean.numel() == rows && rstd.numel() == rows, "memsave.", op, ": mean and rstd must hold one ",
                     "value per normalized row (", rows, "), got ", mean.numel(), " and ", rstd.numel());
-  TORCH_CHECK(mean.device() == x.device() && rstd.device() == x.device(), "memsave.", op,
-              ": mean and rstd must be on the input's device ", x.device());
 }
 
 // Checks the arguments of layer_norm_apply (CPU and CUDA) and returns the input's row layout.

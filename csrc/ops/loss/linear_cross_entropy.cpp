@@ -231,7 +231,7 @@ at::Tensor tile_logits(const at::Tensor& h2, const at::Tensor& weight, const c10
                        int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
   const at::Tensor hr = h2.narrow(0, r0, nr);
   const at::Tensor wt = weight.narrow(0, c0, nc).t();
-  if (lce_defined(bias)) return at::addmm(bias->narrow(0, c0, nc), hr, wt);
+  if (is_defined(bias)) return at::addmm(bias->narrow(0, c0, nc), hr, wt);
   return at::mm(hr, wt);
 }
 
@@ -316,11 +316,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
   const LceReduction red = parse_lce_reduction(reduction, op);
   const LceTiles tiles = lce_tiles(s, tile_rows, tile_classes, op);
   const at::ScalarType acc = lce_acc_type(hidden.scalar_type());
+  check_same_device(lse, "lse", hidden, "hidden", op);
+  check_float_arg(grad_loss, "grad_loss", hidden, "hidden", op);
   TORCH_CHECK_VALUE(lse.dim() == 1 && lse.size(0) == s.rows && lse.scalar_type() == at::kDouble, "memsave.", op,
                     ": lse must be the forward's [", s.rows, "] float64 tensor, got ", lse.sizes(), " ",
                     lse.scalar_type());
-  TORCH_CHECK(lse.device() == hidden.device() && grad_loss.device() == hidden.device(), "memsave.", op,
-              ": lse and grad_loss must be on hidden's device ", hidden.device());
   if (red == LceReduction::kNone) {
     TORCH_CHECK_VALUE(grad_loss.sizes().equals(target.sizes()), "memsave.", op,
                       ": with reduction='none' grad_loss must have target's shape ", target.sizes(), ", got ",
@@ -330,7 +330,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
                       "' grad_loss must be a single value, got ", grad_loss.sizes());
   }
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  const bool need_h = output_mask[0], need_w = output_mask[1], need_b = output_mask[2] && lce_defined(bias);
+  const bool need_h = output_mask[0], need_w = output_mask[1], need_b = output_mask[2] && is_defined(bias);
   const at::Tensor h2 = hidden.reshape({s.rows, s.hidden});
   const at::Tensor t = target.reshape({s.rows}).contiguous();
   const auto acc_opts = hidden.options().dtype(acc);

@@ -10,6 +10,8 @@
 #include <c10/util/Optional.h>
 #include <c10/util/string_view.h>
 
+#include "common/checks.h"
+
 namespace memsave {
 
 // Rows (the product of hidden's leading dimensions), hidden size and number of classes.
@@ -26,10 +28,6 @@ inline LceReduction parse_lce_reduction(c10::string_view reduction, const char* 
   if (reduction == "sum") return LceReduction::kSum;
   if (reduction == "none") return LceReduction::kNone;
   TORCH_CHECK_VALUE(false, "memsave.", op, ": reduction must be 'mean', 'sum' or 'none', got '", reduction, "'");
-}
-
-inline bool lce_defined(const c10::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
 }
 
 // Checks what the forward and the backward take alike; names the offending argument.
@@ -52,17 +50,14 @@ inline LceShape check_linear_cross_entropy_args(const at::Tensor& hidden, const 
   TORCH_CHECK_VALUE(target.sizes().equals(hidden.sizes().slice(0, hidden.dim() - 1)), "memsave.", op,
                     ": target must have hidden's leading shape ", hidden.sizes().slice(0, hidden.dim() - 1),
                     " (one class index per row of hidden), got ", target.sizes());
-  TORCH_CHECK(weight.device() == hidden.device(), "memsave.", op, ": weight is on ", weight.device(),
-              " but hidden is on ", hidden.device());
-  TORCH_CHECK(target.device() == hidden.device(), "memsave.", op, ": target is on ", target.device(),
-              " but hidden is on ", hidden.device());
-  if (lce_defined(bias)) {
+  check_same_device(weight, "weight", hidden, "hidden", op);
+  check_same_device(target, "target", hidden, "hidden", op);
+  if (is_defined(bias)) {
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op, ": bias must have shape [",
                       weight.size(0), "] (one entry per class), got ", bias->sizes());
     TORCH_CHECK_TYPE(bias->scalar_type() == hidden.scalar_type(), "memsave.", op, ": bias has dtype ",
                      bias->scalar_type(), " but hidden has ", hidden.scalar_type());
-    TORCH_CHECK(bias->device() == hidden.device(), "memsave.", op, ": bias is on ", bias->device(),
-                " but hidden is on ", hidden.device());
+    check_same_device(*bias, "bias", hidden, "hidden", op);
   }
   TORCH_CHECK_VALUE(label_smoothing >= 0.0 && label_smoothing <= 1.0, "memsave.", op,
                     ": label_smoothing must be in [0, 1], got ", label_smoothing);
@@ -107,8 +102,7 @@ inline void check_lce_tile_args(const at::Tensor& logits, const at::Tensor& targ
   TORCH_CHECK_VALUE(class_start >= 0 && class_start + logits.size(1) <= num_classes, "memsave.", op,
                     ": the tile's classes [", class_start, ", ", class_start + logits.size(1),
                     ") must lie in [0, num_classes=", num_classes, ")");
-  TORCH_CHECK(target.device() == logits.device(), "memsave.", op, ": target is on ", target.device(),
-              " but logits are on ", logits.device());
+  check_same_device(target, "target", logits, "logits", op);
 }
 
 // float for 16-bit and float32 logits, double for double: the type the tile kernels compute in (and scale's).
@@ -121,8 +115,7 @@ inline void check_lce_row_tensor(const at::Tensor& t, const at::Tensor& logits, 
                                  const char* name, const char* op) {
   TORCH_CHECK_TYPE(t.scalar_type() == want, "memsave.", op, ": ", name, " must be ", want, " for ",
                    logits.scalar_type(), " logits, got ", t.scalar_type());
-  TORCH_CHECK(t.device() == logits.device(), "memsave.", op, ": ", name, " is on ", t.device(), " but logits are on ",
-              logits.device());
+  check_same_device(t, name, logits, "logits", op);
   if (cols == 0) {
     TORCH_CHECK_VALUE(t.dim() == 1 && (t.size(0) == logits.size(0) || t.size(0) == 1), "memsave.", op, ": ", name,
                       " must hold one value per logits row (", logits.size(0), ") or one for all, got ", t.sizes());

@@ -28,68 +28,41 @@
 namespace memsave {
 namespace {
 
-void dropout_cpu_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double p) {
-  const int64_t n = x.numel();
-  if (n == 0) {
-    return;
-  }
-  const uint64_t threshold = philox::keep_threshold(p);
-  uint64_t seed = 0;
-  if (threshold != 0 && threshold < (uint64_t{1} << 32)) {
-    auto* gen = at::get_generator_or_default<at::CPUGeneratorImpl>(std::nullopt, at::detail::getDefaultCPUGenerator());
-    std::lock_guard<std::mutex> lock(gen->mutex_);
-    seed = gen->random64();
-  }
-  const double scale = dropout_scale(x.scalar_type(), p);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_dropout_cpu", [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
-    const scalar_t* in = x.const_data_ptr<scalar_t>();
-    scalar_t* y = out.mutable_data_ptr<scalar_t>();
-    uint8_t* m = mask.mutable_data_ptr<uint8_t>();
-    const opmath_t a = static_cast<opmath_t>(scale);
-    at::parallel_for(0, mask.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
-      cpu::dropout_mask(m, n, b0, b1, threshold, seed);
-      cpu::apply_mask<Apply::kPassScaled, scalar_t>(in, m, y, n, b0, b1, a, opmath_t(0));
+struct DropoutCpu {
+  static constexpr const char* kNames[3] = {"dropout", "dropout_", "dropout_backward"};
+  static void check(double p, const char* op) { check_dropout_probability(p, op); }
+
+  static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double p) {
+    const int64_t n = x.numel();
+    if (n == 0) {
+      return;
+    }
+    const uint64_t threshold = philox::keep_threshold(p);
+    uint64_t seed = 0;
+    if (threshold != 0 && threshold < (uint64_t{1} << 32)) {
+      auto* gen =
+          at::get_generator_or_default<at::CPUGeneratorImpl>(std::nullopt, at::detail::getDefaultCPUGenerator());
+      std::lock_guard<std::mutex> lock(gen->mutex_);
+      seed = gen->random64();
+    }
+    const double scale = dropout_scale(x.scalar_type(), p);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_dropout_cpu", [&] {
+      using opmath_t = at::opmath_type<scalar_t>;
+      const scalar_t* in = x.const_data_ptr<scalar_t>();
+      scalar_t* y = out.mutable_data_ptr<scalar_t>();
+      uint8_t* m = mask.mutable_data_ptr<uint8_t>();
+      const opmath_t a = static_cast<opmath_t>(scale);
+      at::parallel_for(0, mask.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
+        cpu::dropout_mask(m, n, b0, b1, threshold, seed);
+        cpu::apply_mask<Apply::kPassScaled, scalar_t>(in, m, y, n, b0, b1, a, opmath_t(0));
+      });
     });
-  });
-}
+  }
 
-std::tuple<at::Tensor, at::Tensor> dropout_cpu(const at::Tensor& self, double p) {
-  check_floating_input(self, "dropout");
-  check_dropout_probability(p, "dropout");
-  return mask_forward(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-    dropout_cpu_into(x, out, mask, p);
-  });
-}
-
-at::Tensor dropout_inplace_cpu(at::Tensor& self, double p) {
-  check_floating_input(self, "dropout_");
-  check_dropout_probability(p, "dropout_");
-  return mask_forward_(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-    dropout_cpu_into(x, out, mask, p);
-  });
-}
-
-at::Tensor dropout_backward_cpu(const at::Tensor& grad_out, const at::Tensor& mask, double p) {
-  check_mask_matches(grad_out, mask, "dropout_backward");
-  check_dropout_probability(p, "dropout_backward");
-  const at::Tensor g = grad_out.contiguous();
-  const at::Tensor mk = mask.contiguous();
-  at::Tensor grad_in = at::empty_like(g);
-  const int64_t n = g.numel();
-  const double scale = dropout_scale(g.scalar_type(), p);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_dropout_backward_cpu", [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
-    const scalar_t* gi = g.const_data_ptr<scalar_t>();
-    const uint8_t* m = mk.const_data_ptr<uint8_t>();
-    scalar_t* out = grad_in.mutable_data_ptr<scalar_t>();
-    const opmath_t a = static_cast<opmath_t>(scale);
-    at::parallel_for(0, mk.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
-      cpu::apply_mask<Apply::kPassScaled, scalar_t>(gi, m, out, n, b0, b1, a, opmath_t(0));
-    });
-  });
-  return grad_in;
-}
+  static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double p) {
+    cpu::launch_apply_mask<Apply::kPassScaled>(g, mask, grad_in, dropout_scale(g.scalar_type(), p), 0.0);
+  }
+};
 
 struct DropoutSpec {
   static at::Tensor run(at::Tensor& self, double p) {
@@ -116,9 +89,7 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("dropout", &dropout_cpu);
-  m.impl("dropout_", &dropout_inplace_cpu);
-  m.impl("dropout_backward", &dropout_backward_cpu);
+  impl_mask_kernels<DropoutCpu>(m);
 }
 
 TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {

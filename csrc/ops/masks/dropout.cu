@@ -102,7 +102,16 @@ bool aligned_for_vec4(const void* p, size_t elem_size) {
   return reinterpret_cast<uintptr_t>(p) % (4 * elem_size) == 0;
 }
 
-void dropout_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double p) {
+struct DropoutCuda {
+  static constexpr const char* kNames[3] = {"dropout", "dropout_", "dropout_backward"};
+  static void check(double p, const char* op) { check_dropout_probability(p, op); }
+  static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double p);
+  static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double p) {
+    cuda::launch_apply_mask<Apply::kPassScaled>(g, mask, grad_in, dropout_scale(g.scalar_type(), p), 0.0);
+  }
+};
+
+void DropoutCuda::forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double p) {
   const int64_t n = x.numel();
   if (n == 0) {
     return;
@@ -130,41 +139,10 @@ void dropout_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Ten
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> dropout_cuda(const at::Tensor& self, double p) {
-  check_floating_input(self, "dropout");
-  check_dropout_probability(p, "dropout");
-  const c10::cuda::CUDAGuard guard(self.device());
-  return mask_forward(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-    dropout_cuda_into(x, out, mask, p);
-  });
-}
-
-at::Tensor dropout_inplace_cuda(at::Tensor& self, double p) {
-  check_floating_input(self, "dropout_");
-  check_dropout_probability(p, "dropout_");
-  const c10::cuda::CUDAGuard guard(self.device());
-  return mask_forward_(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-    dropout_cuda_into(x, out, mask, p);
-  });
-}
-
-at::Tensor dropout_backward_cuda(const at::Tensor& grad_out, const at::Tensor& mask, double p) {
-  check_mask_matches(grad_out, mask, "dropout_backward");
-  check_dropout_probability(p, "dropout_backward");
-  const c10::cuda::CUDAGuard guard(grad_out.device());
-  const at::Tensor g = grad_out.contiguous();
-  const at::Tensor mk = mask.contiguous();
-  at::Tensor grad_in = at::empty_like(g);
-  cuda::launch_apply_mask<Apply::kPassScaled>(g, mk, grad_in, dropout_scale(g.scalar_type(), p), 0.0);
-  return grad_in;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("dropout", &dropout_cuda);
-  m.impl("dropout_", &dropout_inplace_cuda);
-  m.impl("dropout_backward", &dropout_backward_cuda);
+  impl_mask_kernels<DropoutCuda>(m);
 }
 
 }  // namespace memsave

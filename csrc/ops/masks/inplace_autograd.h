@@ -10,7 +10,11 @@
 // annotated `Tensor(a!)`, and these operators return the mask.)
 #pragma once
 
+#include <vector>
+
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_strided.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -31,6 +35,10 @@ struct InplaceMaskFunction : public torch::autograd::Function<InplaceMaskFunctio
     ctx->mark_dirty({self});  // autograd bumps the version of dirty inputs
     ctx->save_for_backward({mask});
     ctx->saved_data["scalar"] = scalar;
+    // The mask follows the memory order the kernel walked: self's, or a dense copy's in self's order.
+    ctx->saved_data["strides"] = self.is_non_overlapping_and_dense()
+                                     ? self.strides().vec()
+                                     : at::infer_dense_strides(self.sizes(), self.strides());
     *mask_out = mask;
     return {self};
   }
@@ -39,7 +47,12 @@ struct InplaceMaskFunction : public torch::autograd::Function<InplaceMaskFunctio
                                                  torch::autograd::variable_list grads) {
     const at::Tensor mask = ctx->get_saved_variables()[0];
     const double scalar = ctx->saved_data["scalar"].toDouble();
-    return {Spec::backward(grads[0], mask, scalar), at::Tensor(), at::Tensor()};
+    const std::vector<int64_t> strides = ctx->saved_data["strides"].toIntVector();
+    at::Tensor grad = grads[0];
+    if (grad.strides() != c10::IntArrayRef(strides)) {
+      grad = at::empty_strided(grad.sizes(), strides, grad.options()).copy_(grad);
+    }
+    return {Spec::backward(grad, mask, scalar), at::Tensor(), at::Tensor()};
   }
 };
 

@@ -19,51 +19,24 @@
 namespace memsave {
 namespace {
 
-void leaky_relu_cpu_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
-  const int64_t n = x.numel();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_leaky_relu_cpu", [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
-    const scalar_t* in = x.const_data_ptr<scalar_t>();
-    scalar_t* y = out.mutable_data_ptr<scalar_t>();
-    uint8_t* m = mask.mutable_data_ptr<uint8_t>();
-    const opmath_t s = static_cast<opmath_t>(slope);
-    at::parallel_for(0, mask.numel(), cpu::kGrainBytes,
-                     [&](int64_t b0, int64_t b1) { cpu::leaky_relu_forward<scalar_t>(in, y, m, n, b0, b1, s); });
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> leaky_relu_cpu(const at::Tensor& self, double negative_slope) {
-  check_floating_input(self, "leaky_relu");
-  return mask_forward(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-    leaky_relu_cpu_into(x, out, mask, negative_slope);
-  });
-}
-
-at::Tensor leaky_relu_inplace_cpu(at::Tensor& self, double negative_slope) {
-  check_floating_input(self, "leaky_relu_");
-  return mask_forward_(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-    leaky_relu_cpu_into(x, out, mask, negative_slope);
-  });
-}
-
-at::Tensor leaky_relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& mask, double negative_slope) {
-  check_mask_matches(grad_out, mask, "leaky_relu_backward");
-  const at::Tensor g = grad_out.contiguous();
-  const at::Tensor mk = mask.contiguous();
-  at::Tensor grad_in = at::empty_like(g);
-  const int64_t n = g.numel();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_leaky_relu_backward_cpu", [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
-    const scalar_t* gi = g.const_data_ptr<scalar_t>();
-    const uint8_t* m = mk.const_data_ptr<uint8_t>();
-    scalar_t* out = grad_in.mutable_data_ptr<scalar_t>();
-    const opmath_t s = static_cast<opmath_t>(negative_slope);
-    at::parallel_for(0, mk.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
-      cpu::apply_mask<Apply::kLeaky, scalar_t>(gi, m, out, n, b0, b1, opmath_t(1), s);
+struct LeakyReluCpu : NoScalar {
+  static constexpr const char* kNames[3] = {"leaky_relu", "leaky_relu_", "leaky_relu_backward"};
+  static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
+    const int64_t n = x.numel();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_leaky_relu_cpu", [&] {
+      using opmath_t = at::opmath_type<scalar_t>;
+      const scalar_t* in = x.const_data_ptr<scalar_t>();
+      scalar_t* y = out.mutable_data_ptr<scalar_t>();
+      uint8_t* m = mask.mutable_data_ptr<uint8_t>();
+      const opmath_t s = static_cast<opmath_t>(slope);
+      at::parallel_for(0, mask.numel(), cpu::kGrainBytes,
+                       [&](int64_t b0, int64_t b1) { cpu::leaky_relu_forward<scalar_t>(in, y, m, n, b0, b1, s); });
     });
-  });
-  return grad_in;
-}
+  }
+  static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double slope) {
+    cpu::launch_apply_mask<Apply::kLeaky>(g, mask, grad_in, 1.0, slope);
+  }
+};
 
 struct LeakyReluSpec {
   static at::Tensor run(at::Tensor& self, double slope) {
@@ -89,9 +62,7 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("leaky_relu", &leaky_relu_cpu);
-  m.impl("leaky_relu_", &leaky_relu_inplace_cpu);
-  m.impl("leaky_relu_backward", &leaky_relu_backward_cpu);
+  impl_mask_kernels<LeakyReluCpu>(m);
 }
 
 TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {

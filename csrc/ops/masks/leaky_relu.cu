@@ -16,53 +16,29 @@
 namespace memsave {
 namespace {
 
-void leaky_relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
-  const int64_t n = x.numel();
-  if (n == 0) {
-    return;
+struct LeakyReluCuda : NoScalar {
+  static constexpr const char* kNames[3] = {"leaky_relu", "leaky_relu_", "leaky_relu_backward"};
+  static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    const auto stream = c10::cuda::getCurrentCUDAStream();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_leaky_relu_cuda", [&] {
+      using opmath_t = at::opmath_type<scalar_t>;
+      cuda::mask_forward_kernel<scalar_t, LeakyReluMask><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
+          x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), mask.mutable_data_ptr<uint8_t>(), n,
+          static_cast<opmath_t>(slope));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   }
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_leaky_relu_cuda", [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
-    cuda::mask_forward_kernel<scalar_t, LeakyReluMask><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
-        x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), mask.mutable_data_ptr<uint8_t>(), n,
-        static_cast<opmath_t>(slope));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> leaky_relu_cuda(const at::Tensor& self, double negative_slope) {
-  check_floating_input(self, "leaky_relu");
-  const c10::cuda::CUDAGuard guard(self.device());
-  return mask_forward(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-    leaky_relu_cuda_into(x, out, mask, negative_slope);
-  });
-}
-
-at::Tensor leaky_relu_inplace_cuda(at::Tensor& self, double negative_slope) {
-  check_floating_input(self, "leaky_relu_");
-  const c10::cuda::CUDAGuard guard(self.device());
-  return mask_forward_(self, [&](const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-    leaky_relu_cuda_into(x, out, mask, negative_slope);
-  });
-}
-
-at::Tensor leaky_relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& mask, double negative_slope) {
-  check_mask_matches(grad_out, mask, "leaky_relu_backward");
-  const c10::cuda::CUDAGuard guard(grad_out.device());
-  const at::Tensor g = grad_out.contiguous();
-  const at::Tensor mk = mask.contiguous();
-  at::Tensor grad_in = at::empty_like(g);
-  cuda::launch_apply_mask<Apply::kLeaky>(g, mk, grad_in, 1.0, negative_slope);
-  return grad_in;
-}
+  static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double slope) {
+    cuda::launch_apply_mask<Apply::kLeaky>(g, mask, grad_in, 1.0, slope);
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("leaky_relu", &leaky_relu_cuda);
-  m.impl("leaky_relu_", &leaky_relu_inplace_cuda);
-  m.impl("leaky_relu_backward", &leaky_relu_backward_cuda);
+  impl_mask_kernels<LeakyReluCuda>(m);
 }
 
 }  // namespace memsave

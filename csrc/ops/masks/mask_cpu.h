@@ -12,7 +12,10 @@
 #include <cstring>
 #include <type_traits>
 
+#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include "masks/mask_math.h"
 #include "masks/philox.h"
@@ -308,6 +311,22 @@ void apply_mask(const T* in, const uint8_t* mask, T* out, int64_t n, int64_t b0,
   }
 #endif
   apply_mask_generic<T, kMode>(in, mask, out, n, b0, b1, a, b_mul);
+}
+
+// out = mask applied to `in` (dense, same dtype, strides and numel), split over torch's threads; `a`, `b` as in Apply.
+// The CPU counterpart of cuda::launch_apply_mask (mask_kernels.cuh).
+template <Apply kMode>
+void launch_apply_mask(const at::Tensor& in, const at::Tensor& mask, const at::Tensor& out, double a, double b) {
+  const int64_t n = in.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in.scalar_type(), "memsave_apply_mask_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const scalar_t* src = in.const_data_ptr<scalar_t>();
+    const uint8_t* m = mask.const_data_ptr<uint8_t>();
+    scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, mask.numel(), kGrainBytes, [&](int64_t b0, int64_t b1) {
+      apply_mask<kMode, scalar_t>(src, m, dst, n, b0, b1, static_cast<opmath_t>(a), static_cast<opmath_t>(b));
+    });
+  });
 }
 
 // Dropout keep mask over n elements, bytes [b0, b1); the unused bits of the last byte are cleared.

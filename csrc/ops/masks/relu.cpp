@@ -18,45 +18,22 @@
 namespace memsave {
 namespace {
 
-// out may alias in (the in-place form).
-void relu_cpu_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-  const int64_t n = x.numel();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_relu_cpu", [&] {
-    const scalar_t* in = x.const_data_ptr<scalar_t>();
-    scalar_t* y = out.mutable_data_ptr<scalar_t>();
-    uint8_t* m = mask.mutable_data_ptr<uint8_t>();
-    at::parallel_for(0, mask.numel(), cpu::kGrainBytes,
-                     [&](int64_t b0, int64_t b1) { cpu::relu_forward<scalar_t>(in, y, m, n, b0, b1); });
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> relu_cpu(const at::Tensor& self) {
-  check_floating_input(self, "relu");
-  return mask_forward(self, relu_cpu_into);
-}
-
-at::Tensor relu_inplace_cpu(at::Tensor& self) {
-  check_floating_input(self, "relu_");
-  return mask_forward_(self, relu_cpu_into);
-}
-
-at::Tensor relu_backward_cpu(const at::Tensor& grad_out, const at::Tensor& mask) {
-  check_mask_matches(grad_out, mask, "relu_backward");
-  const at::Tensor g = grad_out.contiguous();
-  const at::Tensor mk = mask.contiguous();
-  at::Tensor grad_in = at::empty_like(g);
-  const int64_t n = g.numel();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_relu_backward_cpu", [&] {
-    using opmath_t = at::opmath_type<scalar_t>;
-    const scalar_t* gi = g.const_data_ptr<scalar_t>();
-    const uint8_t* m = mk.const_data_ptr<uint8_t>();
-    scalar_t* out = grad_in.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, mk.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
-      cpu::apply_mask<Apply::kPass, scalar_t>(gi, m, out, n, b0, b1, opmath_t(1), opmath_t(0));
+struct ReluCpu : NoScalar {
+  // out may alias x (the in-place form).
+  static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double /*unused*/) {
+    const int64_t n = x.numel();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_relu_cpu", [&] {
+      const scalar_t* in = x.const_data_ptr<scalar_t>();
+      scalar_t* y = out.mutable_data_ptr<scalar_t>();
+      uint8_t* m = mask.mutable_data_ptr<uint8_t>();
+      at::parallel_for(0, mask.numel(), cpu::kGrainBytes,
+                       [&](int64_t b0, int64_t b1) { cpu::relu_forward<scalar_t>(in, y, m, n, b0, b1); });
     });
-  });
-  return grad_in;
-}
+  }
+  static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double) {
+    cpu::launch_apply_mask<Apply::kPass>(g, mask, grad_in, 1.0, 0.0);
+  }
+};
 
 // Autograd of relu_ (C++: register_autograd takes functional schemas only).
 struct ReluSpec {
@@ -73,13 +50,6 @@ struct ReluSpec {
   }
 };
 
-at::Tensor relu_inplace_autograd(at::Tensor& self) {
-  return inplace_mask_autograd<ReluSpec>(self, 0.0);
-}
-at::Tensor relu_inplace_adinplace(at::Tensor& self) {
-  return inplace_mask_adinplace<ReluSpec>(self, 0.0);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
@@ -89,17 +59,19 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("relu", &relu_cpu);
-  m.impl("relu_", &relu_inplace_cpu);
-  m.impl("relu_backward", &relu_backward_cpu);
+  m.impl("relu", [](const at::Tensor& self) { return mask_forward<ReluCpu>(self, 0.0, "relu"); });
+  m.impl("relu_", [](at::Tensor& self) { return mask_forward_<ReluCpu>(self, 0.0, "relu_"); });
+  m.impl("relu_backward", [](const at::Tensor& grad_out, const at::Tensor& mask) {
+    return mask_backward<ReluCpu>(grad_out, mask, 0.0, "relu_backward");
+  });
 }
 
 TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
-  m.impl("relu_", &relu_inplace_adinplace);
+  m.impl("relu_", [](at::Tensor& self) { return inplace_mask_adinplace<ReluSpec>(self, 0.0); });
 }
 
 TORCH_LIBRARY_IMPL(memsave, Autograd, m) {
-  m.impl("relu_", &relu_inplace_autograd);
+  m.impl("relu_", [](at::Tensor& self) { return inplace_mask_autograd<ReluSpec>(self, 0.0); });
 }
 
 }  // namespace memsave

@@ -16,47 +16,30 @@
 namespace memsave {
 namespace {
 
-void relu_cuda_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask) {
-  const int64_t n = x.numel();
-  if (n == 0) {
-    return;
+struct ReluCuda : NoScalar {
+  static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double /*unused*/) {
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    const auto stream = c10::cuda::getCurrentCUDAStream();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_relu_cuda", [&] {
+      cuda::mask_forward_kernel<scalar_t, ReluMask><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
+          x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), mask.mutable_data_ptr<uint8_t>(), n, 0);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   }
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_relu_cuda", [&] {
-    cuda::mask_forward_kernel<scalar_t, ReluMask><<<cuda::grid_for(n), cuda::kThreads, 0, stream>>>(
-        x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), mask.mutable_data_ptr<uint8_t>(), n, 0);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> relu_cuda(const at::Tensor& self) {
-  check_floating_input(self, "relu");
-  const c10::cuda::CUDAGuard guard(self.device());
-  return mask_forward(self, relu_cuda_into);
-}
-
-at::Tensor relu_inplace_cuda(at::Tensor& self) {
-  check_floating_input(self, "relu_");
-  const c10::cuda::CUDAGuard guard(self.device());
-  return mask_forward_(self, relu_cuda_into);
-}
-
-at::Tensor relu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& mask) {
-  check_mask_matches(grad_out, mask, "relu_backward");
-  const c10::cuda::CUDAGuard guard(grad_out.device());
-  const at::Tensor g = grad_out.contiguous();
-  const at::Tensor mk = mask.contiguous();
-  at::Tensor grad_in = at::empty_like(g);
-  cuda::launch_apply_mask<Apply::kPass>(g, mk, grad_in, 1.0, 0.0);
-  return grad_in;
-}
+  static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double) {
+    cuda::launch_apply_mask<Apply::kPass>(g, mask, grad_in, 1.0, 0.0);
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("relu", &relu_cuda);
-  m.impl("relu_", &relu_inplace_cuda);
-  m.impl("relu_backward", &relu_backward_cuda);
+  m.impl("relu", [](const at::Tensor& self) { return mask_forward<ReluCuda>(self, 0.0, "relu"); });
+  m.impl("relu_", [](at::Tensor& self) { return mask_forward_<ReluCuda>(self, 0.0, "relu_"); });
+  m.impl("relu_backward", [](const at::Tensor& grad_out, const at::Tensor& mask) {
+    return mask_backward<ReluCuda>(grad_out, mask, 0.0, "relu_backward");
+  });
 }
 
 }  // namespace memsave

@@ -83,17 +83,24 @@ at::Tensor batch_norm_act_apply_cpu(const at::Tensor& input, const at::Tensor& m
   return out;
 }
 
-void check_conv(const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride, c10::IntArrayRef padding,
-                c10::IntArrayRef dilation, int64_t groups, const char* op) {
+// The convolution's arguments (the batch norm's are checked by the batch_norm_act operators it calls, and here too so
+// that messages name this operator).
+void check_conv(const at::Tensor& input, const at::Tensor& weight, const OptTensor& bias, c10::IntArrayRef stride,
+                c10::IntArrayRef padding, c10::IntArrayRef dilation, int64_t groups, const char* op) {
+  check_bn_input(input, op);
   TORCH_CHECK_VALUE(input.dim() == 4, "memsave.", op, ": expected a 4-D input [N, C, H, W], got ", input.dim(),
                     "-D input of shape ", input.sizes());
+  check_float_arg(weight, "weight", input, "input", op);
   TORCH_CHECK_VALUE(groups >= 1 && weight.dim() == 4 && weight.size(1) * groups == input.size(1), "memsave.", op,
                     ": conv weight of shape ", weight.sizes(), " with groups=", groups, " does not take ",
                     input.size(1), " input channels");
   TORCH_CHECK_VALUE(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2, "memsave.", op,
                     ": stride, padding and dilation must have 2 entries each");
-  TORCH_CHECK(weight.device() == input.device(), "memsave.", op, ": the conv weight is on ", weight.device(),
-              " but the input is on ", input.device());
+  if (!is_defined(bias)) return;
+  check_float_arg(*bias, "bias", input, "input", op);
+  TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "memsave.", op, ": bias must have shape [",
+                    weight.size(0), "], got ", bias->sizes());
+  check_dtype(*bias, weight.scalar_type(), "bias", op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_conv2d_forward(
@@ -101,7 +108,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_conv2d_forward(
     const OptTensor& running_var, bool training, double momentum, double eps, c10::string_view act, double act_param,
     const at::Tensor& weight, const OptTensor& bias, c10::IntArrayRef stride, c10::IntArrayRef padding,
     c10::IntArrayRef dilation, int64_t groups) {
-  check_conv(input, weight, stride, padding, dilation, groups, "batch_norm_act_conv2d");
+  constexpr const char* op = "batch_norm_act_conv2d";
+  check_conv(input, weight, bias, stride, padding, dilation, groups, op);
+  check_channel_vectors(
+      input, "input", op,
+      {{"bn_weight", bn_weight}, {"bn_bias", bn_bias}, {"running_mean", running_mean}, {"running_var", running_var}});
   // The caller already cast for autocast; the inner ops must not be cast again.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   auto r = call_batch_norm_act(input, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, act,
@@ -121,7 +132,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
     const at::Tensor& weight, bool has_bias, c10::IntArrayRef stride, c10::IntArrayRef padding,
     c10::IntArrayRef dilation, int64_t groups) {
   constexpr const char* op = "batch_norm_act_conv2d_backward";
-  check_conv(input, weight, stride, padding, dilation, groups, op);
+  check_conv(input, weight, c10::nullopt, stride, padding, dilation, groups, op);
+  check_float_arg(grad_out, "grad_out", input, "input", op);
+  check_channel_vectors(input, "input", op,
+                        {{"bn_weight", bn_weight}, {"bn_bias", bn_bias}, {"mean", mean}, {"invstd", invstd}});
   TORCH_CHECK_VALUE(grad_out.dim() == 4 && grad_out.size(0) == input.size(0) && grad_out.size(1) == weight.size(0),
                     "memsave.", op, ": grad_out of shape ", grad_out.sizes(), " does not match the output of ",
                     "input ", input.sizes(), " and weight ", weight.sizes());

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,6 +20,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
+#include "common/checks.h"
 #include "common/fused_act.h"
 #include "norm_act/bn_act_math.h"
 
@@ -54,44 +57,44 @@ inline at::ScalarType bn_stat_dtype(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// A per-channel tensor of the batch norm over x (the argument named `x_name`): [C], floating, on x's device.
 inline void check_channel_vector(const c10::optional<at::Tensor>& t, const at::Tensor& x, const char* what,
-                                 const char* op) {
-  if (!t.has_value() || !t->defined()) return;
+                                 const char* op, const char* x_name = "input") {
+  if (!is_defined(t)) return;
+  check_float_arg(*t, what, x, x_name, op);
   TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(1), "memsave.", op, ": ", what, " must have shape [",
-                    x.size(1), "] (one value per channel of the input), got ", t->sizes());
-  TORCH_CHECK(t->device() == x.device(), "memsave.", op, ": ", what, " is on ", t->device(), " but the input is on ",
-              x.device(), "; move them to one device");
-  TORCH_CHECK(at::isFloatingType(t->scalar_type()), "memsave.", op, ": ", what, " must be floating point, got ",
-              t->scalar_type());
+                    x.size(1), "] (one value per channel of ", x_name, "), got ", t->sizes());
 }
 
-inline void check_bn_input(const at::Tensor& x, const char* op) {
-  TORCH_CHECK_VALUE(x.dim() >= 2, "memsave.", op, ": expected an input of shape [N, C, ...] (at least 2-D), got ",
-                    x.dim(), "-D input of shape ", x.sizes());
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "memsave.", op,
-              ": expected a floating-point input (float32, float64, float16 or bfloat16), got ", x.scalar_type());
+inline void check_bn_input(const at::Tensor& x, const char* op, const char* name = "input") {
+  check_floating(x, name, op);
+  TORCH_CHECK_VALUE(x.dim() >= 2, "memsave.", op, ": expected ", name,
+                    " of shape [N, C, ...] (at least 2-D), got a tensor of shape ", x.sizes());
 }
 
-inline void check_same_shape(const at::Tensor& grad, const at::Tensor& x, const char* op) {
-  TORCH_CHECK_VALUE(grad.sizes() == x.sizes(), "memsave.", op, ": the gradient has shape ", grad.sizes(),
-                    " but the saved tensor has shape ", x.sizes());
-  TORCH_CHECK(grad.device() == x.device(), "memsave.", op, ": the gradient is on ", grad.device(),
-              " but the saved tensor is on ", x.device());
+// grad_out of a backward: floating, on the saved tensor's device, with its shape.
+inline void check_same_shape(const at::Tensor& grad, const at::Tensor& x, const char* op,
+                             const char* x_name = "input") {
+  check_float_arg(grad, "grad_out", x, x_name, op);
+  TORCH_CHECK_VALUE(grad.sizes() == x.sizes(), "memsave.", op, ": grad_out has shape ", grad.sizes(), " but ", x_name,
+                    " has shape ", x.sizes());
 }
 
-inline bool is_defined(const c10::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined();
+// The per-channel tensors of a batch norm over x: affine parameters and either statistics or running statistics.
+inline void check_channel_vectors(const at::Tensor& x, const char* x_name, const char* op,
+                                  std::initializer_list<std::pair<const char*, c10::optional<at::Tensor>>> vectors) {
+  for (const auto& v : vectors) check_channel_vector(v.second, x, v.first, op, x_name);
 }
 
 // Checks the input, affine parameters and running statistics of a batch-norm forward (batch_norm_act, inplace_abn).
 inline void check_bn_forward_args(const at::Tensor& input, const c10::optional<at::Tensor>& weight,
                                   const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& running_mean,
-                                  const c10::optional<at::Tensor>& running_var, bool training, const char* op) {
-  check_bn_input(input, op);
-  check_channel_vector(weight, input, "weight", op);
-  check_channel_vector(bias, input, "bias", op);
-  check_channel_vector(running_mean, input, "running_mean", op);
-  check_channel_vector(running_var, input, "running_var", op);
+                                  const c10::optional<at::Tensor>& running_var, bool training, const char* op,
+                                  const char* input_name = "input") {
+  check_bn_input(input, op, input_name);
+  check_channel_vectors(
+      input, input_name, op,
+      {{"weight", weight}, {"bias", bias}, {"running_mean", running_mean}, {"running_var", running_var}});
   TORCH_CHECK_VALUE(is_defined(running_mean) == is_defined(running_var), "memsave.", op,
                     ": pass both running_mean and running_var, or neither");
   TORCH_CHECK_VALUE(training || is_defined(running_mean), "memsave.", op,
@@ -112,10 +115,7 @@ inline Act check_batch_norm_act_backward_args(const at::Tensor& grad_out, const 
   const Act a = parse_act(act, op);
   check_bn_input(input, op);
   check_same_shape(grad_out, input, op);
-  check_channel_vector(weight, input, "weight", op);
-  check_channel_vector(bias, input, "bias", op);
-  check_channel_vector(mean, input, "mean", op);
-  check_channel_vector(invstd, input, "invstd", op);
+  check_channel_vectors(input, "input", op, {{"weight", weight}, {"bias", bias}, {"mean", mean}, {"invstd", invstd}});
   return a;
 }
 
@@ -126,10 +126,7 @@ inline Act check_batch_norm_act_apply_args(const at::Tensor& input, const at::Te
   constexpr const char* op = "batch_norm_act_apply";
   const Act a = parse_act(act, op);
   check_bn_input(input, op);
-  check_channel_vector(weight, input, "weight", op);
-  check_channel_vector(bias, input, "bias", op);
-  check_channel_vector(mean, input, "mean", op);
-  check_channel_vector(invstd, input, "invstd", op);
+  check_channel_vectors(input, "input", op, {{"weight", weight}, {"bias", bias}, {"mean", mean}, {"invstd", invstd}});
   return a;
 }
 

@@ -23,7 +23,7 @@ inline Act check_inplace_abn_args(const at::Tensor& self, const c10::optional<at
   constexpr const char* op = "inplace_abn";
   const Act a = parse_act(act, op);
   check_invertible(a, act_param, op);
-  check_bn_forward_args(self, weight, bias, running_mean, running_var, training, op);
+  check_bn_forward_args(self, weight, bias, running_mean, running_var, training, op, "self");
   return a;
 }
 
@@ -35,11 +35,9 @@ inline Act check_inplace_abn_backward_args(const at::Tensor& grad_out, const at:
   constexpr const char* op = "inplace_abn_backward";
   const Act a = parse_act(act, op);
   check_invertible(a, act_param, op);
-  check_bn_input(output, op);
-  check_same_shape(grad_out, output, op);
-  check_channel_vector(weight, output, "weight", op);
-  check_channel_vector(bias, output, "bias", op);
-  check_channel_vector(invstd, output, "invstd", op);
+  check_bn_input(output, op, "output");
+  check_same_shape(grad_out, output, op, "output");
+  check_channel_vectors(output, "output", op, {{"weight", weight}, {"bias", bias}, {"invstd", invstd}});
   return a;
 }
 

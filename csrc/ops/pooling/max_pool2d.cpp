@@ -26,82 +26,69 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> max_pool2d_cpu(const at::Tensor& self, at::IntArrayRef kernel_size,
                                                   at::IntArrayRef stride, at::IntArrayRef padding,
                                                   at::IntArrayRef dilation, bool ceil_mode) {
-  const Pool2dParams p = check_pool2d_params(kernel_size, stride, padding, dilation, "max_pool2d");
-  const std::vector<int64_t> out_sizes = max_pool2d_output_sizes(self, p, ceil_mode, "max_pool2d");
-  const at::Tensor x = self.contiguous();
-  at::Tensor out = at::empty(out_sizes, x.options());
-  at::Tensor argmax = at::empty(out_sizes, x.options().dtype(at::kByte));
-  const int64_t dim = x.dim();
-  const int64_t H = x.size(dim - 2), W = x.size(dim - 1);
-  const int64_t OH = out_sizes[dim - 2], OW = out_sizes[dim - 1];
-  const int64_t planes = H * W == 0 ? 0 : x.numel() / (H * W);
-  if (planes == 0) {
-    return {out, argmax};
-  }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_max_pool2d_cpu", [&] {
+  Pool2dParams p;
+  const MaxPool2dForward f = max_pool2d_forward_prepare(self, kernel_size, stride, padding, dilation, ceil_mode, &p);
+  const int64_t planes = f.out.numel() == 0 ? 0 : f.out.numel() / (f.OH * f.OW);
+  const Pool2dStrides xs = pool2d_strides(f.x), os = pool2d_strides(f.out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, f.x.scalar_type(), "memsave_max_pool2d_cpu", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
-    const scalar_t* in = x.const_data_ptr<scalar_t>();
-    scalar_t* y = out.mutable_data_ptr<scalar_t>();
-    uint8_t* am = argmax.mutable_data_ptr<uint8_t>();
+    const scalar_t* in = f.x.const_data_ptr<scalar_t>();
+    scalar_t* y = f.out.mutable_data_ptr<scalar_t>();
+    uint8_t* am = f.argmax.mutable_data_ptr<uint8_t>();
     // One task per output row of a plane; a row costs about OW * kH * kW comparisons.
-    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, OW * p.kH * p.kW));
-    at::parallel_for(0, planes * OH, grain, [&](int64_t r0, int64_t r1) {
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, f.OW * p.kH * p.kW));
+    at::parallel_for(0, planes * f.OH, grain, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const int64_t plane = r / OH;
-        const int64_t oh = r % OH;
-        const scalar_t* src = in + plane * H * W;
-        const PoolSpan h = pool_span(oh, p.kH, p.sH, p.pH, p.dH, H);
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          const PoolSpan w = pool_span(ow, p.kW, p.sW, p.pW, p.dW, W);
+        const int64_t plane = r / f.OH;
+        const int64_t oh = r % f.OH;
+        const scalar_t* src = in + pool2d_plane_offset(plane, f.channels, xs);
+        const int64_t row = pool2d_plane_offset(plane, f.channels, os) + oh * os.h;
+        const PoolSpan h = pool_span(oh, p.kH, p.sH, p.pH, p.dH, f.H);
+        for (int64_t ow = 0; ow < f.OW; ++ow) {
+          const PoolSpan w = pool_span(ow, p.kW, p.sW, p.pW, p.dW, f.W);
           int64_t code;
-          const opmath_t best = max_pool2d_window(src, W, h, w, p, &code);
-          y[r * OW + ow] = static_cast<scalar_t>(best);
-          am[r * OW + ow] = static_cast<uint8_t>(code);
+          const opmath_t best = max_pool2d_window(src, xs.h, xs.w, h, w, p, &code);
+          y[row + ow * os.w] = static_cast<scalar_t>(best);
+          am[row + ow * os.w] = static_cast<uint8_t>(code);
         }
       }
     });
   });
-  return {out, argmax};
+  return {f.out, f.argmax};
 }
 
-at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_out, const at::Tensor& argmax,
-                                   c10::SymIntArrayRef input_size_sym, at::IntArrayRef kernel_size,
-                                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
-  const Pool2dParams p = check_pool2d_params(kernel_size, stride, padding, dilation, "max_pool2d_backward");
-  const at::IntArrayRef input_size = C10_AS_INTARRAYREF_SLOW(input_size_sym);
-  const int64_t dim = check_max_pool2d_backward_args(grad_out, argmax, input_size);
-  const at::Tensor g = grad_out.contiguous();
-  const at::Tensor am = argmax.contiguous();
-  at::Tensor grad_in = at::zeros(input_size, g.options());
-  const int64_t H = input_size[dim - 2], W = input_size[dim - 1];
-  const int64_t OH = g.size(dim - 2), OW = g.size(dim - 1);
-  const int64_t planes = OH * OW == 0 ? 0 : g.numel() / (OH * OW);
-  if (planes == 0) {
-    return grad_in;
-  }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "memsave_max_pool2d_backward_cpu", [&] {
-    const scalar_t* go = g.const_data_ptr<scalar_t>();
-    const uint8_t* code = am.const_data_ptr<uint8_t>();
-    scalar_t* gi = grad_in.mutable_data_ptr<scalar_t>();
-    const int64_t grain = std::max<int64_t>(1, 32768 / (OH * OW));
+at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_out, const at::Tensor& argmax, c10::SymIntArrayRef input_size,
+                                   at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding,
+                                   at::IntArrayRef dilation) {
+  Pool2dParams p;
+  const MaxPool2dBackward b =
+      max_pool2d_backward_prepare(grad_out, argmax, input_size, kernel_size, stride, padding, dilation, true, &p);
+  const int64_t planes = b.g.numel() == 0 ? 0 : b.g.numel() / (b.OH * b.OW);
+  const Pool2dStrides gs = pool2d_strides(b.g), is = pool2d_strides(b.grad_in);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, b.g.scalar_type(), "memsave_max_pool2d_backward_cpu", [&] {
+    const scalar_t* go = b.g.const_data_ptr<scalar_t>();
+    const uint8_t* code = b.argmax.const_data_ptr<uint8_t>();
+    scalar_t* gi = b.grad_in.mutable_data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 32768 / (b.OH * b.OW));
     // One task per plane: overlapping windows add into the same input element, in torch's order.
     at::parallel_for(0, planes, grain, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
-        scalar_t* dst = gi + c * H * W;
-        for (int64_t oh = 0; oh < OH; ++oh) {
-          for (int64_t ow = 0; ow < OW; ++ow) {
-            const int64_t o = (c * OH + oh) * OW + ow;
+        scalar_t* dst = gi + pool2d_plane_offset(c, b.channels, is);
+        const int64_t src = pool2d_plane_offset(c, b.channels, gs);
+        for (int64_t oh = 0; oh < b.OH; ++oh) {
+          for (int64_t ow = 0; ow < b.OW; ++ow) {
+            const int64_t o = src + oh * gs.h + ow * gs.w;
             int64_t ih, iw;
             max_pool2d_argmax_pos(code[o], oh, ow, p, &ih, &iw);
-            if (ih >= 0 && ih < H && iw >= 0 && iw < W) {
-              dst[ih * W + iw] += go[o];
+            if (ih >= 0 && ih < b.H && iw >= 0 && iw < b.W) {
+              dst[ih * is.h + iw * is.w] += go[o];
             }
           }
         }
       }
     });
   });
-  return grad_in;
+  return b.grad_in;
 }
 
 }  // namespace

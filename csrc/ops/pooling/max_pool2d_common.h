@@ -1,14 +1,18 @@
-// Host-side steps memsave::max_pool2d's CPU and CUDA kernels share: argument checks and output sizes (torch's
-// formula). The per-element math (windows, the one-byte argmax code) is in pool_math.h.
+// Host-side steps memsave::max_pool2d's CPU and CUDA kernels share: argument checks, output sizes (torch's formula)
+// and strides. Outputs, argmax and the input gradient take the input's suggested memory format, as torch's do. The
+// per-element math (windows, the one-byte argmax code) is in pool_math.h.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
+#include "common/checks.h"
 #include "pooling/pool_math.h"
 
 namespace memsave {
@@ -50,8 +54,7 @@ inline Pool2dParams check_pool2d_params(c10::IntArrayRef kernel_size, c10::IntAr
 // Checks the input and returns its output sizes ([C, OH, OW] or [N, C, OH, OW]).
 inline std::vector<int64_t> max_pool2d_output_sizes(const at::Tensor& x, const Pool2dParams& p, bool ceil_mode,
                                                     const char* op) {
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "memsave.", op,
-              ": expected a floating-point tensor (float32, float64, float16 or bfloat16), got ", x.scalar_type());
+  check_floating(x, "self", op);
   const int64_t dim = x.dim();
   TORCH_CHECK((dim == 3 || dim == 4) && x.size(dim - 1) > 0 && x.size(dim - 2) > 0 && x.size(dim - 3) > 0, "memsave.",
               op,
@@ -70,21 +73,82 @@ inline std::vector<int64_t> max_pool2d_output_sizes(const at::Tensor& x, const P
   return sizes;
 }
 
+inline Pool2dStrides pool2d_strides(const at::Tensor& t) {
+  const int64_t d = t.dim();
+  return {d == 4 ? t.stride(0) : 0, t.stride(d - 3), t.stride(d - 2), t.stride(d - 1)};
+}
+
 // Checks max_pool2d_backward's gradient and argmax against input_size (3 or 4 values) and returns its rank.
 inline int64_t check_max_pool2d_backward_args(const at::Tensor& grad_out, const at::Tensor& argmax,
                                               c10::IntArrayRef input_size) {
   const int64_t dim = static_cast<int64_t>(input_size.size());
   TORCH_CHECK(dim == 3 || dim == 4, "memsave.max_pool2d_backward: input_size must have 3 or 4 values, got ",
               input_size);
-  TORCH_CHECK(argmax.scalar_type() == at::kByte && argmax.sizes() == grad_out.sizes(),
-              "memsave.max_pool2d_backward: argmax must be uint8 with the gradient's sizes ", grad_out.sizes(),
-              ", got ", argmax.scalar_type(), " ", argmax.sizes(), "; pass the argmax the forward returned");
-  TORCH_CHECK(argmax.device() == grad_out.device(), "memsave.max_pool2d_backward: argmax is on ", argmax.device(),
-              " but the gradient is on ", grad_out.device());
+  constexpr const char* op = "max_pool2d_backward";
+  check_floating(grad_out, "grad_out", op);
+  check_same_device(argmax, "argmax", grad_out, "grad_out", op);
+  check_dtype(argmax, at::kByte, "argmax", op);
+  TORCH_CHECK(argmax.sizes() == grad_out.sizes(), "memsave.max_pool2d_backward: argmax must have the gradient's sizes ",
+              grad_out.sizes(), ", got ", argmax.sizes(), "; pass the argmax the forward returned");
   TORCH_CHECK(
       grad_out.dim() == dim && grad_out.size(0) == input_size[0] && (dim == 3 || grad_out.size(1) == input_size[1]),
       "memsave.max_pool2d_backward: gradient sizes ", grad_out.sizes(), " do not fit input_size ", input_size);
   return dim;
+}
+
+// The tensors and sizes of one max_pool2d forward: the input and both outputs in the input's suggested memory format.
+struct MaxPool2dForward {
+  at::Tensor x, out, argmax;
+  int64_t channels, H, W, OH, OW;
+};
+
+inline MaxPool2dForward max_pool2d_forward_prepare(const at::Tensor& self, c10::IntArrayRef kernel_size,
+                                                   c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                   c10::IntArrayRef dilation, bool ceil_mode, Pool2dParams* p) {
+  *p = check_pool2d_params(kernel_size, stride, padding, dilation, "max_pool2d");
+  const std::vector<int64_t> sizes = max_pool2d_output_sizes(self, *p, ceil_mode, "max_pool2d");
+  const at::MemoryFormat fmt = self.suggest_memory_format();
+  MaxPool2dForward f;
+  f.x = self.contiguous(fmt);
+  f.out = at::empty(sizes, f.x.options().memory_format(fmt));
+  f.argmax = at::empty(sizes, f.x.options().dtype(at::kByte).memory_format(fmt));
+  const int64_t d = self.dim();
+  f.channels = self.size(d - 3);
+  f.H = self.size(d - 2);
+  f.W = self.size(d - 1);
+  f.OH = sizes[d - 2];
+  f.OW = sizes[d - 1];
+  return f;
+}
+
+// The tensors and sizes of one max_pool2d backward: the gradient and argmax in the gradient's suggested memory
+// format, and the input gradient (zeros when `zero`, else uninitialised) in the same format.
+struct MaxPool2dBackward {
+  at::Tensor g, argmax, grad_in;
+  int64_t channels, H, W, OH, OW;
+};
+
+inline MaxPool2dBackward max_pool2d_backward_prepare(const at::Tensor& grad_out, const at::Tensor& argmax,
+                                                     c10::SymIntArrayRef input_size_sym, c10::IntArrayRef kernel_size,
+                                                     c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                                     c10::IntArrayRef dilation, bool zero, Pool2dParams* p) {
+  *p = check_pool2d_params(kernel_size, stride, padding, dilation, "max_pool2d_backward");
+  const c10::IntArrayRef input_size = C10_AS_INTARRAYREF_SLOW(input_size_sym);
+  const int64_t d = check_max_pool2d_backward_args(grad_out, argmax, input_size);
+  const at::MemoryFormat fmt = grad_out.suggest_memory_format();
+  MaxPool2dBackward b;
+  b.g = grad_out.contiguous(fmt);
+  b.argmax = argmax.contiguous(fmt);
+  const auto opts = b.g.options().memory_format(fmt);
+  // at::zeros drops the options' memory format; empty + zero_ keeps it.
+  b.grad_in = at::empty(input_size, opts);
+  if (zero) b.grad_in.zero_();
+  b.channels = input_size[d - 3];
+  b.H = input_size[d - 2];
+  b.W = input_size[d - 1];
+  b.OH = grad_out.size(d - 2);
+  b.OW = grad_out.size(d - 1);
+  return b;
 }
 
 }  // namespace memsave

@@ -34,19 +34,30 @@ C10_HOST_DEVICE inline PoolSpan pool_span(int64_t o, int64_t k, int64_t stride, 
   return PoolSpan{start, last < size ? last : size, start < 0 ? (-start + dilation - 1) / dilation : 0};
 }
 
-// The maximum of one window of a (H x W, row-major) plane, in the op-math type, and its argmax code (*code). torch's
-// rule: the first maximum wins, scanning rows then columns, and NaN wins over anything. A window with no input
-// element gives -inf and the code of its first position.
+// Element strides of a [N, C, H, W] tensor ([C, H, W]: n = 0), so the kernels read and write any layout torch's
+// max_pool2d keeps (contiguous, channels-last).
+struct Pool2dStrides {
+  int64_t n, c, h, w;
+};
+
+// Offset of plane `plane` (= n * C + c) of a tensor with `channels` channels.
+C10_HOST_DEVICE inline int64_t pool2d_plane_offset(int64_t plane, int64_t channels, const Pool2dStrides& s) {
+  return (plane / channels) * s.n + (plane % channels) * s.c;
+}
+
+// The maximum of one window of a plane (row stride sh, column stride sw), in the op-math type, and its argmax code
+// (*code). torch's rule: the first maximum wins, scanning rows then columns, and NaN wins over anything. A window with
+// no input element gives -inf and the code of its first position.
 template <typename scalar_t>
-C10_HOST_DEVICE inline at::opmath_type<scalar_t> max_pool2d_window(const scalar_t* plane, int64_t W, const PoolSpan& h,
-                                                                   const PoolSpan& w, const Pool2dParams& p,
-                                                                   int64_t* code) {
+C10_HOST_DEVICE inline at::opmath_type<scalar_t> max_pool2d_window(const scalar_t* plane, int64_t sh, int64_t sw,
+                                                                   const PoolSpan& h, const PoolSpan& w,
+                                                                   const Pool2dParams& p, int64_t* code) {
   using opmath_t = at::opmath_type<scalar_t>;
   opmath_t best = -std::numeric_limits<opmath_t>::infinity();
   *code = h.k0 * p.kW + w.k0;
   for (int64_t kh = h.k0, ih = h.start + h.k0 * p.dH; ih < h.end; ++kh, ih += p.dH) {
     for (int64_t kw = w.k0, iw = w.start + w.k0 * p.dW; iw < w.end; ++kw, iw += p.dW) {
-      const opmath_t v = static_cast<opmath_t>(plane[ih * W + iw]);
+      const opmath_t v = static_cast<opmath_t>(plane[ih * sh + iw * sw]);
       if (v > best || at::_isnan(v)) {
         best = v;
         *code = kh * p.kW + kw;

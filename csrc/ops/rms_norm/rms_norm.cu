@@ -118,14 +118,11 @@ int row_threads(int64_t cols) {
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_cuda(const at::Tensor& input, const c10::optional<at::Tensor>& weight,
                                                  double eps) {
-  const RmsShape s = check_rms_norm_args(input, weight, eps, "rms_norm");
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = input.contiguous();
-  const at::ScalarType acc = rms_acc_dtype(input);
-  const bool has_w = rms_defined(weight);
-  const at::Tensor w = has_w ? weight->to(acc).contiguous() : at::Tensor();
-  at::Tensor out = at::empty(input.sizes(), input.options().dtype(rms_out_dtype(input, weight)));
-  at::Tensor rstd = at::empty(input.sizes().slice(0, input.dim() - 1), input.options().dtype(acc));
+  const RmsForward f = rms_norm_prepare(input, weight, eps);
+  const RmsShape s = f.s;
+  const at::Tensor &x = f.x, &w = f.w, &out = f.out, &rstd = f.rstd;
+  const bool has_w = w.defined();
   if (s.rows == 0) return {out, rstd};
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int blocks = static_cast<int>(std::min(s.rows, kMaxRowBlocks));
@@ -139,25 +136,22 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cuda(const at::Tensor& input, const 
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  return {out, rstd};
+  return {rms_in_input_layout(out, x, input), rstd};
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
                                                           const at::Tensor& rstd,
                                                           const c10::optional<at::Tensor>& weight,
                                                           std::array<bool, 2> output_mask) {
-  const RmsShape s = check_rms_norm_backward_args(grad_out, input, rstd, weight, "rms_norm_backward");
   const c10::cuda::CUDAGuard guard(input.device());
-  const bool has_w = rms_defined(weight);
+  const RmsBackward b = rms_norm_backward_prepare(grad_out, input, rstd, weight, output_mask[0]);
+  const RmsShape s = b.s;
+  const at::Tensor &x = b.x, &go = b.go, &r = b.rstd, &w = b.w, &grad_input = b.grad_input;
+  const bool has_w = w.defined();
   const bool need_gi = output_mask[0], need_gw = output_mask[1] && has_w;
-  const at::Tensor x = input.contiguous();
-  const at::Tensor go = grad_out.contiguous();
-  const at::Tensor r = rstd.contiguous();
   const at::ScalarType acc = rms_acc_dtype(input);
-  const at::Tensor w = has_w ? weight->to(acc).contiguous() : at::Tensor();
-  at::Tensor grad_input = need_gi ? at::empty(input.sizes(), input.options()) : at::empty({0}, input.options());
   at::Tensor grad_weight = need_gw ? at::zeros({s.cols}, weight->options()) : at::empty({0}, input.options());
-  if (s.rows == 0 || s.cols == 0) return {grad_input, grad_weight};
+  if (s.rows == 0 || s.cols == 0) return {rms_in_input_layout(grad_input, x, input), grad_weight};
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t chunk_rows = std::max<int64_t>(1, (s.rows + kMaxWeightGradChunks - 1) / kMaxWeightGradChunks);
   const int64_t chunks = (s.rows + chunk_rows - 1) / chunk_rows;
@@ -184,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad
     });
   });
   if (need_gw) grad_weight = at::sum(partial, 0).to(weight->scalar_type());
-  return {grad_input, grad_weight};
+  return {rms_in_input_layout(grad_input, x, input), grad_weight};
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 // Everything is torch matmuls plus the rms_norm operators (CPU kernels in rms_norm.cpp, CUDA ones in rms_norm.cu),
 // called through the dispatcher, so one implementation serves both devices.
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -29,6 +30,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "rms_norm/rms_norm.h"
 
 namespace memsave {
@@ -55,17 +57,17 @@ std::tuple<at::Tensor, at::Tensor> call_rms_norm_backward(const at::Tensor& grad
   return handle.call(grad_out, input, rstd, weight, mask);
 }
 
-void check_linears(const at::Tensor& input, at::TensorList weights, size_t n_biases, const char* op) {
+// The Linears' weights and biases (or has_bias flags, n_biases of them): one per weight, each a Linear over the
+// norm's output. Argument names carry the index: "weights[1]".
+void check_linears(const at::Tensor& input, at::TensorList weights, const c10::List<c10::optional<at::Tensor>>* biases,
+                   size_t n_biases, const char* op) {
   TORCH_CHECK_VALUE(!weights.empty(), "memsave.", op, ": weights must hold at least one Linear weight");
   TORCH_CHECK_VALUE(n_biases == weights.size(), "memsave.", op, ": biases must have one entry (a tensor or None) per ",
                     "weight, got ", n_biases, " for ", weights.size(), " weights");
   for (size_t i = 0; i < weights.size(); ++i) {
-    const at::Tensor& w = weights[i];
-    TORCH_CHECK_VALUE(w.dim() == 2 && w.size(1) == input.size(-1), "memsave.", op, ": weights[", i,
-                      "] must have shape [out_features, ", input.size(-1), "] to follow an RMSNorm over the last ",
-                      "dimension ", input.size(-1), ", got ", w.sizes());
-    TORCH_CHECK(w.device() == input.device(), "memsave.", op, ": weights[", i, "] is on ", w.device(),
-                " but the input is on ", input.device());
+    const std::string w = "weights[" + std::to_string(i) + "]", b = "biases[" + std::to_string(i) + "]";
+    const c10::optional<at::Tensor> bias = biases != nullptr ? biases->get(i) : c10::nullopt;
+    check_linear_params(weights[i], bias, input.size(-1), input, "input", w.c_str(), b.c_str(), op);
   }
 }
 
@@ -82,13 +84,7 @@ std::vector<at::Tensor> rms_norm_linear_forward(const at::Tensor& input, const c
   constexpr const char* op = "rms_norm_linear";
   rms_shape(input, op);
   check_rms_weight(norm_weight, input, "norm_weight", op);
-  check_linears(input, weights, biases.size(), op);
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const c10::optional<at::Tensor> b = biases.get(i);
-    if (!rms_defined(b)) continue;
-    TORCH_CHECK_VALUE(b->dim() == 1 && b->size(0) == weights[i].size(0), "memsave.", op, ": biases[", i,
-                      "] must have shape [", weights[i].size(0), "], got ", b->sizes());
-  }
+  check_linears(input, weights, &biases, biases.size(), op);
   // The caller already cast for autocast; the inner ops must not be cast again.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor h = std::get<0>(call_rms_norm(input, norm_weight, eps));
@@ -107,17 +103,13 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tens
   constexpr const char* op = "rms_norm_linear_backward";
   const RmsShape s = rms_shape(input, op);
   check_rms_weight(norm_weight, input, "norm_weight", op);
-  check_linears(input, weights, has_bias.size(), op);
+  check_linears(input, weights, nullptr, has_bias.size(), op);
   TORCH_CHECK_VALUE(grad_outs.size() == weights.size(), "memsave.", op, ": grad_outs must have one entry per weight (",
                     weights.size(), "), got ", grad_outs.size());
   for (size_t i = 0; i < weights.size(); ++i) {
     const c10::optional<at::Tensor> g = grad_outs.get(i);
-    if (!rms_defined(g)) continue;
-    TORCH_CHECK_VALUE(g->dim() == input.dim() && g->size(-1) == weights[i].size(0) &&
-                          g->numel() / std::max<int64_t>(weights[i].size(0), 1) == s.rows,
-                      "memsave.", op, ": grad_outs[", i, "] has shape ", g->sizes(), ", which does not match the ",
-                      "output of an input of shape ", input.sizes(), " and weights[", i, "] of shape ",
-                      weights[i].sizes());
+    if (!is_defined(g)) continue;
+    check_linear_grad_out(*g, ("grad_outs[" + std::to_string(i) + "]").c_str(), input, "input", weights[i], op);
   }
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const int64_t in_features = s.cols;
@@ -131,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tens
     for (size_t i = 0; i < weights.size(); ++i) {
       const at::Tensor& w = weights[i];
       const c10::optional<at::Tensor> g = grad_outs.get(i);
-      if (!rms_defined(g)) {
+      if (!is_defined(g)) {
         grad_weights.push_back(at::zeros_like(w));
         grad_biases.push_back(has_bias.get(i) ? at::zeros({w.size(0)}, w.options()) : at::empty({0}, w.options()));
         continue;
@@ -149,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tens
     if (!grad_h.defined()) grad_h = at::zeros({s.rows, in_features}, h.options());
   }
   auto r =
-      call_rms_norm_backward(grad_h.view(input.sizes()), input, rstd, norm_weight, {true, rms_defined(norm_weight)});
+      call_rms_norm_backward(grad_h.view(input.sizes()), input, rstd, norm_weight, {true, is_defined(norm_weight)});
   return {std::get<0>(r), std::get<1>(r), grad_weights, grad_biases};
 }
 

@@ -12,8 +12,10 @@ from typing import List, Optional
 
 import torch
 
+from .autograd import register_fake
 
-@torch.library.register_fake("memsave::unscale_and_check_")
+
+@register_fake("memsave::unscale_and_check_")
 def _unscale_and_check_fake(
     grads: List[torch.Tensor],
     found_inf: torch.Tensor,
@@ -23,7 +25,7 @@ def _unscale_and_check_fake(
     return None
 
 
-@torch.library.register_fake("memsave::amp_update_scale_")
+@register_fake("memsave::amp_update_scale_")
 def _amp_update_scale_fake(
     scale: torch.Tensor,
     growth_tracker: torch.Tensor,

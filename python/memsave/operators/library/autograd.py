@@ -10,7 +10,8 @@ ones torch.library itself uses; they exist unchanged since torch 2.1 and are che
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Type
+import functools
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 import torch
 
@@ -23,12 +24,98 @@ def packed_mask_bytes(numel: int) -> int:
     return (numel + 7) // 8
 
 
-def check_same_device(op: str, grad: torch.Tensor, saved: torch.Tensor) -> None:
-    """Fake kernels check what the real ones check: a backward's saved tensor lives on the gradient's device."""
-    torch._check(
-        saved.device == grad.device,
-        lambda: f"memsave.{op}: the saved tensor is on {saved.device} but the gradient is on {grad.device}",
-    )
+def is_dense(t: torch.Tensor) -> bool:
+    """Whether ``t`` covers its memory without gaps or overlaps (any order of dimensions): ATen's
+    ``is_non_overlapping_and_dense``.
+
+    Example:
+        >>> is_dense(torch.ones(4, 6).t()), is_dense(torch.ones(4, 6)[:, ::2])
+        (True, False)
+    """
+    expected = 1
+    for size, stride in sorted((p for p in zip(t.shape, t.stride()) if p[0] != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def with_strides(t: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
+    """``t`` with exactly ``strides``: ``t`` itself when it has them, else a copy (the values are unchanged).
+
+    Example:
+        >>> with_strides(torch.ones(2, 3), (1, 2)).stride()
+        (1, 2)
+    """
+    if t.stride() == tuple(strides):
+        return t
+    return torch.empty_strided(t.shape, tuple(strides), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def check_devices(op: str, schema: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
+    """What every memsave kernel checks first: all tensor arguments (list elements too) on one device.
+
+    Fake kernels run it too: a meta tensor among real ones outranks them in the dispatcher, so without the check
+    the fake kernel would answer a mixed call with uninitialised memory on the real tensors' device.
+
+    Args:
+        op: the operator's name in the ``memsave`` namespace, for the message.
+        schema: the operator's ``torch._C.FunctionSchema`` (names the arguments).
+        args, kwargs: the call's arguments.
+
+    Raises:
+        RuntimeError: naming the first argument on another device than the first tensor argument.
+
+    Example:
+        >>> check_devices("rms_norm", schema, (x, w.to("meta"), 1e-6), {})  # doctest: +SKIP
+        RuntimeError: memsave.rms_norm: expected all tensors to be on the same device, but weight is on meta ...
+    """
+    names = [a.name for a in schema.arguments]
+    values = list(args) + [kwargs[n] for n in names[len(args) :] if n in kwargs]
+    first: Optional[Tuple[str, torch.device]] = None
+    for name, value in zip(names, values):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for i, t in enumerate(items):
+            if not isinstance(t, torch.Tensor):
+                continue
+            label = f"{name}[{i}]" if isinstance(value, (list, tuple)) else name
+            if first is None:
+                first = (label, t.device)
+            elif t.device != first[1]:
+                raise RuntimeError(
+                    f"memsave.{op}: expected all tensors to be on the same device, but {label} is on {t.device} "
+                    f"and {first[0]} is on {first[1]}; move them to one device (a meta tensor is a parameter that "
+                    f"was never loaded)"
+                )
+
+
+def register_fake(qualname: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``torch.library.register_fake`` for a memsave operator, with :func:`check_devices` run before the fake kernel.
+
+    Args:
+        qualname: ``"memsave::name"``.
+
+    Returns:
+        A decorator that registers the fake kernel and returns it unchanged.
+
+    Example:
+        >>> @register_fake("memsave::rms_norm")  # doctest: +SKIP
+        ... def _fake(input, weight, eps): ...
+    """
+    name = qualname.split("::", 1)[1]
+
+    def decorate(fake: Callable[..., Any]) -> Callable[..., Any]:
+        schema = getattr(torch.ops.memsave, name).default._schema
+
+        @functools.wraps(fake)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            check_devices(name, schema, args, kwargs)
+            return fake(*args, **kwargs)
+
+        torch.library.register_fake(qualname, checked)
+        return fake
+
+    return decorate
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from .autograd import grads_or_none, register_backward_op_autograd
+from .autograd import grads_or_none, register_backward_op_autograd, register_fake
 
 Tensor = torch.Tensor
 
@@ -26,13 +26,13 @@ def _check_gate_up(op: str, gate: Tensor, up: Tensor) -> None:
 # ----------------------------------------------------------------------------------------------------
 # memsave::gated_act: act(gate) * up keeping gate and up.
 # ----------------------------------------------------------------------------------------------------
-@torch.library.register_fake("memsave::gated_act")
+@register_fake("memsave::gated_act")
 def _gated_act_fake(gate: Tensor, up: Tensor, act: str) -> Tensor:
     _check_gate_up("gated_act", gate, up)
     return gate.new_empty(gate.shape)
 
 
-@torch.library.register_fake("memsave::gated_act_backward")
+@register_fake("memsave::gated_act_backward")
 def _gated_act_backward_fake(grad: Tensor, gate: Tensor, up: Tensor, act: str) -> Tuple[Tensor, Tensor]:
     _check_gate_up("gated_act_backward", gate, up)
     return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
@@ -57,7 +57,7 @@ register_backward_op_autograd("memsave::gated_act_backward")
 # ----------------------------------------------------------------------------------------------------
 # memsave::gated_act_linear: linear(act(gate) * up) keeping gate and up.
 # ----------------------------------------------------------------------------------------------------
-@torch.library.register_fake("memsave::gated_act_linear")
+@register_fake("memsave::gated_act_linear")
 def _gated_act_linear_fake(gate: Tensor, up: Tensor, weight: Tensor, bias: Optional[Tensor], act: str) -> Tensor:
     _check_gate_up("gated_act_linear", gate, up)
     torch._check(
@@ -67,7 +67,7 @@ def _gated_act_linear_fake(gate: Tensor, up: Tensor, weight: Tensor, bias: Optio
     return gate.new_empty((*gate.shape[:-1], weight.shape[0]), dtype=weight.dtype)
 
 
-@torch.library.register_fake("memsave::gated_act_linear_backward")
+@register_fake("memsave::gated_act_linear_backward")
 def _gated_act_linear_backward_fake(
     grad_out: Tensor, gate: Tensor, up: Tensor, weight: Tensor, has_bias: bool, act: str
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:

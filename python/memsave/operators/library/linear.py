@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .autograd import grads_or_none, register_backward_op_autograd
+from .autograd import grads_or_none, register_backward_op_autograd, register_fake
 
 # ----------------------------------------------------------------------------------------------------
 # memsave::layer_norm_linear: LayerNorm -> Linear keeping the LayerNorm input plus per-row mean/rstd.
@@ -23,7 +23,7 @@ def _compute_dtype(input: Tensor, ln_weight: Optional[Tensor]) -> torch.dtype:
     return torch.promote_types(input.dtype, ln_weight.dtype) if ln_weight is not None else input.dtype
 
 
-@torch.library.register_fake("memsave::layer_norm_linear")
+@register_fake("memsave::layer_norm_linear")
 def _layer_norm_linear_fake(
     input: Tensor,
     normalized_shape: List[int],
@@ -48,7 +48,7 @@ def _layer_norm_linear_fake(
     return out, mean, torch.empty_like(mean)
 
 
-@torch.library.register_fake("memsave::layer_norm_linear_backward")
+@register_fake("memsave::layer_norm_linear_backward")
 def _layer_norm_linear_backward_fake(
     grad_out: Tensor,
     input: Tensor,
@@ -68,7 +68,7 @@ def _layer_norm_linear_backward_fake(
     return grad_input, grad_lw, grad_lb, grad_weight, grad_bias
 
 
-@torch.library.register_fake("memsave::layer_norm_apply")
+@register_fake("memsave::layer_norm_apply")
 def _layer_norm_apply_fake(
     input: Tensor,
     normalized_shape: List[int],
@@ -115,7 +115,7 @@ register_backward_op_autograd("memsave::layer_norm_apply")
 # ----------------------------------------------------------------------------------------------------
 
 
-@torch.library.register_fake("memsave::act_linear")
+@register_fake("memsave::act_linear")
 def _act_linear_fake(input: Tensor, weight: Tensor, bias: Optional[Tensor], act: str, act_param: float) -> Tensor:
     torch._check(
         weight.dim() == 2 and input.dim() >= 1 and weight.shape[1] == input.shape[-1],
@@ -124,7 +124,7 @@ def _act_linear_fake(input: Tensor, weight: Tensor, bias: Optional[Tensor], act:
     return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=weight.dtype)
 
 
-@torch.library.register_fake("memsave::act_linear_backward")
+@register_fake("memsave::act_linear_backward")
 def _act_linear_backward_fake(
     grad_out: Tensor, input: Tensor, weight: Tensor, has_bias: bool, act: str, act_param: float
 ) -> Tuple[Tensor, Tensor, Tensor]:

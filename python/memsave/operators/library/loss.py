@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .autograd import grads_or_none, register_backward_op_autograd
+from .autograd import grads_or_none, register_backward_op_autograd, register_fake
 
 Tensor = torch.Tensor
 
@@ -41,13 +41,15 @@ def _check_args(
     )
     torch._check(reduction in _REDUCTIONS, lambda: f"memsave.{op}: reduction must be 'mean', 'sum' or 'none'")
     for name, t in (("weight", weight), ("target", target), ("bias", bias)):
-        torch._check(
-            t is None or t.device == hidden.device,
-            lambda: f"memsave.{op}: {name} is on {t.device} but hidden is on {hidden.device}",
-        )
+        if t is not None:
+            device = t.device
+            torch._check(
+                device == hidden.device,
+                lambda: f"memsave.{op}: {name} is on {device} but hidden is on {hidden.device}",
+            )
 
 
-@torch.library.register_fake("memsave::linear_cross_entropy")
+@register_fake("memsave::linear_cross_entropy")
 def _linear_cross_entropy_fake(
     hidden: Tensor,
     weight: Tensor,
@@ -66,7 +68,7 @@ def _linear_cross_entropy_fake(
     return loss, lse
 
 
-@torch.library.register_fake("memsave::linear_cross_entropy_backward")
+@register_fake("memsave::linear_cross_entropy_backward")
 def _linear_cross_entropy_backward_fake(
     grad_loss: Tensor,
     hidden: Tensor,
@@ -89,7 +91,7 @@ def _linear_cross_entropy_backward_fake(
     return grad_hidden, grad_weight, grad_bias
 
 
-@torch.library.register_fake("memsave::cross_entropy_tile_lse_")
+@register_fake("memsave::cross_entropy_tile_lse_")
 def _cross_entropy_tile_lse_fake(
     logits: Tensor,
     target: Tensor,
@@ -102,7 +104,7 @@ def _cross_entropy_tile_lse_fake(
     return None
 
 
-@torch.library.register_fake("memsave::cross_entropy_tile_grad_")
+@register_fake("memsave::cross_entropy_tile_grad_")
 def _cross_entropy_tile_grad_fake(
     logits: Tensor,
     target: Tensor,

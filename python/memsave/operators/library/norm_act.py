@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .autograd import grads_or_none, register_backward_op_autograd, register_mutating_autograd
+from .autograd import grads_or_none, register_backward_op_autograd, register_fake, register_mutating_autograd
 
 # ----------------------------------------------------------------------------------------------------
 # memsave::batch_norm_act: batch norm + activation keeping only the batch-norm input and per-channel statistics.
@@ -49,7 +49,7 @@ def bn_backward_fake(x: Tensor, weight: Optional[Tensor]) -> Tuple[Tensor, Tenso
     return empty_in_kernel_layout(x), grad_weight, torch.empty_like(grad_weight)
 
 
-@torch.library.register_fake("memsave::batch_norm_act")
+@register_fake("memsave::batch_norm_act")
 def _batch_norm_act_fake(
     input: Tensor,
     weight: Optional[Tensor],
@@ -68,7 +68,7 @@ def _batch_norm_act_fake(
     return empty_in_kernel_layout(input), mean, torch.empty_like(mean)
 
 
-@torch.library.register_fake("memsave::batch_norm_act_backward")
+@register_fake("memsave::batch_norm_act_backward")
 def _batch_norm_act_backward_fake(
     grad_out: Tensor,
     input: Tensor,
@@ -85,7 +85,7 @@ def _batch_norm_act_backward_fake(
 
 class _BatchNormActFunction(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         redispatch: Any,
         input: Tensor,
@@ -140,7 +140,7 @@ def conv2d_output_shape(
     return n, weight.shape[0], ho, wo
 
 
-@torch.library.register_fake("memsave::batch_norm_act_apply")
+@register_fake("memsave::batch_norm_act_apply")
 def _batch_norm_act_apply_fake(
     input: Tensor,
     mean: Tensor,
@@ -153,7 +153,7 @@ def _batch_norm_act_apply_fake(
     return empty_in_kernel_layout(input)
 
 
-@torch.library.register_fake("memsave::batch_norm_act_conv2d")
+@register_fake("memsave::batch_norm_act_conv2d")
 def _batch_norm_act_conv2d_fake(
     input: Tensor,
     bn_weight: Optional[Tensor],
@@ -179,7 +179,7 @@ def _batch_norm_act_conv2d_fake(
     return out, mean, torch.empty_like(mean)
 
 
-@torch.library.register_fake("memsave::batch_norm_act_conv2d_backward")
+@register_fake("memsave::batch_norm_act_conv2d_backward")
 def _batch_norm_act_conv2d_backward_fake(
     grad_out: Tensor,
     input: Tensor,
@@ -205,7 +205,7 @@ def _batch_norm_act_conv2d_backward_fake(
 
 class _BatchNormActConv2dFunction(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         redispatch: Any,
         input: Tensor,
@@ -289,7 +289,7 @@ register_backward_op_autograd("memsave::batch_norm_act_apply")
 # ----------------------------------------------------------------------------------------------------
 
 
-@torch.library.register_fake("memsave::inplace_abn")
+@register_fake("memsave::inplace_abn")
 def _inplace_abn_fake(
     self: Tensor,
     weight: Optional[Tensor],
@@ -307,7 +307,7 @@ def _inplace_abn_fake(
     return mean, torch.empty_like(mean)
 
 
-@torch.library.register_fake("memsave::inplace_abn_backward")
+@register_fake("memsave::inplace_abn_backward")
 def _inplace_abn_backward_fake(
     grad_out: Tensor,
     output: Tensor,
@@ -323,7 +323,7 @@ def _inplace_abn_backward_fake(
 
 class _InPlaceABNFunction(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         redispatch: Any,
         x: Tensor,

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any, List, Sequence, Tuple
 
 import torch
+from torch._prims_common import suggest_memory_format
 
-from .autograd import check_same_device
+from .autograd import register_fake
 
 
 def pool_output_size(size: Any, kernel: int, pad: int, stride: int, dilation: int, ceil_mode: bool) -> Any:
@@ -22,7 +23,7 @@ def pool_output_size(size: Any, kernel: int, pad: int, stride: int, dilation: in
     return out
 
 
-@torch.library.register_fake("memsave::max_pool2d")
+@register_fake("memsave::max_pool2d")
 def _max_pool2d_fake(
     x: torch.Tensor,
     kernel_size: Sequence[int],
@@ -35,10 +36,12 @@ def _max_pool2d_fake(
     oh = pool_output_size(x.shape[-2], kernel_size[0], padding[0], stride[0], dilation[0], ceil_mode)
     ow = pool_output_size(x.shape[-1], kernel_size[1], padding[1], stride[1], dilation[1], ceil_mode)
     sizes = (*x.shape[:-2], oh, ow)
-    return x.new_empty(sizes), x.new_empty(sizes, dtype=torch.uint8)
+    fmt = suggest_memory_format(x)  # the kernels keep the input's memory format, as torch's max_pool2d does
+    out = torch.empty(sizes, dtype=x.dtype, device=x.device, memory_format=fmt)
+    return out, torch.empty(sizes, dtype=torch.uint8, device=x.device, memory_format=fmt)
 
 
-@torch.library.register_fake("memsave::max_pool2d_backward")
+@register_fake("memsave::max_pool2d_backward")
 def _max_pool2d_backward_fake(
     grad_out: torch.Tensor,
     argmax: torch.Tensor,
@@ -48,8 +51,8 @@ def _max_pool2d_backward_fake(
     padding: Sequence[int],
     dilation: Sequence[int],
 ) -> torch.Tensor:
-    check_same_device("max_pool2d_backward", grad_out, argmax)
-    return grad_out.new_empty(tuple(input_size))
+    fmt = suggest_memory_format(grad_out)
+    return torch.empty(tuple(input_size), dtype=grad_out.dtype, device=grad_out.device, memory_format=fmt)
 
 
 def _setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -58,11 +61,14 @@ def _setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor
     ctx.save_for_backward(argmax)  # 1 byte per output element; the input is not kept, only its sizes
     ctx.mark_non_differentiable(argmax)
     ctx.input_size = tuple(x.shape)
+    ctx.memory_format = suggest_memory_format(x)
     ctx.params = (list(kernel_size), list(stride), list(padding), list(dilation))
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor, _grad_argmax: Any) -> Tuple[Any, ...]:
     (argmax,) = ctx.saved_tensors
+    # The input gradient takes grad_out's memory format: the input's, whatever layout the gradient arrived in.
+    grad_out = grad_out.contiguous(memory_format=ctx.memory_format)
     grad_in = torch.ops.memsave.max_pool2d_backward(grad_out, argmax, list(ctx.input_size), *ctx.params)
     return grad_in, None, None, None, None, None
 

@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from .autograd import grads_or_none, register_backward_op_autograd
+from .autograd import grads_or_none, is_dense, register_backward_op_autograd, register_fake
 
 Tensor = torch.Tensor
 
@@ -26,6 +26,16 @@ def out_dtype(input: Tensor, weight: Optional[Tensor]) -> torch.dtype:
     return torch.promote_types(input.dtype, weight.dtype) if weight is not None else input.dtype
 
 
+def rstd_strides(input: Tensor) -> Tuple[int, ...]:
+    """Strides of rms_norm's per-row statistic (mirrors ``rms_rows`` in csrc/ops/rms_norm/rms_norm.h): a dense input
+    whose last dimension is contiguous is read in place, one value per row in its row order; any other gives a
+    contiguous statistic."""
+    cols = input.shape[-1]
+    if is_dense(input) and input.stride(-1) == 1 and cols > 0:
+        return tuple(s // cols for s in input.stride()[:-1])
+    return torch.empty(input.shape[:-1], device="meta").stride()
+
+
 def _check_norm_weight(op: str, input: Tensor, weight: Optional[Tensor], name: str) -> None:
     torch._check(input.dim() >= 1, lambda: f"memsave.{op}: input must have at least one dimension")
     if weight is not None:
@@ -38,18 +48,19 @@ def _check_norm_weight(op: str, input: Tensor, weight: Optional[Tensor], name: s
 # ----------------------------------------------------------------------------------------------------
 # memsave::rms_norm: keeps the input and the per-row reciprocal RMS.
 # ----------------------------------------------------------------------------------------------------
-@torch.library.register_fake("memsave::rms_norm")
+@register_fake("memsave::rms_norm")
 def _rms_norm_fake(input: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
     _check_norm_weight("rms_norm", input, weight, "weight")
-    out = input.new_empty(input.shape, dtype=out_dtype(input, weight))
-    return out, input.new_empty(input.shape[:-1], dtype=stat_dtype(input))
+    out = torch.empty_like(input, dtype=out_dtype(input, weight))  # the kernels keep the input's layout
+    rstd = torch.empty_strided(input.shape[:-1], rstd_strides(input), dtype=stat_dtype(input), device=input.device)
+    return out, rstd
 
 
-@torch.library.register_fake("memsave::rms_norm_backward")
+@register_fake("memsave::rms_norm_backward")
 def _rms_norm_backward_fake(
     grad_out: Tensor, input: Tensor, rstd: Tensor, weight: Optional[Tensor], output_mask: List[bool]
 ) -> Tuple[Tensor, Tensor]:
-    grad_input = input.new_empty(input.shape) if output_mask[0] else input.new_empty((0,))
+    grad_input = torch.empty_like(input) if output_mask[0] else input.new_empty((0,))
     grad_weight = weight.new_empty(weight.shape) if output_mask[1] and weight is not None else input.new_empty((0,))
     return grad_input, grad_weight
 
@@ -76,7 +87,7 @@ register_backward_op_autograd("memsave::rms_norm_backward")
 # ----------------------------------------------------------------------------------------------------
 # memsave::rms_norm_linear: RMSNorm -> one or more Linears, keeping the norm's input only.
 # ----------------------------------------------------------------------------------------------------
-@torch.library.register_fake("memsave::rms_norm_linear")
+@register_fake("memsave::rms_norm_linear")
 def _rms_norm_linear_fake(
     input: Tensor, norm_weight: Optional[Tensor], eps: float, weights: List[Tensor], biases: List[Optional[Tensor]]
 ) -> List[Tensor]:
@@ -94,7 +105,7 @@ def _rms_norm_linear_fake(
     return [input.new_empty((*input.shape[:-1], w.shape[0]), dtype=w.dtype) for w in weights]
 
 
-@torch.library.register_fake("memsave::rms_norm_linear_backward")
+@register_fake("memsave::rms_norm_linear_backward")
 def _rms_norm_linear_backward_fake(
     grad_outs: List[Optional[Tensor]],
     input: Tensor,

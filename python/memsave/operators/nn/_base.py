@@ -1,6 +1,12 @@
-"""What memsave's drop-in replacements for torch.nn modules (ReLU, LeakyReLU, Dropout, MaxPool2d) share."""
+"""What memsave.nn's modules share: the mixin of the drop-in replacements for torch.nn modules (ReLU, LeakyReLU,
+Dropout, MaxPool2d) and the checks of constructor arguments."""
 
 from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Optional, Tuple
+
+from torch import nn
 
 
 class MemsaveModuleMixin:
@@ -21,3 +27,84 @@ class MemsaveModuleMixin:
 
     def _get_name(self) -> str:
         return "memsave." + type(self).__name__
+
+
+def check_size(name: str, value: Any) -> int:
+    """``value`` as a positive int (a feature count, a hidden size), or ValueError naming the argument.
+
+    Example:
+        >>> check_size("in_features", -4)
+        Traceback (most recent call last):
+        ValueError: in_features must be a positive int, got -4
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_eps(eps: Optional[float], allow_none: bool = False) -> None:
+    """A norm's eps: a finite number >= 0 (None too when ``allow_none``), or ValueError naming it.
+
+    Example:
+        >>> check_eps(-1.0)
+        Traceback (most recent call last):
+        ValueError: eps must be a finite number >= 0, got -1.0
+    """
+    if eps is None and allow_none:
+        return
+    if eps is None or not (math.isfinite(float(eps)) and float(eps) >= 0.0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+
+
+def check_momentum(momentum: Optional[float]) -> None:
+    """A batch norm's momentum: None (cumulative average) or a number in [0, 1], or ValueError naming it."""
+    if momentum is not None and not 0.0 <= float(momentum) <= 1.0:
+        raise ValueError(f"momentum must be None or a number in [0, 1], got {momentum!r}")
+
+
+class NormLinearBase(nn.Module):
+    """What the norm -> Linear fused modules (:class:`~memsave.nn.LayerNormLinear`, :class:`~memsave.nn.RMSNormLinear`)
+    share: the Linear's ``weight``/``bias``, the norm held as the submodule ``norm`` or only referenced (when a
+    preceding Deferred norm keeps its parameters where they were), building from existing modules, and the repr.
+
+    Subclasses set ``deferred_name`` (the Deferred norm class that holds a referenced norm) and implement
+    ``forward`` and ``norm_repr``.
+
+    Example:
+        >>> class MyNormLinear(NormLinearBase):  # doctest: +SKIP
+        ...     deferred_name = "DeferredMyNorm"
+    """
+
+    deferred_name: ClassVar[str] = ""
+    in_features: int
+    out_features: int
+
+    @classmethod
+    def _wrap(cls, norm: nn.Module, linear: nn.Linear, register_norm: bool) -> Any:
+        """A new module of this class sharing ``norm``'s and ``linear``'s parameters (the same tensors)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"expected an nn.Linear, got {type(linear).__name__}")
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        if register_norm:
+            fused.norm = norm
+        else:
+            fused.__dict__["_external_norm"] = norm  # referenced, not registered: its keys stay where they are
+        fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused.weight = linear.weight
+        fused.bias = linear.bias
+        return fused
+
+    def _norm(self) -> Any:
+        norm = self._modules.get("norm")
+        return norm if norm is not None else self.__dict__["_external_norm"]
+
+    def norm_repr(self, norm: Any) -> Tuple[str, str]:
+        """(what to print before the Linear's sizes, after them) for ``norm``."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        before, after = self.norm_repr(self._norm())
+        where = "" if "norm" in self._modules else f", norm held by the preceding {self.deferred_name}"
+        bias = self.bias is not None
+        return f"{before}in_features={self.in_features}, out_features={self.out_features}, bias={bias}{after}{where}"

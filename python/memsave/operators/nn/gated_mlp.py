@@ -16,12 +16,13 @@ keys of Hugging Face's ``LlamaMLP``; :meth:`GatedMLP.from_modules` takes existin
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import check_size
 
 Tensor = torch.Tensor
 
@@ -63,6 +64,8 @@ class GatedMLP(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
+        check_size("hidden_size", hidden_size)
+        check_size("intermediate_size", intermediate_size)
         factory = {"device": device, "dtype": dtype}
         self.act = F.resolve_gated_activation("GatedMLP", act)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
@@ -97,7 +100,7 @@ class GatedMLP(nn.Module):
         nn.Module.__init__(mlp)
         mlp.act = F.resolve_gated_activation("GatedMLP", act)
         mlp.hidden_size, mlp.intermediate_size = down_proj.out_features, down_proj.in_features
-        mlp.gate_proj, mlp.up_proj, mlp.down_proj = gate_proj, up_proj, down_proj
+        mlp.gate_proj, mlp.up_proj, mlp.down_proj = cast(nn.Linear, gate_proj), cast(nn.Linear, up_proj), down_proj
         return mlp
 
     def forward(self, input: Tensor) -> Tensor:

@@ -30,12 +30,13 @@ New code can use the modules directly: ``LayerNormLinear(d, 3 * d)`` for ``nn.La
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import NormLinearBase, check_eps, check_size
 
 Tensor = torch.Tensor
 
@@ -67,7 +68,7 @@ class DeferredLayerNorm(nn.Module):
         return f"{self.normalized_shape}, eps={self.eps}, applied by the next LayerNormLinear"
 
 
-class LayerNormLinear(nn.Module):
+class LayerNormLinear(NormLinearBase):
     """``Linear(LayerNorm(x))`` keeping ``x`` and per-row mean/rstd instead of the normalized tensor.
 
     torch keeps the LayerNorm input *and* the normalized tensor (the Linear's input); this keeps the first and
@@ -89,6 +90,8 @@ class LayerNormLinear(nn.Module):
         >>> q, k, v = qkv(x).split(768, dim=-1)
     """
 
+    deferred_name = "DeferredLayerNorm"
+
     def __init__(
         self,
         normalized_shape: Union[int, Sequence[int]],
@@ -101,9 +104,13 @@ class LayerNormLinear(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
+        for size in [normalized_shape] if isinstance(normalized_shape, int) else normalized_shape:
+            check_size("normalized_shape", size)
+        check_size("out_features", out_features)
+        check_eps(eps)
         factory = {"device": device, "dtype": dtype}
         self.norm = nn.LayerNorm(
-            normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias, **factory
+            cast(Any, normalized_shape), eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias, **factory
         )
         linear = nn.Linear(self.norm.normalized_shape[-1], out_features, bias=bias, **factory)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -132,27 +139,13 @@ class LayerNormLinear(nn.Module):
         """
         if not isinstance(norm, (nn.LayerNorm, DeferredLayerNorm)):
             raise TypeError(f"expected an nn.LayerNorm, got {type(norm).__name__}")
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"expected an nn.Linear, got {type(linear).__name__}")
+        fused = cls._wrap(norm, linear, register_norm)
         if tuple(norm.normalized_shape)[-1] != linear.in_features:
             raise ValueError(
                 f"LayerNorm{tuple(norm.normalized_shape)} does not feed Linear(in_features={linear.in_features}): "
                 f"the last normalized dimension must equal in_features"
             )
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
-        if register_norm:
-            fused.norm = norm
-        else:
-            fused.__dict__["_external_norm"] = norm  # referenced, not registered: its keys stay where they are
-        fused.in_features, fused.out_features = linear.in_features, linear.out_features
-        fused.weight = linear.weight
-        fused.bias = linear.bias
         return fused
-
-    def _norm(self) -> nn.Module:
-        norm = self._modules.get("norm")
-        return norm if norm is not None else self.__dict__["_external_norm"]
 
     def forward(self, input: Tensor) -> Tensor:
         norm = self._norm()
@@ -160,13 +153,8 @@ class LayerNormLinear(nn.Module):
             input, norm.normalized_shape, norm.weight, norm.bias, self.weight, self.bias, norm.eps
         )
 
-    def extra_repr(self) -> str:
-        norm = self._norm()
-        where = "" if "norm" in self._modules else ", norm held by the preceding DeferredLayerNorm"
-        return (
-            f"normalized_shape={tuple(norm.normalized_shape)}, eps={norm.eps}, in_features={self.in_features}, "
-            f"out_features={self.out_features}, bias={self.bias is not None}{where}"
-        )
+    def norm_repr(self, norm: Any) -> Tuple[str, str]:
+        return f"normalized_shape={tuple(norm.normalized_shape)}, eps={norm.eps}, ", ""
 
 
 def fuse_layer_norm_linear(norm: nn.LayerNorm, linear: nn.Linear) -> Tuple[DeferredLayerNorm, LayerNormLinear]:
@@ -186,7 +174,7 @@ def fuse_layer_norm_linear(norm: nn.LayerNorm, linear: nn.Linear) -> Tuple[Defer
         >>> block.ln_2, block.mlp.fc1 = memsave.nn.fuse_layer_norm_linear(block.ln_2, block.mlp.fc1)
     """
     deferred = DeferredLayerNorm(norm)
-    return deferred, LayerNormLinear.from_modules(deferred, linear, register_norm=False)
+    return deferred, LayerNormLinear.from_modules(cast(nn.LayerNorm, deferred), linear, register_norm=False)
 
 
 class ActLinear(nn.Module):
@@ -219,6 +207,8 @@ class ActLinear(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
+        check_size("in_features", in_features)
+        check_size("out_features", out_features)
         self.act, self.act_param = F.resolve_activation(act, act_param)
         linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.in_features, self.out_features = in_features, out_features
@@ -289,8 +279,8 @@ class ActLinear(nn.Module):
         fused.act, fused.act_param = F.resolve_activation(act, act_param)
         fused.in_features, fused.out_features = weight.shape[0], weight.shape[1]
         fused.weight_transposed = True
-        fused.weight = weight
-        fused.bias = bias
+        fused.weight = cast(nn.Parameter, weight)  # the Conv1D's own parameters, shared
+        fused.bias = cast(nn.Parameter, bias)  # its Parameter, or None
         return fused
 
     def forward(self, input: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import check_size
 
 Tensor = torch.Tensor
 
@@ -65,11 +66,13 @@ class LinearCrossEntropy(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
+        check_size("in_features", in_features)
+        check_size("num_classes", num_classes)
+        self._set_loss_options(ignore_index, label_smoothing, reduction)  # before drawing the initial weights
         linear = nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
         self.in_features, self.num_classes = in_features, num_classes
         self.weight = linear.weight
         self.bias = linear.bias
-        self._set_loss_options(ignore_index, label_smoothing, reduction)
 
     def _set_loss_options(self, ignore_index: int, label_smoothing: float, reduction: str) -> None:
         if reduction not in ("mean", "sum", "none"):

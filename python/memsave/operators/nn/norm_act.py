@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import check_eps, check_momentum, check_size
 from .activation import activation_spec
 
 Tensor = torch.Tensor
@@ -75,6 +76,9 @@ class _BatchNormActBase(nn.Module):
         act_param: Optional[float] = None,
     ) -> None:
         super().__init__()
+        check_size("num_features", num_features)
+        check_eps(eps)
+        check_momentum(momentum)
         factory = {"device": device, "dtype": dtype}
         self.act, self.act_param = F.resolve_activation(act, act_param, invertible=self._invertible)
         self.num_features = int(num_features)
@@ -423,7 +427,7 @@ class BatchNormActConv2d(nn.Module):
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size: Tuple[int, ...] = tuple(conv.kernel_size)
         self.stride: Tuple[int, ...] = tuple(conv.stride)
-        self.padding: Tuple[int, ...] = tuple(conv.padding)  # type: ignore[arg-type]
+        self.padding: Tuple[int, ...] = tuple(conv.padding)
         self.dilation: Tuple[int, ...] = tuple(conv.dilation)
         self.groups = conv.groups
         self.weight = conv.weight

@@ -22,12 +22,13 @@ keeps every key where it was::
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import nn
 
 from .. import functional as F
+from ._base import NormLinearBase, check_eps, check_size
 
 Tensor = torch.Tensor
 
@@ -36,17 +37,18 @@ __all__ = ["DeferredRMSNorm", "RMSNorm", "RMSNormLinear", "fuse_rms_norm_linear"
 
 def _hidden_size(normalized_shape: Union[int, Sequence[int]]) -> int:
     if isinstance(normalized_shape, int):
-        return normalized_shape
-    shape = tuple(int(s) for s in normalized_shape)
+        shape: Tuple[int, ...] = (normalized_shape,)
+    else:
+        shape = tuple(int(s) for s in normalized_shape)
     if len(shape) != 1:
         raise ValueError(
             f"memsave's RMSNorm normalizes the last dimension only; normalized_shape must be an int or a 1-tuple, "
             f"got {shape}"
         )
-    return shape[0]
+    return check_size("normalized_shape", shape[0])
 
 
-def _norm_eps(norm: nn.Module) -> Optional[float]:
+def _norm_eps(norm: Any) -> Optional[float]:
     # Hugging Face's RMSNorms call it variance_epsilon, torch.nn.RMSNorm eps (None: the dtype's machine epsilon).
     if hasattr(norm, "variance_epsilon"):
         return float(norm.variance_epsilon)
@@ -82,7 +84,7 @@ class RMSNorm(nn.Module):
         device, dtype: factory arguments.
 
     Raises:
-        ValueError: a normalized_shape of more than one dimension.
+        ValueError: a normalized_shape of more than one dimension or below 1, or a negative or non-finite eps.
 
     Example:
         >>> norm = memsave.nn.RMSNorm(4096, eps=1e-5)
@@ -100,6 +102,7 @@ class RMSNorm(nn.Module):
     ) -> None:
         super().__init__()
         hidden = _hidden_size(normalized_shape)
+        check_eps(eps, allow_none=True)
         self.normalized_shape: Tuple[int, ...] = (hidden,)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -185,7 +188,7 @@ class DeferredRMSNorm(nn.Module):
         return f"{self.normalized_shape}, eps={self.eps}, applied by the next RMSNormLinear"
 
 
-class RMSNormLinear(nn.Module):
+class RMSNormLinear(NormLinearBase):
     """``Linear(RMSNorm(x))`` keeping only ``x`` for backward.
 
     torch keeps the norm's input and intermediates plus the normalized tensor (the Linear's input); this keeps ``x``
@@ -206,6 +209,8 @@ class RMSNormLinear(nn.Module):
         >>> q, k, v = qkv(x).split(1024, dim=-1)
     """
 
+    deferred_name = "DeferredRMSNorm"
+
     def __init__(
         self,
         in_features: int,
@@ -217,6 +222,8 @@ class RMSNormLinear(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
+        check_size("in_features", in_features)
+        check_size("out_features", out_features)
         factory = {"device": device, "dtype": dtype}
         self.norm = RMSNorm(in_features, eps=eps, elementwise_affine=elementwise_affine, **factory)
         linear = nn.Linear(in_features, out_features, bias=bias, **factory)
@@ -245,39 +252,21 @@ class RMSNormLinear(nn.Module):
             >>> fused = memsave.nn.RMSNormLinear.from_modules(model.norm, model.lm_head)
         """
         _check_rms_norm_module(norm)
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"expected an nn.Linear, got {type(linear).__name__}")
+        fused = cls._wrap(norm, linear, register_norm)
         weight = getattr(norm, "weight", None)
         if weight is not None and weight.shape[0] != linear.in_features:
             raise ValueError(
                 f"an RMSNorm over {weight.shape[0]} features does not feed Linear(in_features={linear.in_features})"
             )
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
-        if register_norm:
-            fused.norm = norm
-        else:
-            fused.__dict__["_external_norm"] = norm  # referenced, not registered: its keys stay where they are
-        fused.in_features, fused.out_features = linear.in_features, linear.out_features
-        fused.weight = linear.weight
-        fused.bias = linear.bias
         return fused
-
-    def _norm(self) -> nn.Module:
-        norm = self._modules.get("norm")
-        return norm if norm is not None else self.__dict__["_external_norm"]
 
     def forward(self, input: Tensor) -> Tensor:
         norm = self._norm()
-        return F.rms_norm_linear(input, norm.weight, self.weight, self.bias, _norm_eps(norm))
+        out = F.rms_norm_linear(input, norm.weight, self.weight, self.bias, _norm_eps(norm))
+        return cast(Tensor, out)  # one weight: one output
 
-    def extra_repr(self) -> str:
-        norm = self._norm()
-        where = "" if "norm" in self._modules else ", norm held by the preceding DeferredRMSNorm"
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"eps={_norm_eps(norm)}{where}"
-        )
+    def norm_repr(self, norm: Any) -> Tuple[str, str]:
+        return "", f", eps={_norm_eps(norm)}"
 
 
 def fuse_rms_norm_linear(
