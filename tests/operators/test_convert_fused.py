@@ -187,13 +187,12 @@ def test_opt_in_inplace_abn_pattern():
 
 
 def test_benchmark_rewrites_keep_keys_and_gradients():
-    """The fused benchmark rows (benchmarks/strategies_fused.py) rewrite ResNet-50 and the GPT-2-like model in
-    place: same parameter names, gradients equal to eager's within float32 rounding."""
-    from benchmarks import strategies_fused
+    """The fusion recipes the benchmark rows apply (memsave.operators.convert.recipes) rewrite ResNet-50 and the
+    GPT-2-like model in place: same parameter names, gradients equal to eager's within float32 rounding."""
+    from memsave import models as bench_models
+    from memsave.operators.convert import recipes
 
-    from memsave.measurement import models as bench_models
-
-    for name, fuse in (("resnet50", strategies_fused.fuse_resnet50), ("gpt2", strategies_fused.fuse_gpt2)):
+    for name, fuse in (("resnet50", recipes.fuse_resnet50), ("gpt2", recipes.fuse_gpt2)):
         case = bench_models.build(name, "tiny")
         eager = case.model
         eager.eval() if name == "gpt2" else None  # dropout off: both sides then run the same function
@@ -205,3 +204,25 @@ def test_benchmark_rewrites_keep_keys_and_gradients():
             loss = case.loss_fn(model(*case.inputs))
             grads.append(torch.autograd.grad(loss, list(model.parameters())))
         _assert_grads_close(grads[1], grads[0])
+
+
+def test_recipes_refuse_other_models_and_fuse_sequentials_counts():
+    """A recipe refuses a model it was not written for (before changing it); fuse_sequentials applies only the named
+    patterns and counts them."""
+    from memsave.operators.convert import recipes
+
+    model = _cnn()
+    before = copy.deepcopy(model)
+    for fuse in (recipes.fuse_resnet50, recipes.fuse_gpt2):
+        try:
+            fuse(model)
+        except TypeError as err:
+            assert "model" in str(err)
+        else:
+            raise AssertionError("expected TypeError")
+    assert str(model) == str(before)
+    assert recipes.fuse_sequentials(model, ["batch_norm_act_conv2d", "batch_norm_act"]) == 3
+    assert isinstance(model[1], DeferredBatchNormAct2d) and isinstance(model[3], BatchNormActConv2d)
+    assert isinstance(model[4], DeferredBatchNormAct2d) and isinstance(model[7], BatchNormAct2d)
+    assert isinstance(model[10], nn.LayerNorm)  # layer_norm_linear was not named
+    assert list(model.state_dict()) == list(before.state_dict())

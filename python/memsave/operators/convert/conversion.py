@@ -45,6 +45,7 @@ reported as "depends"). :func:`plan_convert` returns the same report without cha
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
@@ -174,43 +175,87 @@ def _qualify(prefix: str, child: str) -> str:
 Install = Tuple[nn.Module, Callable[[nn.Module], None]]
 
 
-def _plan(
-    model: nn.Module,
-    include: Optional[List[Selector]],
-    exclude: Optional[List[Selector]],
-    build: bool,
-    fuse: bool = False,
-    dropout: bool = False,
-) -> Tuple[List[_Planned], ConvertReport, List[Install]]:
-    """Decide every swap; with build=False (a dry run) Sequential patterns are matched but not built.
+def _neighbour(
+    children: List[Tuple[str, nn.Module]], i: int, step: int, final: Dict[int, nn.Module]
+) -> Optional[nn.Module]:
+    """The nearest non-view module before (step -1) or after (step +1) position i, None at the ends."""
+    j = i + step
+    while 0 <= j < len(children):
+        m = final.get(j, children[j][1])
+        if not isinstance(m, TRANSPARENT):
+            return m
+        j += step
+    return None
 
-    Returns the planned swaps, the report, and the installs of module rules (module, install) to run after them.
-    """
-    opted_in = {"dropout": dropout}
-    report = ConvertReport()
-    planned: List[_Planned] = []
-    installs: List[Install] = []
-    done: Dict[int, Optional[nn.Module]] = {}  # shared modules are swapped once, to one replacement
-    placed = set()  # (id(parent), child name) slots a module rule filled: not visited again
 
-    def candidate(name: str, module: nn.Module) -> bool:
-        if include is not None and not _selected(include, name, module):
+def _new_name(new: nn.Module) -> str:
+    return f"memsave.{type(new).__name__}" if type(new).__module__.startswith("memsave") else type(new).__name__
+
+
+@dataclass
+class _Children:
+    """The child slots of one module being visited, and what the visit decided for them."""
+
+    prefix: str
+    module: nn.Module
+    items: List[Tuple[str, nn.Module]]
+    final: Dict[int, nn.Module] = field(default_factory=dict)  # position -> planned replacement (consumer analysis)
+    consumed: set = field(default_factory=set)  # positions a Sequential pattern replaced
+    singles: List[Tuple[int, ModuleSwap]] = field(default_factory=list)  # positions a module swap replaced
+
+
+class _Planner:
+    """Decides every swap of one :func:`convert` or :func:`plan_convert` call; with build=False (a dry run)
+    Sequential patterns are matched but not built. Nothing here changes the model."""
+
+    def __init__(
+        self,
+        include: Optional[List[Selector]],
+        exclude: Optional[List[Selector]],
+        build: bool,
+        fuse: bool,
+        dropout: bool,
+    ) -> None:
+        self.include, self.exclude, self.build, self.fuse = include, exclude, build, fuse
+        self.opted_in = {"dropout": dropout}
+        self.report = ConvertReport()
+        self.planned: List[_Planned] = []
+        self.installs: List[Install] = []
+        self.done: Dict[int, Optional[nn.Module]] = {}  # shared modules are swapped once, to one replacement
+        self.placed: set = set()  # (id(parent), child name) slots a module rule filled: not visited again
+
+    def candidate(self, name: str, module: nn.Module) -> bool:
+        if self.include is not None and not _selected(self.include, name, module):
             return False
-        return not _selected(exclude, name, module)
+        return not _selected(self.exclude, name, module)
 
-    def neighbour(
-        children: List[Tuple[str, nn.Module]], i: int, step: int, final: Dict[int, nn.Module]
-    ) -> Optional[nn.Module]:
-        """The nearest non-view module before (step -1) or after (step +1) position i, None at the ends."""
-        j = i + step
-        while 0 <= j < len(children):
-            m = final.get(j, children[j][1])
-            if not isinstance(m, TRANSPARENT):
-                return m
-            j += step
-        return None
+    def run(self, model: nn.Module) -> None:
+        root_rule = module_rule_for(model) if self.fuse else None
+        if root_rule is not None:
+            self.apply_rule("", model, root_rule, None, "")
+        self.visit("", model)
+        order = {name: k for k, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
+        self.report.entries.sort(key=lambda e: order.get(e.name, len(order)))
 
-    def apply_rule(prefix: str, module: nn.Module, rule: ModuleRule, parent: Optional[nn.Module], slot: str) -> bool:
+    # ---- module rules ----
+
+    def _rule_refusal(self, prefix: str, module: nn.Module, targets: list, olds: List[nn.Module]) -> Optional[str]:
+        """Why a rule's replacements (which only work together) cannot all be applied, or None."""
+        excluded = [qn for (qn, _, _, _), old in zip(targets, olds) if _selected(self.exclude, qn, old)]
+        if _selected(self.exclude, prefix, module):
+            excluded.insert(0, prefix or "(root)")
+        not_included = (
+            self.include is not None
+            and not _selected(self.include, prefix, module)
+            and not all(_selected(self.include, qn, old) for (qn, _, _, _), old in zip(targets, olds))
+        )
+        if not targets or not (excluded or not_included):
+            return None
+        return f"excluded ({', '.join(excluded)})" if excluded else "not all of its modules are included"
+
+    def apply_rule(
+        self, prefix: str, module: nn.Module, rule: ModuleRule, parent: Optional[nn.Module], slot: str
+    ) -> bool:
         """Plan ``rule`` on ``module`` (at ``prefix``, the child ``slot`` of ``parent``); True if it replaced
         ``module`` itself (then there is nothing left inside it to visit)."""
         rewrite = rule.rewrite(module)
@@ -225,155 +270,153 @@ def _plan(
             else:
                 targets.append((prefix, parent, slot, r))
         olds = [getattr(owner, attr) for _, owner, attr, _ in targets]
-        excluded = [qn for (qn, _, _, _), old in zip(targets, olds) if _selected(exclude, qn, old)]
-        if _selected(exclude, prefix, module):
-            excluded.insert(0, prefix or "(root)")
-        not_included = (
-            include is not None
-            and not _selected(include, prefix, module)
-            and not all(_selected(include, qn, old) for (qn, _, _, _), old in zip(targets, olds))
-        )
-        if targets and (excluded or not_included):
-            why = f"excluded ({', '.join(excluded)})" if excluded else "not all of its modules are included"
-            report.entries.append(
-                ConvertEntry(
-                    prefix,
-                    type(module).__name__,
-                    "",
-                    SKIPPED,
-                    f"{rule.name}: not applied, {why}; its replacements only work together",
-                )
-            )
+        why = self._rule_refusal(prefix, module, targets, olds)
+        if why is not None:
+            detail = f"{rule.name}: not applied, {why}; its replacements only work together"
+            self.report.entries.append(ConvertEntry(prefix, type(module).__name__, "", SKIPPED, detail))
             return False
         for (qn, owner, attr, r), old in zip(targets, olds):
-            if build:
-                planned.append(_Planned(owner, attr, qn, old, r.new))
-            placed.add((id(owner), attr))
-            done[id(old)] = r.new
-            report.entries.append(
-                ConvertEntry(
-                    qn,
-                    type(old).__name__,
-                    f"memsave.{type(r.new).__name__}"
-                    if type(r.new).__module__.startswith("memsave")
-                    else type(r.new).__name__,
-                    r.verdict,
-                    f"{rule.name}: {r.detail}",
-                )
-            )
+            if self.build:
+                self.planned.append(_Planned(owner, attr, qn, old, r.new))
+            self.placed.add((id(owner), attr))
+            self.done[id(old)] = r.new
+            entry = ConvertEntry(qn, type(old).__name__, _new_name(r.new), r.verdict, f"{rule.name}: {r.detail}")
+            self.report.entries.append(entry)
         for path, reason in rewrite.skipped:
-            qn = _qualify(prefix, path)
             old = module.get_submodule(path) if path else module
-            report.entries.append(ConvertEntry(qn, type(old).__name__, "", SKIPPED, f"{rule.name}: {reason}"))
+            entry = ConvertEntry(_qualify(prefix, path), type(old).__name__, "", SKIPPED, f"{rule.name}: {reason}")
+            self.report.entries.append(entry)
         if rewrite.install is not None and targets:
-            installs.append((module, rewrite.install))
+            self.installs.append((module, rewrite.install))
         return any(not r.path for r in rewrite.replacements)
 
-    def visit(prefix: str, module: nn.Module) -> None:
-        # every child slot, a module registered twice included (named_children() lists it once)
-        children = [(c, m) for c, m in module._modules.items() if m is not None]
-        in_sequential = isinstance(module, nn.Sequential)
-        final: Dict[int, nn.Module] = {}  # position -> planned replacement (for the consumer analysis)
-        consumed = set()
-        singles: List[Tuple[int, ModuleSwap]] = []
-        if in_sequential and fuse:
-            patterns = ordered_patterns()
-            i = 0
-            while i < len(children):
-                matched = False
-                for pat in patterns:
-                    n = len(pat.elements)
-                    run = children[i : i + n]
-                    if len(run) < n or any(id(m) in done for _, m in run):
-                        continue
-                    if not all(element_matches(el, m) for el, (_, m) in zip(pat.elements, run)):
-                        continue
-                    if not all(candidate(_qualify(prefix, c), m) for c, m in run):
-                        continue
-                    olds = [m for _, m in run]
-                    news = pat.build(list(olds)) if build else olds
-                    if news is None:
-                        continue
-                    news = list(news)
-                    if len(news) != n or not all(isinstance(x, nn.Module) for x in news):
-                        raise ValueError(
-                            f"memsave.convert: Sequential pattern {pat.name!r} must return {n} modules (one per "
-                            f"matched position), got {news!r}"
-                        )
-                    for k, ((c, old), new) in enumerate(zip(run, news)):
-                        qn = _qualify(prefix, c)
-                        if new is not old:
-                            planned.append(_Planned(module, c, qn, old, new))
-                        final[i + k] = new
-                        consumed.add(i + k)
-                        done[id(old)] = new
-                        report.entries.append(
-                            ConvertEntry(
-                                qn,
-                                type(old).__name__,
-                                f"{type(new).__name__}" if build else f"[{pat.name}]",
-                                PAYS,
-                                f"pattern {pat.name}" + (f": {pat.note}" if pat.note else ""),
-                            )
-                        )
-                    i += n
-                    matched = True
-                    break
-                if not matched:
-                    i += 1
-        for i, (c, child) in enumerate(children):
-            if i in consumed or (id(module), c) in placed:
-                continue
-            qn = _qualify(prefix, c)
-            rule = module_rule_for(child) if fuse else None
-            if rule is not None:
-                if id(child) in done:  # registered twice: the same replacement in this slot too
-                    if build and done[id(child)] is not None:
-                        planned.append(_Planned(module, c, qn, child, done[id(child)]))
-                elif not apply_rule(qn, child, rule, module, c):
-                    visit(qn, child)
-                continue
-            swap = module_swap_for(type(child))
-            if swap is not None and swap.opt_in is not None and not opted_in.get(swap.opt_in, False):
-                swap = None
-            if swap is None or not candidate(qn, child):
-                if swap is None:
-                    visit(qn, child)
-                continue
-            if id(child) in done:
-                new = done[id(child)]
-                if new is not None:
-                    planned.append(_Planned(module, c, qn, child, new))
-                    final[i] = new
-                continue
-            reason = swap.refuse(child)
-            if reason is not None:
-                done[id(child)] = None
-                report.entries.append(ConvertEntry(qn, type(child).__name__, "", SKIPPED, reason))
-                continue
-            new = swap.build(child)  # built in a dry run too (cheap): the consumer analysis looks at it
-            new.train(child.training)
-            if build:
-                planned.append(_Planned(module, c, qn, child, new))
-            done[id(child)] = new
-            final[i] = new
-            singles.append((i, swap))
-        for i, swap in singles:
-            c, child = children[i]
-            nxt = neighbour(children, i, +1, final) if in_sequential else None
-            prv = neighbour(children, i, -1, final) if in_sequential else None
-            new = final[i]
-            verdict, detail = swap.note(child, prv, nxt)
-            new_name = f"memsave.{type(new).__name__}"
-            report.entries.append(ConvertEntry(_qualify(prefix, c), type(child).__name__, new_name, verdict, detail))
+    # ---- visiting a module's children ----
 
-    root_rule = module_rule_for(model) if fuse else None
-    if root_rule is not None:
-        apply_rule("", model, root_rule, None, "")
-    visit("", model)
-    order = {name: k for k, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
-    report.entries.sort(key=lambda e: order.get(e.name, len(order)))
-    return planned, report, installs
+    def visit(self, prefix: str, module: nn.Module) -> None:
+        # every child slot, a module registered twice included (named_children() lists it once)
+        kids = _Children(prefix, module, [(c, m) for c, m in module._modules.items() if m is not None])
+        in_sequential = isinstance(module, nn.Sequential)
+        if in_sequential and self.fuse:
+            i = 0
+            while i < len(kids.items):
+                i += self._match_pattern(kids, i) or 1
+        for i, (c, child) in enumerate(kids.items):
+            if i not in kids.consumed and (id(module), c) not in self.placed:
+                self._visit_child(kids, i, c, child)
+        for i, swap in kids.singles:
+            c, child = kids.items[i]
+            nxt = _neighbour(kids.items, i, +1, kids.final) if in_sequential else None
+            prv = _neighbour(kids.items, i, -1, kids.final) if in_sequential else None
+            verdict, detail = swap.note(child, prv, nxt)
+            new_name = f"memsave.{type(kids.final[i]).__name__}"
+            self.report.entries.append(
+                ConvertEntry(_qualify(prefix, c), type(child).__name__, new_name, verdict, detail)
+            )
+
+    def _match_pattern(self, kids: _Children, i: int) -> int:
+        """Plan the first Sequential pattern matching the children from position i; the number of children it
+        replaced, 0 when none matches."""
+        for pat in ordered_patterns():
+            n = len(pat.elements)
+            run = kids.items[i : i + n]
+            if len(run) < n or any(id(m) in self.done for _, m in run):
+                continue
+            if not all(element_matches(el, m) for el, (_, m) in zip(pat.elements, run)):
+                continue
+            if not all(self.candidate(_qualify(kids.prefix, c), m) for c, m in run):
+                continue
+            olds = [m for _, m in run]
+            news = pat.build(list(olds)) if self.build else olds
+            if news is None:
+                continue
+            news = list(news)
+            if len(news) != n or not all(isinstance(x, nn.Module) for x in news):
+                raise ValueError(
+                    f"memsave.convert: Sequential pattern {pat.name!r} must return {n} modules (one per matched "
+                    f"position), got {news!r}"
+                )
+            for k, ((c, old), new) in enumerate(zip(run, news)):
+                qn = _qualify(kids.prefix, c)
+                if new is not old:
+                    self.planned.append(_Planned(kids.module, c, qn, old, new))
+                kids.final[i + k] = new
+                kids.consumed.add(i + k)
+                self.done[id(old)] = new
+                new_name = type(new).__name__ if self.build else f"[{pat.name}]"
+                detail = f"pattern {pat.name}" + (f": {pat.note}" if pat.note else "")
+                self.report.entries.append(ConvertEntry(qn, type(old).__name__, new_name, PAYS, detail))
+            return n
+        return 0
+
+    def _visit_child(self, kids: _Children, i: int, c: str, child: nn.Module) -> None:
+        """Plan a module rule or a module swap for one child, or visit it."""
+        qn = _qualify(kids.prefix, c)
+        rule = module_rule_for(child) if self.fuse else None
+        if rule is not None:
+            if id(child) in self.done:  # registered twice: the same replacement in this slot too
+                if self.build and self.done[id(child)] is not None:
+                    self.planned.append(_Planned(kids.module, c, qn, child, self.done[id(child)]))  # type: ignore[arg-type]
+            elif not self.apply_rule(qn, child, rule, kids.module, c):
+                self.visit(qn, child)
+            return
+        swap = module_swap_for(type(child))
+        if swap is not None and swap.opt_in is not None and not self.opted_in.get(swap.opt_in, False):
+            swap = None
+        if swap is None or not self.candidate(qn, child):
+            if swap is None:
+                self.visit(qn, child)
+            return
+        if id(child) in self.done:
+            new = self.done[id(child)]
+            if new is not None:
+                self.planned.append(_Planned(kids.module, c, qn, child, new))
+                kids.final[i] = new
+            return
+        reason = swap.refuse(child)
+        if reason is not None:
+            self.done[id(child)] = None
+            self.report.entries.append(ConvertEntry(qn, type(child).__name__, "", SKIPPED, reason))
+            return
+        new = swap.build(child)  # built in a dry run too (cheap): the consumer analysis looks at it
+        new.train(child.training)
+        if self.build:
+            self.planned.append(_Planned(kids.module, c, qn, child, new))
+        self.done[id(child)] = new
+        kids.final[i] = new
+        kids.singles.append((i, swap))
+
+
+def _plan(
+    model: nn.Module,
+    include: Optional[List[Selector]],
+    exclude: Optional[List[Selector]],
+    build: bool,
+    fuse: bool = False,
+    dropout: bool = False,
+) -> Tuple[List[_Planned], ConvertReport, List[Install]]:
+    """Decide every swap; with build=False (a dry run) Sequential patterns are matched but not built.
+
+    Returns the planned swaps, the report, and the installs of module rules (module, install) to run after them.
+    """
+    planner = _Planner(include, exclude, build, fuse, dropout)
+    planner.run(model)
+    return planner.planned, planner.report, planner.installs
+
+
+class _ModelState:
+    """Every module's instance state: submodules, parameters, buffers, hooks, an instance-level ``forward``, the
+    training flag (shallow copies of each module's ``__dict__`` and of the dicts in it). What :func:`convert`
+    changes, put back when a conversion fails halfway so that the model is exactly as it was."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.saved = [
+            (m, {k: copy.copy(v) if isinstance(v, dict) else v for k, v in vars(m).items()}) for m in model.modules()
+        ]
+
+    def restore(self) -> None:
+        for module, state in self.saved:
+            vars(module).clear()
+            vars(module).update(state)
 
 
 def plan_convert(
@@ -406,6 +449,36 @@ def plan_convert(
         fuse=fuse,
         dropout=dropout,
     )
+    return report
+
+
+def _convert(
+    model: nn.Module,
+    include: Optional[List[Selector]],
+    exclude: Optional[List[Selector]],
+    *,
+    fuse: bool,
+    dropout: bool,
+    chunks: Optional[Union[int, str]],
+) -> ConvertReport:
+    """Plan, swap, check the state_dict keys, run the rules' installs and chunk the MLPs (the caller undoes all of
+    it if anything raises)."""
+    keys_before = set(model.state_dict().keys())
+    planned, report, installs = _plan(model, include, exclude, build=True, fuse=fuse, dropout=dropout)
+    for p in planned:
+        setattr(p.parent, p.child, p.new)
+    keys_after = set(model.state_dict().keys())
+    if keys_after != keys_before:
+        changed = sorted(keys_before ^ keys_after)[:6]
+        raise ValueError(
+            f"memsave.convert: the swaps would change state_dict keys ({changed}...), so nothing was converted; a "
+            f"registered Sequential pattern must return one module per position keeping that position's keys "
+            f"(patterns: {sequential_patterns()})"
+        )
+    for module, install in installs:
+        install(module)
+    if chunks is not None:
+        chunk_mlps(model, chunks)
     return report
 
 
@@ -449,7 +522,10 @@ def convert(
 
     Raises:
         TypeError: ``model`` is not an nn.Module, or include/exclude hold something else than classes and strings.
-        ValueError: a registered pattern broke the state_dict keys (everything is undone first).
+        ValueError: a registered pattern broke the state_dict keys.
+
+        Whatever fails (a rule, a pattern, an install), the model is left exactly as it was: module tree, forwards,
+        parameters, buffers and hooks.
 
     Example:
         >>> model = memsave.convert(torchvision.models.vgg16(), verbose=True)
@@ -459,31 +535,13 @@ def convert(
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.convert expects an nn.Module, got {type(model).__name__}")
     chunks = check_chunks(mlp_chunks, "convert: mlp_chunks") if mlp_chunks is not None else None
-    keys_before = set(model.state_dict().keys())
-    planned, report, installs = _plan(
-        model,
-        _as_selectors(include, "include"),
-        _as_selectors(exclude, "exclude"),
-        build=True,
-        fuse=fuse,
-        dropout=dropout,
-    )
-    for p in planned:
-        setattr(p.parent, p.child, p.new)
-    keys_after = set(model.state_dict().keys())
-    if keys_after != keys_before:
-        for p in reversed(planned):
-            setattr(p.parent, p.child, p.old)
-        changed = sorted(keys_before ^ keys_after)[:6]
-        raise ValueError(
-            f"memsave.convert: the swaps would change state_dict keys ({changed}...), so nothing was converted; a "
-            f"registered Sequential pattern must return one module per position keeping that position's keys "
-            f"(patterns: {sequential_patterns()})"
-        )
-    for module, install in installs:
-        install(module)
-    if chunks is not None:
-        chunk_mlps(model, chunks)
+    selectors = _as_selectors(include, "include"), _as_selectors(exclude, "exclude")
+    state = _ModelState(model)
+    try:
+        report = _convert(model, *selectors, fuse=fuse, dropout=dropout, chunks=chunks)
+    except BaseException:
+        state.restore()  # all or nothing: a rule, a pattern or an install that fails leaves the model as it was
+        raise
     if verbose:
         print(report.summary())
     return model
