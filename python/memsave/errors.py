@@ -59,8 +59,13 @@ class StrategyUnavailableError(ImportError):
 
 
 class NoFakeKernelError(RuntimeError):
-    """An operator of the model has no fake-tensor implementation, so :func:`estimate` cannot run the step."""
+    """:func:`estimate` cannot run the step on fake tensors: an operator of the model has no fake-tensor
+    implementation, or the model reads tensor values (``.item()``, a shape that depends on values)."""
 
 
 class PlanMismatchError(ValueError):
-    """A :class:`memsave.Plan` was applied to a model it was not made for (other modules or parameter shapes)."""
+    """A :class:`memsave.Plan` was applied to a model it was not made for (other modules or parameter shapes).
+
+    Raised before anything is wrapped; the message names the modules that differ (those the plan names and the model
+    lacks, those of the model the plan does not know).
+    """

@@ -112,7 +112,9 @@ def test_policy_errors_and_warning() -> None:
     with pytest.raises(TypeError, match="module instance.*pass its class"):
         wrap(model, model[0])
     with pytest.raises(TypeError, match="policy must be"):
-        wrap(model, "Linear")  # type: ignore[arg-type]
+        wrap(model, 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'Bogus' is neither a submodule name nor a module class"):
+        wrap(model, "Bogus")
     with pytest.raises(TypeError, match="not an nn.Module subclass"):
         wrap(model, (nn.Linear, int))
     with pytest.raises(TypeError, match="model must be an nn.Module"):
@@ -192,3 +194,60 @@ def test_is_wrapped_is_public_in_recompute() -> None:
     assert not memsave.recompute.is_wrapped(lin)
     wrap(lin, nn.Linear)
     assert memsave.recompute.is_wrapped(lin)
+
+
+# ------------------------------------------------------------------ Hugging Face KV cache: dropped only in training
+def _tiny_gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=32, vocab_size=64)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _cached_step(model: nn.Module, cache: Any, ids: torch.Tensor) -> Any:
+    out = model(input_ids=ids, past_key_values=cache, labels=ids, use_cache=True)
+    out.loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return out.loss.detach(), grads, out.past_key_values.get_seq_length()
+
+
+@pytest.mark.slow  # imports transformers (about 10 s here)
+def test_eval_mode_keeps_the_kv_cache_and_gives_eager_loss_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memsave.recompute import wrapping
+
+    monkeypatch.setattr(wrapping, "_warned_once", set())
+    eager = _tiny_gpt2().eval()
+    ours = wrap(copy.deepcopy(eager))
+    assert [n for n, m in ours.named_modules() if is_wrapped(m)] == ["transformer.h.0", "transformer.h.1"]
+    g = torch.Generator().manual_seed(1)
+    prompt, ids = torch.randint(0, 64, (2, 6), generator=g), torch.randint(0, 64, (2, 4), generator=g)
+    with torch.no_grad():
+        cache = eager(input_ids=prompt, use_cache=True).past_key_values
+    expected = _cached_step(eager, copy.deepcopy(cache), ids)
+    with pytest.warns(MemsaveWarning, match="GPT2Block was given a KV cache in eval mode"):
+        got = _cached_step(ours, copy.deepcopy(cache), ids)
+    assert torch.equal(expected[0], got[0])
+    assert all(torch.equal(e, o) for e, o in zip(expected[1], got[1]))
+    assert expected[2] == got[2] == 10  # the cache was written once: prompt + new tokens
+    # Without the cache the loss differs: the cache did reach the layers.
+    out = ours(input_ids=ids, labels=ids, use_cache=False)
+    assert not torch.equal(out.loss, expected[0])
+
+
+@pytest.mark.slow  # imports transformers
+def test_training_mode_drops_the_kv_cache_warning_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memsave.recompute import wrapping
+
+    monkeypatch.setattr(wrapping, "_warned_once", set())
+    model = wrap(_tiny_gpt2().train())
+    ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            out = model(input_ids=ids, labels=ids, use_cache=True)
+            out.loss.backward()
+    ours = [w for w in caught if issubclass(w.category, MemsaveWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert "GPT2Block is a checkpointed region in training mode" in str(ours[0].message)
+    assert out.past_key_values is None or out.past_key_values.get_seq_length() == 0

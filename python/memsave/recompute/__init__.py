@@ -10,16 +10,19 @@
 ``planning/``      :func:`plan`: which regions fit a memory budget with the least recompute (C++ solver in
                    ``csrc/planner``)
 ``strategies.py``  the ``checkpoint:<policy>`` and ``plan:<budget>`` strategies of :func:`memsave.compare`
+``policies.py``    the policy strings :func:`wrap` and ``checkpoint:<policy>`` share (``"blocks"``, ``"all"``, ...)
+``switch.py``      a Hugging Face model's own checkpointing switch, routed to memsave's regions
 =================  ==============================================================================================
 """
 
 from . import strategies  # noqa: F401  (registers the checkpoint:* and plan:* strategies)
+from . import switch  # noqa: F401  (wrap claims a Hugging Face model's own checkpointing switch)
 from .blocks import find_blocks
 from .chunked import chunked, is_chunked
 from .planning import Plan, plan
 from .region import checkpoint, checkpoint_sequential, checkpointed
 from .selective import OPERATOR_CLASSES, selective
-from .strategies import resolve_checkpoint_policy
+from .policies import resolve_checkpoint_policy
 from .wrapping import RegionPlan, is_wrapped, unwrap, wrap
 
 __all__ = [

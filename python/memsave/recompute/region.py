@@ -238,12 +238,12 @@ class _Frame:
                     f"(x = x.clone()), or use the out-of-place operation."
                 )
         for index, ref, version in self.leaf_checks:
-            t = ref()
-            if t is not None and t._version != version:
+            leaf = ref()
+            if leaf is not None and leaf._version != version:
                 raise InplaceModificationError(
                     f"memsave: one of the variables needed for gradient computation has been modified by an "
-                    f"inplace operation: {self._tensor_label(t, index)} saved by checkpointed region "
-                    f"'{self.name}' ({_describe(t)}) is at version {t._version}; expected version {version}. "
+                    f"inplace operation: {self._tensor_label(leaf, index)} saved by checkpointed region "
+                    f"'{self.name}' ({_describe(leaf)}) is at version {leaf._version}; expected version {version}. "
                     f"Do not modify parameters or tensors a region uses (e.g. optimizer.step(), x.add_()) "
                     f"between its forward and backward; clone the tensor before modifying it instead."
                 )
@@ -469,7 +469,7 @@ def _drop_run_when_backward_ends(frame: _Frame, key: Hashable) -> None:
             f.runs.pop(key, None)
 
     with contextlib.suppress(RuntimeError):  # not inside the engine: the run stays until the frame dies
-        torch.autograd.Variable._execution_engine.queue_callback(drop)  # type: ignore[attr-defined]
+        torch.autograd.Variable._execution_engine.queue_callback(drop)
 
 
 def _unpack(handle: _Handle) -> torch.Tensor:
@@ -613,6 +613,22 @@ def _check_callable(fn: Any, where: str) -> None:
             f"memsave.{where}: fn must be callable (a function, a bound method or an nn.Module), got "
             f"{type(fn).__name__}. Pass the function first and its arguments after it: {where}(fn, *args, **kwargs)."
         )
+
+
+def check_region_options(where: str, **options: Any) -> None:
+    """Raise a TypeError naming the option when one of memsave's own region options has a wrong type.
+
+    ``name`` must be a str or None; every other option (``strict``, ``preserve_rng_state``, ``early_stop``) a bool.
+    """
+    for option, value in options.items():
+        if option == "name":
+            if value is not None and not isinstance(value, str):
+                raise TypeError(
+                    f"memsave.{where}: name must be a str (the region's name in error messages) or None, got "
+                    f"{type(value).__name__}"
+                )
+        elif not isinstance(value, bool):
+            raise TypeError(f"memsave.{where}: {option} must be True or False, got {value!r}")
 
 
 def run_region(
@@ -957,7 +973,8 @@ def checkpointed(
         omitted.
 
     Raises:
-        TypeError: ``fn`` or ``context_fn`` is not callable.
+        TypeError: ``fn`` or ``context_fn`` is not callable, ``name`` is not a str, or ``strict``,
+            ``preserve_rng_state`` or ``early_stop`` is not a bool.
 
     Example:
         >>> class Block(nn.Module):
@@ -980,6 +997,9 @@ def checkpointed(
 
         return decorate
     _check_callable(fn, "checkpointed")
+    check_region_options(
+        "checkpointed", name=name, strict=strict, preserve_rng_state=preserve_rng_state, early_stop=early_stop
+    )
     context_fn = check_context_fn("checkpointed", context_fn)
     region = _region_name(fn, name)
     fixed_watch = _watched_modules(fn)
@@ -1001,7 +1021,7 @@ def checkpointed(
         )
 
     wrapper.__memsave_checkpointed__ = True  # type: ignore[attr-defined]
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 class ModuleChain:
@@ -1031,10 +1051,13 @@ def count_leading_inplace(modules: Sequence[Callable[..., Any]]) -> int:
 def checkpoint_sequential(
     modules: Union[nn.Sequential, nn.ModuleList, Sequence[Callable[..., Any]]],
     segments: int,
-    x: Any,
-    *,
+    input: Any,
     use_reentrant: Optional[bool] = None,
+    *,
     preserve_rng_state: bool = True,
+    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+    determinism_check: str = "default",
+    debug: bool = False,
 ) -> Any:
     """Run modules one after the other, checkpointing them in ``segments`` segments (drop-in for torch's).
 
@@ -1049,9 +1072,10 @@ def checkpoint_sequential(
     Args:
         modules: an ``nn.Sequential``, ``nn.ModuleList`` or a list/tuple of modules or callables.
         segments: number of segments, between 1 and ``len(modules)``.
-        x: the input of the first module (a tensor, or anything the first module accepts).
-        use_reentrant, preserve_rng_state: as for :func:`checkpoint` (``use_reentrant=True`` warns and runs
-            non-reentrant).
+        input: the input of the first module (a tensor, or anything the first module accepts); positional or
+            ``input=`` as in torch's signature.
+        use_reentrant, preserve_rng_state, context_fn, determinism_check, debug: as for :func:`checkpoint`
+            (``use_reentrant=True`` warns and runs non-reentrant), for every segment's region.
 
     Returns:
         The output of the last module.
@@ -1088,11 +1112,13 @@ def checkpoint_sequential(
             f"memsave.checkpoint_sequential: segments must be between 1 and the number of modules ({n}), got "
             f"{segments}. Use at most one segment per module; 2 segments is the classic choice for a plain stack."
         )
-    _torch_options("checkpoint_sequential", use_reentrant, None, "default", False, True)
+    context_fn, check_metadata, debug, _ = _torch_options(
+        "checkpoint_sequential", use_reentrant, context_fn, determinism_check, debug, True
+    )
     if not torch.is_grad_enabled():
-        return ModuleChain(mods)(x)
+        return ModuleChain(mods)(input)
     size = n // segments
-    out = x
+    out = input
     for k in range(segments - 1):
         start, end = k * size, (k + 1) * size
         seg = mods[start:end]
@@ -1107,6 +1133,9 @@ def checkpoint_sequential(
                 name=f"{prefix}[{start + skip}:{end}]",
                 preserve_rng_state=preserve_rng_state,
                 strict=False,
+                check_metadata=check_metadata,
+                debug=debug,
+                context_fn=context_fn,
             )
     for module in mods[(segments - 1) * size :]:
         out = module(out)

@@ -1,6 +1,8 @@
 """The recompute part's strategies for :func:`memsave.compare`, :func:`memsave.estimate` and the command line.
 
-* ``checkpoint:<policy>``: :func:`memsave.wrap` on the modules :func:`resolve_checkpoint_policy` selects.
+* ``checkpoint:<policy>``: :func:`memsave.wrap` on the modules
+  :func:`memsave.recompute.policies.resolve_checkpoint_policy` selects (``memsave.wrap(model, "<policy>")`` takes the
+  same strings).
 * ``plan:<budget>``: :func:`memsave.plan` at a budget (``4GiB``, ``50%``, ``0.5``; see
   :mod:`memsave.measurement.units`) or with a baseline (``sqrt``, ``uniform:K``, ``all``, ``none``,
   ``min_memory``), applied with :func:`memsave.wrap`.
@@ -13,103 +15,19 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
 from ..common.rng import RngState
 from ..measurement.strategies import StrategyContext, register_strategy
-from .blocks import find_blocks
-from .planning import plan
+from . import planning
+from .policies import resolve_checkpoint_policy
 from .region import checkpoint_sequential
 from .wrapping import wrap
 
 __all__ = ["SequentialSegments", "resolve_checkpoint_policy", "sequential_view"]
-
-
-def _plain_container(m: nn.Module) -> bool:
-    return isinstance(m, nn.ModuleList) or (isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward)
-
-
-def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
-    """The qualified names of the modules ``checkpoint:<policy>`` wraps in ``model``.
-
-    * ``blocks``: the model's repeated blocks, :func:`memsave.find_blocks` (what ``memsave.wrap(model)`` with no
-      policy checkpoints): ``model.checkpoint_blocks()`` when the model defines it (the benchmark models do), a
-      Hugging Face model's ``_no_split_modules`` layers, else the largest family of same-class blocks held in a
-      ``ModuleList``/``Sequential``/``ModuleDict`` (transformer layers, ResNet bottlenecks, ViT encoder blocks).
-    * ``all``: every top-level stage: each direct child of ``model``, with plain ``nn.Sequential``/``nn.ModuleList``
-      children replaced by their own children.
-    * otherwise a comma-separated list whose items are qualified module names (``h.0``) or class names
-      (``TransformerBlock``, or with the module path, ``mypkg.models.TransformerBlock``); a class name selects
-      every module of that class not nested in another selected one.
-
-    Args:
-        model: the model.
-        policy: as above.
-
-    Returns:
-        qualified names, outermost first; none nested in another.
-
-    Raises:
-        ValueError: the policy selects nothing, or ``blocks`` finds no repeated blocks (the message lists the
-            model's module classes).
-
-    Example:
-        >>> resolve_checkpoint_policy(gpt, "blocks")[:2]
-        ['h.0', 'h.1']
-    """
-    modules = dict(model.named_modules())
-    names: List[str]
-    if policy == "blocks":
-        names = find_blocks(model)
-        if not names:
-            classes = sorted({type(m).__name__ for m in modules.values()})
-            raise ValueError(
-                f"checkpoint:blocks: found no repeated blocks in {type(model).__name__} (memsave.find_blocks looks for "
-                "a Hugging Face _no_split_modules class, else a family of same-class modules with children held in a "
-                "ModuleList/Sequential/ModuleDict); name the modules to checkpoint instead: a module class name (this "
-                f"model has {', '.join(classes[:25])}{', ...' if len(classes) > 25 else ''}), comma-separated "
-                "qualified module names, or 'all'"
-            )
-    elif policy == "all":
-        names = []
-        for n, c in model.named_children():
-            if _plain_container(c):
-                names += [f"{n}.{cn}" for cn, _ in c.named_children()]
-            else:
-                names.append(n)
-    else:
-        names, unmatched = [], []
-        for item in (part.strip() for part in policy.split(",")):
-            if not item:
-                continue
-            if item in modules and item != "":
-                names.append(item)
-                continue
-            matched = [
-                n
-                for n, m in modules.items()
-                if item in (type(m).__name__, f"{type(m).__module__}.{type(m).__qualname__}")
-            ]
-            if not matched:
-                unmatched.append(item)
-            names += matched
-        if unmatched:
-            classes = sorted({type(m).__name__ for m in modules.values()})
-            raise ValueError(
-                f"checkpoint:{policy}: {', '.join(map(repr, unmatched))} is neither a submodule name nor a module "
-                f"class of {type(model).__name__}; use 'blocks', 'all', a module class name (this model has "
-                f"{', '.join(classes[:25])}{', ...' if len(classes) > 25 else ''}) or comma-separated qualified "
-                "module names"
-            )
-    # Keep the outermost of nested selections (a nested region keeps the inner arguments alive).
-    names = list(dict.fromkeys(names))
-    outer = [n for n in names if not any(n != o and (o == "" or n.startswith(o + ".")) for o in names)]
-    if not outer:
-        raise ValueError(f"checkpoint:{policy} selects no module of {type(model).__name__} (it has no children)")
-    return outer
 
 
 def _apply_checkpoint(model: nn.Module, policy: Optional[str], ctx: StrategyContext) -> nn.Module:
@@ -133,7 +51,7 @@ def _apply_plan(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> n
         kwargs = {"budget": text}  # bytes with a unit, "50%" or "0.5" (memsave.measurement.units)
     rng = RngState()
     try:
-        p = plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, **kwargs)
+        p = planning.plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, example_kwargs=ctx.kwargs, **kwargs)
     finally:
         rng.restore()
     return wrap(model, p)

@@ -10,22 +10,25 @@ model, and :func:`unwrap` restores the plain eager model exactly.
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import torch
 from torch import nn
 
 from ..errors import MemsaveWarning
 from .blocks import find_blocks
-from .region import ModuleChain, check_context_fn, count_leading_inplace, run_region
+from .policies import resolve_checkpoint_policy
+from .region import ModuleChain, check_context_fn, check_region_options, count_leading_inplace, run_region
 
 __all__ = [
     "CheckpointedForward",
     "RegionPlan",
     "WrappedRepr",
+    "all_or_nothing",
     "is_wrapped",
     "unwrap",
     "unwrap_module",
@@ -33,9 +36,20 @@ __all__ = [
     "wrap_module",
 ]
 
-Policy = Union[Type[nn.Module], Tuple[Type[nn.Module], ...], Callable[[str, nn.Module], bool]]
+Policy = Union[str, Type[nn.Module], Tuple[Type[nn.Module], ...], Callable[[str, nn.Module], bool]]
 
 _TAG = "[memsave.checkpoint]"
+
+#: Called with the model at the end of every :func:`wrap` that wrapped something, and of every :func:`unwrap`:
+#: :mod:`memsave.recompute.switch` claims (and gives back) a Hugging Face model's own checkpointing switch there.
+WRAP_HOOKS: List[Callable[[nn.Module], None]] = []
+UNWRAP_HOOKS: List[Callable[[nn.Module], None]] = []
+
+
+def _run_hooks(hooks: Sequence[Callable[[nn.Module], None]], model: nn.Module) -> nn.Module:
+    for hook in hooks:
+        hook(model)
+    return model
 
 
 class RegionPlan(abc.ABC):
@@ -90,7 +104,15 @@ class CheckpointedForward:
         if not torch.is_grad_enabled() or getattr(module, "inplace", False) is True:
             return forward(*args, **kwargs)
         if getattr(type(module), "_can_checkpoint_with_cache", None) is False:
-            args, kwargs = _without_kv_cache(self.parameter_names, args, kwargs)
+            given = _kv_cache_given(self.parameter_names, args, kwargs)
+            if not module.training and any(name != "use_cache" for name in given):
+                # Outside training the cache is the point of the call (evaluation, generation with gradients): keep
+                # it, and run the layer eagerly, since a recompute would write the cache a second time.
+                _warn_once(type(module).__name__, "eval")
+                return forward(*args, **kwargs)
+            if module.training and given:
+                _warn_once(type(module).__name__, "train", given)
+                args, kwargs = _without_kv_cache(self.parameter_names, args, kwargs)
         if (
             isinstance(module, nn.Sequential)
             and type(module).forward is nn.Sequential.forward
@@ -132,6 +154,10 @@ class CheckpointedForward:
 # The cache argument's names across transformers releases (5.24 renamed past_key_values to cache).
 _KV_CACHE_ARGS = ("past_key_values", "cache", "layer_past")
 
+# (layer class name, mode) pairs already warned about: each warning is given once per process, as Hugging Face's
+# ``logger.warning_once`` does for its own gradient checkpointing.
+_warned_once: Set[Tuple[str, str]] = set()
+
 
 def _parameter_names(forward: Callable[..., Any]) -> Tuple[str, ...]:
     try:
@@ -140,27 +166,64 @@ def _parameter_names(forward: Callable[..., Any]) -> Tuple[str, ...]:
         return ()
 
 
+def _argument(names: Sequence[str], args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str) -> Any:
+    """The value of argument ``name`` of a call, given by keyword or by position; None when not given."""
+    if name in kwargs:
+        return kwargs[name]
+    if name in names and names.index(name) < len(args):
+        return args[names.index(name)]
+    return None
+
+
+def _kv_cache_given(names: Sequence[str], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[str]:
+    """The cache arguments of a Hugging Face layer's call that are set (a cache object, or ``use_cache=True``)."""
+    given = []
+    for name in (*_KV_CACHE_ARGS, "use_cache"):
+        value = _argument(names, args, kwargs, name)
+        # An empty cache may be falsy: compare with None.
+        if value is not None and value is not False:
+            given.append(name)
+    return given
+
+
+def _warn_once(layer: str, mode: str, dropped: Sequence[str] = ()) -> None:
+    if (layer, mode) in _warned_once:
+        return
+    _warned_once.add((layer, mode))
+    if mode == "train":
+        message = (
+            f"memsave: {layer} is a checkpointed region in training mode and was given a KV cache "
+            f"({', '.join(dropped)}); a recompute would write the cache a second time, so the region runs without "
+            f"it (cache None, use_cache=False), as under Hugging Face's gradient checkpointing. Call the model with "
+            f"use_cache=False to silence this."
+        )
+    else:
+        message = (
+            f"memsave: {layer} was given a KV cache in eval mode with gradients on, so it runs without recompute "
+            f"(a recompute would write the cache a second time) and keeps its activations as in eager. Call the model "
+            f"with use_cache=False to checkpoint it."
+        )
+    warnings.warn(message, MemsaveWarning, stacklevel=2)
+
+
 def _without_kv_cache(
     names: Sequence[str], args: Tuple[Any, ...], kwargs: Dict[str, Any]
 ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     """The arguments of a Hugging Face layer that writes to the key/value cache it is given, without the cache.
 
     A region's recompute would write the same keys and values into the cache a second time (and then see twice
-    the sequence length). Hugging Face's own gradient checkpointing drops the cache for the same reason; its marker
-    is the layer class's ``_can_checkpoint_with_cache = False`` (``GradientCheckpointingLayer``). Here the cache
-    arguments become ``None`` and ``use_cache`` ``False``, passed positionally (GPT-2's blocks take
-    ``past_key_values`` second) or by keyword.
+    the sequence length). Hugging Face's own gradient checkpointing drops the cache for the same reason, in training
+    mode only; its marker is the layer class's ``_can_checkpoint_with_cache = False``
+    (``GradientCheckpointingLayer``). Here the cache arguments become ``None`` and ``use_cache`` ``False``, passed
+    positionally (GPT-2's blocks take ``past_key_values`` second) or by keyword.
     """
     new_args, new_kwargs = list(args), dict(kwargs)
-    for name in (*_KV_CACHE_ARGS, "use_cache"):
-        off: Any = False if name == "use_cache" else None  # an empty cache may be falsy: compare with None
+    for name in _kv_cache_given(names, args, kwargs):
+        off: Any = False if name == "use_cache" else None
         if name in new_kwargs:
-            if new_kwargs[name] is not None and new_kwargs[name] is not False:
-                new_kwargs[name] = off
-        elif name in names and names.index(name) < len(new_args):
-            at = names.index(name)
-            if new_args[at] is not None and new_args[at] is not False:
-                new_args[at] = off
+            new_kwargs[name] = off
+        else:
+            new_args[names.index(name)] = off
     return tuple(new_args), new_kwargs
 
 
@@ -227,6 +290,64 @@ def unwrap_module(module: nn.Module) -> bool:
     return True
 
 
+class _ModelSnapshot:
+    """The instance-level ``forward`` and ``extra_repr`` of every module of a model (all that wrapping changes), to
+    put back when a change to the model fails halfway: :func:`wrap`, applying a plan and :func:`unwrap` either
+    complete or leave the model exactly as it was."""
+
+    _KEYS = ("forward", "extra_repr")
+
+    def __init__(self, model: nn.Module) -> None:
+        self.saved = [(m, {k: m.__dict__[k] for k in self._KEYS if k in m.__dict__}) for m in model.modules()]
+
+    def restore(self) -> None:
+        for module, entries in self.saved:
+            for key in self._KEYS:
+                if key in entries:
+                    module.__dict__[key] = entries[key]
+                else:
+                    module.__dict__.pop(key, None)
+
+
+@contextlib.contextmanager
+def all_or_nothing(model: nn.Module) -> Iterator[None]:
+    """Run a change to ``model``'s regions; if it raises, put every module's forward and extra_repr back first.
+
+    Args:
+        model: the model whose regions the ``with`` body changes.
+
+    Returns:
+        A context manager; the body's exception propagates unchanged after the model is restored.
+
+    Example:
+        >>> with all_or_nothing(model):
+        ...     for name, module in selected:
+        ...         wrap_module(module, name)
+    """
+    snapshot = _ModelSnapshot(model)
+    try:
+        yield
+    except BaseException:
+        snapshot.restore()
+        raise
+
+
+def _check_predicate(policy: Callable[..., Any]) -> None:
+    """Raise a TypeError naming the expected signature when ``policy`` cannot take ``(name, module)``."""
+    try:
+        signature = inspect.signature(policy)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: let the call decide
+    try:
+        signature.bind("", nn.Module())
+    except TypeError as e:
+        raise TypeError(
+            f"memsave.wrap: a predicate policy must take two arguments, (name, module) -> bool, where name is the "
+            f"module's qualified name ('' for the model itself); {getattr(policy, '__name__', policy)!r} has the "
+            f"signature {signature} ({e}). Write it as lambda name, m: ..., or pass a module class."
+        ) from None
+
+
 def _resolve_policy(policy: Any) -> Callable[[str, nn.Module], bool]:
     if isinstance(policy, nn.Module):
         raise TypeError(
@@ -239,6 +360,7 @@ def _resolve_policy(policy: Any) -> Callable[[str, nn.Module], bool]:
     elif isinstance(policy, (tuple, list)) and policy and all(isinstance(c, type) for c in policy):
         classes = tuple(policy)
     elif callable(policy) and not isinstance(policy, (tuple, list)):
+        _check_predicate(policy)
         return policy
     else:
         raise TypeError(
@@ -274,7 +396,10 @@ def wrap(
         policy: ``None`` (the default: exactly the modules :func:`memsave.find_blocks` names — a Hugging Face
             model's decoder/encoder layers, a ResNet's bottlenecks, a ViT's encoder blocks), an ``nn.Module``
             subclass, a tuple of subclasses, a predicate ``(qualified_name, module) -> bool`` (the root's qualified
-            name is ``""``), or a :class:`memsave.Plan` made for this model by :func:`memsave.plan`.
+            name is ``""``), a policy string as the ``checkpoint:<policy>`` strategies take it (``"blocks"``,
+            ``"all"``, a class name, comma-separated qualified names; see
+            :func:`memsave.recompute.policies.resolve_checkpoint_policy`), or a :class:`memsave.Plan` made for this
+            model by :func:`memsave.plan`.
         preserve_rng_state, strict: as for :func:`memsave.checkpoint`, for every region created here.
         context_fn: as for :func:`memsave.checkpoint`, called once per call of each region: e.g.
             :func:`memsave.selective` (keep the matrix products' outputs, recompute the rest) or torch's
@@ -283,9 +408,14 @@ def wrap(
     Returns:
         ``model`` itself.
 
+    The change is all or nothing: if anything fails (a predicate that raises, a plan naming a module the model
+    lacks), the model is left exactly as it was.
+
     Raises:
-        TypeError: ``policy`` is not one of the accepted forms (e.g. a module instance instead of its class), or
-            ``context_fn`` is not callable or is combined with a plan.
+        TypeError: ``policy`` is not one of the accepted forms (e.g. a module instance instead of its class, or a
+            predicate that does not take ``(name, module)``), ``strict`` or ``preserve_rng_state`` is not a bool,
+            or ``context_fn`` is not callable or is combined with a plan.
+        PlanMismatchError: ``policy`` is a plan made for another model (the message says what differs).
 
     Warns:
         MemsaveWarning: the policy selected no module, or with no policy the model has no repeated blocks, so
@@ -294,11 +424,13 @@ def wrap(
     Example:
         >>> memsave.wrap(model)                                # recompute each of its blocks in backward
         >>> memsave.wrap(model, nn.TransformerEncoderLayer)   # recompute each layer of this class
+        >>> memsave.wrap(model, "blocks")                      # the policy strings of checkpoint:<policy>
         >>> memsave.wrap(model, lambda name, m: name.startswith("encoder.blocks."))
         >>> memsave.wrap(model, context_fn=memsave.selective("matmul"))   # selective recompute in each block
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.wrap: model must be an nn.Module, got {type(model).__name__}.")
+    check_region_options("wrap", preserve_rng_state=preserve_rng_state, strict=strict)
     context_fn = check_context_fn("wrap", context_fn)
     if isinstance(policy, RegionPlan):
         if context_fn is not None:
@@ -306,7 +438,8 @@ def wrap(
                 "memsave.wrap: a plan's regions recompute whole segments, as it measured them; apply the "
                 "plan without context_fn, or wrap with a module policy and context_fn instead."
             )
-        return policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict)
+        with all_or_nothing(model):
+            return _run_hooks(WRAP_HOOKS, policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict))
     if policy is None:
         blocks = set(find_blocks(model))
         if not blocks:
@@ -320,12 +453,16 @@ def wrap(
             )
             return model
         select: Callable[[str, nn.Module], bool] = lambda name, module: name in blocks  # noqa: E731
+    elif isinstance(policy, str):  # a policy string, read as the checkpoint:<policy> strategies read it
+        named = set(resolve_checkpoint_policy(model, policy))
+        select = lambda name, module: name in named  # noqa: E731
     else:
         select = _resolve_policy(policy)
-    matched = 0
-    for qualified_name, module in model.named_modules():
-        if select(qualified_name, module):
-            matched += 1
+    # Select first, then wrap: a predicate that raises leaves the model untouched, and all_or_nothing covers the rest.
+    selected = [(name, module) for name, module in model.named_modules() if select(name, module)]
+    matched = len(selected)
+    with all_or_nothing(model):
+        for qualified_name, module in selected:
             wrap_module(
                 module,
                 qualified_name or type(module).__name__,
@@ -341,11 +478,11 @@ def wrap(
             MemsaveWarning,
             stacklevel=2,
         )
-    return model
+    return _run_hooks(WRAP_HOOKS, model) if matched else model
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """Undo :func:`wrap` on ``model`` and all its submodules, in place: back to plain eager.
+    """Undo :func:`wrap` on ``model`` and all its submodules, in place: back to plain eager (all or nothing).
 
     Args:
         model: a model (partly) wrapped by :func:`wrap`; modules that are not wrapped are left alone.
@@ -353,10 +490,19 @@ def unwrap(model: nn.Module) -> nn.Module:
     Returns:
         ``model`` itself.
 
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+
     Example:
         >>> memsave.unwrap(model)
         >>> assert "[memsave.checkpoint]" not in repr(model)
     """
-    for module in model.modules():
-        unwrap_module(module)
-    return model
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"memsave.unwrap: model must be the nn.Module that memsave.wrap changed, got {type(model).__name__}; "
+            f"pass the model itself (memsave.unwrap(model))."
+        )
+    with all_or_nothing(model):
+        for module in model.modules():
+            unwrap_module(module)
+    return _run_hooks(UNWRAP_HOOKS, model)

@@ -20,7 +20,7 @@ from ...errors import PlanMismatchError
 from ...measurement.units import format_bytes
 from ..region import ModuleChain, run_region
 from ..selective import selective as selective_context
-from ..wrapping import CheckpointedForward, RegionPlan, WrappedRepr, is_wrapped, wrap_module
+from ..wrapping import CheckpointedForward, RegionPlan, WrappedRepr, all_or_nothing, is_wrapped, wrap_module
 from .chain import Chain, Piece
 
 __all__ = ["Plan", "apply_plan", "apply_regions", "fingerprint"]
@@ -167,8 +167,14 @@ class Plan(RegionPlan):
         return self.summary()
 
     def apply_to(self, model: nn.Module, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
-        """Checkpoint the plan's regions of ``model`` in place (what ``memsave.wrap(model, plan)`` calls)."""
-        return apply_plan(model, self, preserve_rng_state=preserve_rng_state, strict=strict)
+        """Checkpoint the plan's regions of ``model`` in place (what ``memsave.wrap(model, plan)`` calls); all or
+        nothing: a plan that does not fit leaves the model as it was."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"Plan.apply_to: model must be the nn.Module the plan was made for, got {type(model).__name__}"
+            )
+        with all_or_nothing(model):
+            return apply_plan(model, self, preserve_rng_state=preserve_rng_state, strict=strict)
 
     def to_json(self) -> str:
         """Serialise the plan (a JSON string) so that :meth:`from_json` gives an equal plan.
