@@ -1,0 +1,388 @@
+"""Wrong calls of the recompute API: checkpoint, checkpointed, checkpoint_sequential, wrap, unwrap, find_blocks, plan,
+Plan.from_json and selective. Each raises its documented type naming the argument and leaves the model, optimizer, RNG
+and scaler as they were (a wrap or plan that fails halfway included)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Dict, List
+
+import pytest
+import torch
+from torch import nn
+
+import memsave
+from bad_input.checking import Case, World, check, params, rand, tiny_model
+from memsave.errors import PlanMismatchError
+
+ckpt = memsave.checkpoint
+seq = memsave.checkpoint_sequential
+
+
+@functools.lru_cache(maxsize=None)
+def _plan_json() -> str:
+    """A plan for :func:`tiny_model` (every piece its own region), made once: cases edit copies of it."""
+    with torch.random.fork_rng(devices=[]):  # made inside a case's call: the case's RNG check must not see it
+        model = tiny_model()
+        x = torch.randn(4, 8)
+        return memsave.plan(model, x, strategy="all", verify=False, selective=False, timing_steps=1).to_json()
+
+
+def _edited_plan(edit: Any) -> memsave.Plan:
+    d = json.loads(_plan_json())
+    edit(d)
+    return memsave.Plan.from_json(json.dumps(d))
+
+
+def _rename(d: Dict[str, Any], old: str, new: str) -> None:
+    for piece in d["pieces"]:
+        piece["modules"] = [new if m == old else m for m in piece["modules"]]
+
+
+def _group_across_parents(d: Dict[str, Any]) -> None:
+    # Regions 0:1 and 1:3: the second groups block 0's ReLU with block 1's Linear (two Sequential parents), so
+    # applying fails after the first region is installed.
+    pieces = d["pieces"]
+    names = [p["modules"] for p in pieces]
+    i = names.index(["0.2"])
+    d["segments"] = [[0, 1, True], [i, i + 2, True], [i + 2, len(pieces), False]]
+
+
+def _raise_on_third_block() -> Any:
+    seen: List[str] = []
+
+    def predicate(name: str, module: nn.Module) -> bool:
+        if name in ("0", "1", "2"):
+            seen.append(name)
+            if len(seen) == 3:
+                raise RuntimeError(f"predicate failed on block {name}")
+            return True
+        return False
+
+    return predicate
+
+
+def _wrapped_tiny() -> nn.Module:
+    return memsave.wrap(tiny_model())
+
+
+def _frozen_tiny() -> nn.Module:
+    model = tiny_model()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _later_failing_loss() -> Any:
+    calls = [0]
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise AttributeError("'NoneType' object has no attribute 'loss'")
+        return out.sum()
+
+    return loss_fn
+
+
+def _wrapped_everywhere() -> nn.Module:
+    return memsave.wrap(tiny_model(), nn.Sequential)  # the model and its blocks: four regions
+
+
+def _unwrap_failing_halfway(world: World) -> None:
+    from memsave.recompute import wrapping
+
+    original, calls = wrapping.unwrap_module, [0]
+
+    def failing(module: nn.Module) -> bool:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("unwrap_module failed on the third module")
+        return original(module)
+
+    wrapping.unwrap_module = failing  # type: ignore[assignment]
+    try:
+        memsave.unwrap(world.model)
+    finally:
+        wrapping.unwrap_module = original  # type: ignore[assignment]
+
+
+CASES = [
+    # ---- checkpoint
+    Case("checkpoint-fn-None", lambda w: ckpt(None, w.x), TypeError, r"fn must be callable.*NoneType"),
+    Case("checkpoint-fn-str", lambda w: ckpt("model", w.x), TypeError, r"fn must be callable.*str"),
+    Case("checkpoint-fn-tensor", lambda w: ckpt(w.x, w.x), TypeError, r"fn must be callable.*Tensor"),
+    Case(
+        "checkpoint-determinism_check",
+        lambda w: ckpt(w.model, w.x, determinism_check="bogus"),
+        ValueError,
+        r"determinism_check must be one of",
+    ),
+    Case("checkpoint-debug-str", lambda w: ckpt(w.model, w.x, debug="yes"), TypeError, r"debug .*bools.*'yes'"),
+    Case("checkpoint-early_stop-int", lambda w: ckpt(w.model, w.x, early_stop=1), TypeError, r"early_stop must be"),
+    Case("checkpoint-context_fn-int", lambda w: ckpt(w.model, w.x, context_fn=3), TypeError, r"context_fn must be"),
+    Case(
+        "checkpoint-context_fn-returns-int",
+        lambda w: ckpt(w.model, w.x, context_fn=lambda: 3),
+        TypeError,
+        r"context_fn .*must return a tuple of two context managers",
+    ),
+    Case(
+        "checkpoint-context_fn-returns-one",
+        lambda w: ckpt(w.model, w.x, context_fn=lambda: (torch.no_grad(),)),
+        TypeError,
+        r"context_fn .*must return a tuple of two context managers",
+    ),
+    # ---- checkpointed
+    Case("checkpointed-fn-int", lambda w: memsave.checkpointed(3), TypeError, r"checkpointed: fn must be callable"),
+    Case(
+        "checkpointed-context_fn-int",
+        lambda w: memsave.checkpointed(w.model, context_fn=5),
+        TypeError,
+        r"checkpointed: context_fn must be",
+    ),
+    Case("checkpointed-name-int", lambda w: memsave.checkpointed(w.model, name=3), TypeError, r"name must be a str"),
+    Case("checkpointed-strict-str", lambda w: memsave.checkpointed(w.model, strict="x"), TypeError, r"strict must be"),
+    Case(
+        "checkpointed-preserve_rng_state-str",
+        lambda w: memsave.checkpointed(w.model, preserve_rng_state="no"),
+        TypeError,
+        r"preserve_rng_state must be",
+    ),
+    Case(
+        "checkpointed-decorator-options",
+        lambda w: memsave.checkpointed(early_stop=None)(w.model),
+        TypeError,
+        r"early_stop must be",
+    ),
+    # ---- checkpoint_sequential
+    Case("sequential-modules-module", lambda w: seq(w.model[0][0], 1, w.x), TypeError, r"modules must be an nn\."),
+    Case("sequential-modules-str", lambda w: seq("abc", 1, w.x), TypeError, r"modules must be"),
+    Case("sequential-modules-element", lambda w: seq([w.model[0], 3], 1, w.x), TypeError, r"modules\[1\]"),
+    Case("sequential-segments-0", lambda w: seq(w.model, 0, w.x), ValueError, r"segments must be between 1 and"),
+    Case("sequential-segments-too-many", lambda w: seq(w.model, 9, w.x), ValueError, r"segments must be between"),
+    Case("sequential-segments-negative", lambda w: seq(w.model, -2, w.x), ValueError, r"segments must be between"),
+    Case("sequential-segments-str", lambda w: seq(w.model, "2", w.x), TypeError, r"segments must be an int"),
+    Case("sequential-segments-bool", lambda w: seq(w.model, True, w.x), TypeError, r"segments must be an int"),
+    Case("sequential-segments-float", lambda w: seq(w.model, 2.0, w.x), TypeError, r"segments must be an int"),
+    Case("sequential-empty", lambda w: seq([], 1, w.x), ValueError, r"segments must be between 1 and .*\(0\)"),
+    # ---- wrap
+    Case("wrap-model-str", lambda w: memsave.wrap("model"), TypeError, r"wrap: model must be an nn\.Module"),
+    Case("wrap-model-list", lambda w: memsave.wrap([w.model]), TypeError, r"model must be an nn\.Module.*list"),
+    Case("wrap-policy-instance", lambda w: memsave.wrap(w.model, w.model[0]), TypeError, r"policy is a module inst"),
+    Case("wrap-policy-int", lambda w: memsave.wrap(w.model, 3), TypeError, r"policy must be"),
+    Case(
+        "wrap-policy-unknown-class-name",
+        lambda w: memsave.wrap(w.model, "Bogus"),
+        ValueError,
+        r"'Bogus' is neither a submodule name nor a module class",
+    ),
+    Case(
+        "wrap-policy-blocks-none",
+        lambda w: memsave.wrap(w.model, "blocks"),
+        ValueError,
+        r"no repeated blocks",
+        model=lambda: nn.Sequential(nn.Linear(8, 2)),
+    ),
+    Case("wrap-policy-int-class", lambda w: memsave.wrap(w.model, (nn.Linear, int)), TypeError, r"policy class int"),
+    Case("wrap-policy-empty-tuple", lambda w: memsave.wrap(w.model, ()), TypeError, r"policy must be"),
+    Case(
+        "wrap-predicate-one-argument",
+        lambda w: memsave.wrap(w.model, lambda m: True),
+        TypeError,
+        r"predicate .*\(name, module\) -> bool",
+    ),
+    Case(
+        "wrap-predicate-three-arguments",
+        lambda w: memsave.wrap(w.model, lambda a, b, c: True),
+        TypeError,
+        r"predicate .*\(name, module\) -> bool",
+    ),
+    Case(
+        "wrap-predicate-raises-on-third-block",
+        lambda w: memsave.wrap(w.model, _raise_on_third_block()),
+        RuntimeError,
+        r"predicate failed on block 2",
+    ),
+    Case("wrap-context_fn-int", lambda w: memsave.wrap(w.model, context_fn=3), TypeError, r"wrap: context_fn must"),
+    Case("wrap-strict-str", lambda w: memsave.wrap(w.model, strict="yes"), TypeError, r"strict must be True or Fal"),
+    Case(
+        "wrap-preserve_rng_state-none",
+        lambda w: memsave.wrap(w.model, preserve_rng_state=None),
+        TypeError,
+        r"preserve_rng_state must be",
+    ),
+    Case(
+        "wrap-plan-with-context_fn",
+        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: None), context_fn=memsave.selective("matmul")),
+        TypeError,
+        r"apply the plan without context_fn",
+    ),
+    Case(
+        "wrap-plan-missing-module",
+        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: _rename(d, "2.0", "9.0"))),
+        PlanMismatchError,
+        r"lacks: 9\.0",
+    ),
+    Case(
+        "wrap-plan-for-fewer-blocks",
+        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: None)),
+        PlanMismatchError,
+        r"modules of this model the plan does not know: 4\b",
+        model=lambda: tiny_model(blocks=4),
+    ),
+    Case(
+        "wrap-plan-for-wider-model",
+        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: None)),
+        PlanMismatchError,
+        r"same module names, but .*shapes",
+        model=lambda: tiny_model(width=16),
+    ),
+    Case(
+        "wrap-plan-segments-out-of-range",
+        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: d.update(segments=[[0, 99, True]]))),
+        PlanMismatchError,
+        r"segments .*outside its \d+ pieces",
+    ),
+    Case(
+        "wrap-plan-region-across-parents",
+        lambda w: memsave.wrap(w.model, _edited_plan(_group_across_parents)),
+        PlanMismatchError,
+        r"not a run of consecutive children",
+    ),
+    # ---- unwrap
+    Case("unwrap-str", lambda w: memsave.unwrap("str"), TypeError, r"unwrap: model must be .*got str"),
+    Case("unwrap-None", lambda w: memsave.unwrap(None), TypeError, r"unwrap: model must be .*NoneType"),
+    Case(
+        "unwrap-fails-halfway",
+        _unwrap_failing_halfway,
+        RuntimeError,
+        r"unwrap_module failed on the third",
+        model=_wrapped_everywhere,
+    ),
+    # ---- find_blocks
+    Case("find_blocks-str", lambda w: memsave.find_blocks("x"), TypeError, r"find_blocks: model must be"),
+    Case("find_blocks-None", lambda w: memsave.find_blocks(None), TypeError, r"find_blocks: model must be"),
+    # ---- plan (all refused before profiling, but the last four)
+    Case(
+        "plan-model-str", lambda w: memsave.plan("m", w.x, budget=0.5), TypeError, r"plan: model must be an nn\.Module"
+    ),
+    Case("plan-strategy", lambda w: memsave.plan(w.model, w.x, strategy="bogus"), ValueError, r"unknown strategy"),
+    Case("plan-uniform-0", lambda w: memsave.plan(w.model, w.x, strategy="uniform:0"), ValueError, r"uniform:K"),
+    Case("plan-no-budget", lambda w: memsave.plan(w.model, w.x), ValueError, r"needs a budget"),
+    Case("plan-budget-text", lambda w: memsave.plan(w.model, w.x, budget="lots"), ValueError, r"budget: cannot pars"),
+    Case("plan-budget-negative", lambda w: memsave.plan(w.model, w.x, budget=-1), ValueError, r"budget: must be > 0"),
+    Case("plan-budget-zero-fraction", lambda w: memsave.plan(w.model, w.x, budget=0.0), ValueError, r"budget: a fr"),
+    Case("plan-budget-nan", lambda w: memsave.plan(w.model, w.x, budget=float("nan")), ValueError, r"budget"),
+    Case("plan-budget-list", lambda w: memsave.plan(w.model, w.x, budget=[1]), TypeError, r"budget: expected a mem"),
+    Case("plan-budget-bool", lambda w: memsave.plan(w.model, w.x, budget=True), TypeError, r"budget: expected"),
+    Case(
+        "plan-timing_steps-0",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, timing_steps=0),
+        ValueError,
+        r"timing_steps must be an int >= 1.*got 0",
+    ),
+    Case(
+        "plan-timing_steps-float",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, timing_steps=1.5),
+        ValueError,
+        r"timing_steps must be an int",
+    ),
+    Case(
+        "plan-selective-unknown",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, selective=["bogus"]),
+        ValueError,
+        r"selective names 'bogus'",
+    ),
+    Case(
+        "plan-selective-empty",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, selective=[]),
+        ValueError,
+        r"selective names no operator class",
+    ),
+    Case(
+        "plan-selective-str",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, selective="matmul"),
+        TypeError,
+        r"selective must be True, False or a list",
+    ),
+    Case(
+        "plan-example_kwargs-int",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, example_kwargs=3),
+        TypeError,
+        r"example_kwargs must be a dict",
+    ),
+    Case(
+        "plan-keyword-twice",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, example_kwargs={"a": 1}, a=2),
+        ValueError,
+        r"keyword input\(s\) a given both",
+    ),
+    Case(
+        "plan-selective-int",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, selective=3),
+        TypeError,
+        r"selective must be True, False or a list",
+    ),
+    Case("plan-loss_fn-int", lambda w: memsave.plan(w.model, w.x, budget=0.5, loss_fn=3), TypeError, r"loss_fn must"),
+    Case(
+        "plan-wrapped-model",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5),
+        ValueError,
+        r"already has checkpointed modules.*unwrap",
+        model=_wrapped_tiny,
+    ),
+    Case(
+        "plan-nothing-requires-grad",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5),
+        ValueError,
+        r"no parameter that requires grad",
+        model=_frozen_tiny,
+    ),
+    Case(
+        "plan-wrong-input-shape",
+        lambda w: memsave.plan(w.model, rand(4, 5), budget=0.5),
+        ValueError,
+        r"one training step of Sequential on the example inputs failed",
+    ),
+    Case(
+        "plan-loss_fn-not-scalar",
+        lambda w: memsave.plan(w.model, w.x, budget=0.5, loss_fn=lambda out: out),
+        ValueError,
+        r"loss_fn must return a scalar",
+    ),
+    Case(
+        "plan-loss_fn-fails-in-a-later-step",
+        lambda w: memsave.plan(w.model, w.x, strategy="all", loss_fn=_later_failing_loss(), timing_steps=1),
+        ValueError,
+        r"loss_fn failed in profiling step 2 \(AttributeError",
+    ),
+    Case(
+        "plan-budget-infeasible",
+        lambda w: memsave.plan(w.model, w.x, budget=1, selective=False, timing_steps=1, verify=False),
+        memsave.InfeasibleBudgetError,
+        r"budget",
+    ),
+    # ---- Plan.from_json
+    Case("from_json-not-json", lambda w: memsave.Plan.from_json("not json"), ValueError, r"not valid JSON"),
+    Case("from_json-None", lambda w: memsave.Plan.from_json(None), ValueError, r"not valid JSON"),
+    Case("from_json-list", lambda w: memsave.Plan.from_json("[]"), ValueError, r"not a memsave plan of format"),
+    Case("from_json-format-2", lambda w: memsave.Plan.from_json('{"format": 2}'), ValueError, r"format 1 \(got 2\)"),
+    Case("from_json-no-fields", lambda w: memsave.Plan.from_json('{"format": 1}'), ValueError, r"field .*strategy"),
+    Case(
+        "from_json-bad-segment",
+        lambda w: memsave.Plan.from_json(_plan_json().replace('"segments": [', '"segments": [7, ', 1)),
+        ValueError,
+        r"bad field",
+    ),
+    # ---- selective
+    Case("selective-nothing", lambda w: memsave.selective(), ValueError, r"name at least one operator class"),
+    Case("selective-unknown", lambda w: memsave.selective("bogus"), ValueError, r"unknown operator class 'bogus'"),
+    Case("selective-int", lambda w: memsave.selective(3), ValueError, r"unknown operator class 3"),
+]
+
+
+@pytest.mark.parametrize("case", params(CASES))
+def test_bad_recompute_call(case: Case) -> None:
+    check(case)

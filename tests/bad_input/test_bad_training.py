@@ -1,0 +1,182 @@
+"""Wrong calls of the training and measurement API: GradScaler, accumulate, convert, chunked, Plan.apply_to, measure,
+compare, estimate and max_batch_size. Each raises its documented type naming the argument and changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import memsave
+from bad_input.checking import Case, World, check, params, tiny_model
+from bad_input.checking import rand as r
+from memsave.errors import NoFakeKernelError
+
+AMP = "argument checks of GradScaler and accumulate belong to the training-stack work in progress"
+CONVERT = "convert's selector checks belong to the operators work in progress"
+MEASURE = "measure's device and input checks belong to the training-stack work in progress"
+
+
+class ReadsValues(nn.Module):
+    """A model whose forward calls ``.item()``: fake tensors have no values, so estimate cannot run it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        return y * float(y.sum().item())
+
+
+def batch(b: int) -> torch.Tensor:
+    return r(b, 8)
+
+
+def _plan(world: World) -> memsave.Plan:
+    with torch.random.fork_rng(devices=[]):  # made inside the call: the RNG check must not see it
+        return memsave.plan(tiny_model(), r(4, 8), strategy="all", verify=False, selective=False, timing_steps=1)
+
+
+def scaler(**kwargs: Any) -> Any:
+    return lambda w: memsave.amp.GradScaler("cpu", **kwargs)
+
+
+def acc(*args: Any, **kwargs: Any) -> Any:
+    return lambda w: memsave.accumulate(w.model, w.optimizer, *args, **kwargs)
+
+
+def est(**kwargs: Any) -> Any:
+    return lambda w: memsave.estimate(w.model, w.x, **{"device": "cpu", **kwargs})
+
+
+def mbs(**kwargs: Any) -> Any:
+    return lambda w: memsave.max_batch_size(w.model, batch, **{"device": "cpu", **kwargs})
+
+
+CASES = [
+    # ---- GradScaler
+    Case("scaler-init_scale-0", scaler(init_scale=0.0), ValueError, r"init_scale must be a finite number > 0"),
+    Case("scaler-init_scale-negative", scaler(init_scale=-1.0), ValueError, r"init_scale must be a finite"),
+    Case("scaler-init_scale-nan", scaler(init_scale=float("nan")), ValueError, r"init_scale must be a finite"),
+    Case("scaler-init_scale-inf", scaler(init_scale=float("inf")), ValueError, r"init_scale must be a finite"),
+    Case("scaler-init_scale-str", scaler(init_scale="big"), TypeError, r"init_scale", xfail=AMP),
+    Case("scaler-growth_factor", scaler(growth_factor=1.0), ValueError, r"growth_factor must be > 1\.0"),
+    Case("scaler-backoff_factor", scaler(backoff_factor=1.5), ValueError, r"backoff_factor must be in \(0, 1\)"),
+    Case("scaler-growth_interval", scaler(growth_interval=0), ValueError, r"growth_interval must be >= 1"),
+    Case("scaler-hysteresis", scaler(hysteresis=0), ValueError, r"hysteresis must be an int"),
+    Case("scaler-device", lambda w: memsave.amp.GradScaler("tpu"), ValueError, r"device", xfail=AMP),
+    Case("scaler-scale-int", lambda w: w.scaler.scale([1]), ValueError, r"outputs must be a Tensor .* got int"),
+    Case(
+        "scaler-step-before-scale",
+        lambda w: w.scaler.step(w.optimizer),
+        RuntimeError,
+        r"step\(\) was called before scale\(\)",
+    ),
+    Case(
+        "scaler-load_state_dict-partial",
+        lambda w: w.scaler.load_state_dict({"scale": -1.0}),
+        KeyError,
+        r"state_dict lacks .*growth_factor",
+    ),
+    Case("scaler-load_state_dict-int", lambda w: w.scaler.load_state_dict(3), TypeError, r"state_dict", xfail=AMP),
+    # ---- accumulate
+    Case("accumulate-steps-0", acc(0), ValueError, r"steps must be an int >= 1 .*got 0"),
+    Case("accumulate-steps-str", acc("4"), ValueError, r"steps must be an int >= 1 .*'4'"),
+    Case("accumulate-steps-float", acc(2.5), ValueError, r"steps must be an int >= 1 .*2\.5"),
+    Case("accumulate-optimizer-str", lambda w: memsave.accumulate(w.model, "sgd", 2), TypeError, r"optimizer must"),
+    Case("accumulate-clip-negative", acc(2, clip_grad_norm=-1.0), ValueError, r"clip_grad_norm must be a positive"),
+    Case("accumulate-clip-str", acc(2, clip_grad_norm="1"), TypeError, r"clip_grad_norm", xfail=AMP),
+    Case("accumulate-model-str", lambda w: memsave.accumulate("m", w.optimizer, 2), TypeError, r"model", xfail=AMP),
+    Case("accumulate-scaler-int", acc(2, scaler=3), TypeError, r"scaler", xfail=AMP),
+    # ---- convert
+    Case("convert-model-str", lambda w: memsave.convert("m"), TypeError, r"convert expects an nn\.Module, got str"),
+    Case("convert-mlp_chunks-0", lambda w: memsave.convert(w.model, mlp_chunks=0), ValueError, r"mlp_chunks: chunks"),
+    Case(
+        "convert-mlp_chunks-str",
+        lambda w: memsave.convert(w.model, mlp_chunks="many"),
+        ValueError,
+        r"mlp_chunks: chunks must be an int >= 1 or 'auto', got 'many'",
+    ),
+    Case(
+        "convert-include-unknown",
+        lambda w: memsave.convert(w.model, include=["bogus"]),
+        ValueError,
+        r"include",
+        xfail=CONVERT,
+    ),
+    Case(
+        "convert-include-str", lambda w: memsave.convert(w.model, include="relu"), TypeError, r"include", xfail=CONVERT
+    ),
+    # ---- chunked
+    Case("chunked-module-str", lambda w: memsave.chunked("m", 2), TypeError, r"module must be an nn\.Module"),
+    Case("chunked-chunks-0", lambda w: memsave.chunked(w.model, 0), ValueError, r"chunks must be >= 1, got 0"),
+    Case("chunked-chunks-negative", lambda w: memsave.chunked(w.model, -3), ValueError, r"chunks must be >= 1"),
+    Case("chunked-chunks-str", lambda w: memsave.chunked(w.model, "lots"), ValueError, r"chunks must be .* 'lots'"),
+    Case("chunked-chunks-float", lambda w: memsave.chunked(w.model, 2.5), TypeError, r"chunks must be .*float"),
+    Case("chunked-dim-str", lambda w: memsave.chunked(w.model, 2, dim="1"), TypeError, r"dim must be an int"),
+    # ---- Plan.apply_to
+    Case("apply_to-str", lambda w: _plan(w).apply_to("m"), TypeError, r"apply_to: model must be"),
+    Case(
+        "apply_to-other-model",
+        lambda w: _plan(w).apply_to(w.model),
+        memsave.PlanMismatchError,
+        r"lacks: 3\.0|does not know: 4",
+        model=lambda: nn.Sequential(*tiny_model(blocks=4)[:3], nn.Sequential(nn.Linear(8, 8)), nn.Linear(8, 2)),
+    ),
+    # ---- measure
+    Case("measure-model-str", lambda w: memsave.measure("m", w.x), TypeError, r"model must be a callable nn\.Modu"),
+    Case("measure-steps-0", lambda w: memsave.measure(w.model, w.x, steps=0), ValueError, r"steps must be an int >= 1"),
+    Case("measure-warmup", lambda w: memsave.measure(w.model, w.x, warmup=-1), ValueError, r"warmup must be an int"),
+    Case("measure-loss_fn-int", lambda w: memsave.measure(w.model, w.x, loss_fn=3), TypeError, r"loss_fn must be"),
+    Case("measure-device", lambda w: memsave.measure(w.model, w.x, device="tpu"), ValueError, r"device", xfail=MEASURE),
+    # ---- compare
+    Case(
+        "compare-strategy",
+        lambda w: memsave.compare(w.model, w.x, strategies=["bogus"]),
+        ValueError,
+        r"unknown strategy 'bogus'",
+    ),
+    Case(
+        "compare-on_error",
+        lambda w: memsave.compare(w.model, w.x, on_error="ignore"),
+        ValueError,
+        r"on_error must be 'raise' or 'row'",
+    ),
+    Case("compare-steps-0", lambda w: memsave.compare(w.model, w.x, steps=0), ValueError, r"steps must be an int >= 1"),
+    # ---- estimate
+    Case("estimate-device-tpu", est(device="tpu"), ValueError, r"device must be 'cpu' or 'cuda'.*'tpu'"),
+    Case("estimate-strategy", est(strategy="bogus"), ValueError, r"unknown strategy 'bogus'"),
+    Case("estimate-dtype-str", est(dtype="half"), ValueError, r"dtype must be a floating-point torch\.dtype"),
+    Case("estimate-dtype-int", est(dtype=torch.int32), ValueError, r"dtype must be a floating-point"),
+    Case("estimate-optimizer", est(optimizer="lion9"), ValueError, r"unknown optimizer 'lion9'"),
+    Case("estimate-model-str", lambda w: memsave.estimate("m", w.x, device="cpu"), TypeError, r"model must be an"),
+    Case(
+        "estimate-reads-values",
+        lambda w: memsave.estimate(w.model, w.x, device="cpu"),
+        NoFakeKernelError,
+        r"reads tensor values \(operator aten\._local_scalar_dense.*\.item\(\)",
+        model=ReadsValues,
+    ),
+    # ---- max_batch_size
+    Case("max_batch_size-memory-text", mbs(memory="lots"), ValueError, r"memory: cannot parse 'lots'"),
+    Case("max_batch_size-memory-negative", mbs(memory=-5), ValueError, r"memory: must be > 0 bytes"),
+    Case(
+        "max_batch_size-make_inputs",
+        lambda w: memsave.max_batch_size(w.model, 3, device="cpu"),
+        TypeError,
+        r"make_inputs must be a function",
+    ),
+    Case("max_batch_size-headroom", mbs(headroom=1.5), ValueError, r"headroom must be a fraction in \[0, 1\)"),
+    Case("max_batch_size-max-below-min", mbs(min_batch=8, max_batch=4), ValueError, r"max_batch must be an int >="),
+    Case("max_batch_size-min-0", mbs(min_batch=0), ValueError, r"min_batch must be an int >= 1"),
+    Case("max_batch_size-device", mbs(device="tpu"), ValueError, r"device must be 'cpu' or 'cuda'"),
+]
+
+
+@pytest.mark.parametrize("case", params(CASES))
+def test_bad_training_call(case: Case) -> None:
+    check(case)
