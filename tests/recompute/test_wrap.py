@@ -230,6 +230,12 @@ def test_eval_mode_keeps_the_kv_cache_and_gives_eager_loss_and_gradients(monkeyp
     assert torch.equal(expected[0], got[0])
     assert all(torch.equal(e, o) for e, o in zip(expected[1], got[1]))
     assert expected[2] == got[2] == 10  # the cache was written once: prompt + new tokens
+    # Without gradients too (evaluation, generation): eager's loss, the cache written once, no warning.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", MemsaveWarning)
+        e = eager(input_ids=ids, past_key_values=copy.deepcopy(cache), labels=ids, use_cache=True)
+        o = ours(input_ids=ids, past_key_values=copy.deepcopy(cache), labels=ids, use_cache=True)
+    assert torch.equal(e.loss, o.loss) and o.past_key_values.get_seq_length() == 10
     # Without the cache the loss differs: the cache did reach the layers.
     out = ours(input_ids=ids, labels=ids, use_cache=False)
     assert not torch.equal(out.loss, expected[0])
