@@ -301,6 +301,28 @@ class _Frame:
                 needed.add(i)
         return needed
 
+    def check_recomputed(self, i: int, t: torch.Tensor, trace: Optional[List[str]]) -> None:
+        """Raise when the recompute's saved tensor #i differs from the forward's (metadata, version, strict values)."""
+        shape, dtype, device, version, has_history = self.metas[i]
+        if self.check_metadata and (t.shape != shape or t.dtype != dtype or t.device != device):
+            raise RecomputeMismatchError(
+                f"memsave: the recompute of checkpointed region '{self.name}' does not match its forward: "
+                f"saved tensor #{i} has shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device} in the "
+                f"recompute but shape {tuple(shape)}, dtype {dtype}, device {device} in the forward. "
+                f"{_MISMATCH_ADVICE}{self.debug_table(trace, i)}"
+            )
+        if has_history and t._version != version:
+            raise InplaceModificationError(
+                f"memsave: one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: {self._tensor_label(t, i)} saved by checkpointed region '{self.name}' "
+                f"({_describe(t)}) is at version {t._version} in the recompute but was saved at version "
+                f"{version}. A parameter, or a tensor the region uses without receiving it as an argument (a "
+                f"closure variable), was modified in place between forward and backward; do not modify it "
+                f"before backward (e.g. optimizer.step()), or clone it before modifying it."
+            )
+        if self.strict:
+            _strict_compare(self.name, i, self.strict_values[i], t)
+
     def recompute(self, run: _Run, index: int, temporary: bool = False) -> None:
         if self.recomputing:
             raise CheckpointError(
@@ -335,25 +357,7 @@ class _Frame:
                     f"than its forward did ({n}); the extra tensor #{i} is {_describe(t)}. {_MISMATCH_ADVICE}"
                     f"{self.debug_table(trace, i)}"
                 )
-            shape, dtype, device, version, has_history = self.metas[i]
-            if self.check_metadata and (t.shape != shape or t.dtype != dtype or t.device != device):
-                raise RecomputeMismatchError(
-                    f"memsave: the recompute of checkpointed region '{self.name}' does not match its forward: "
-                    f"saved tensor #{i} has shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device} in the "
-                    f"recompute but shape {tuple(shape)}, dtype {dtype}, device {device} in the forward. "
-                    f"{_MISMATCH_ADVICE}{self.debug_table(trace, i)}"
-                )
-            if has_history and t._version != version:
-                raise InplaceModificationError(
-                    f"memsave: one of the variables needed for gradient computation has been modified by an "
-                    f"inplace operation: {self._tensor_label(t, i)} saved by checkpointed region '{self.name}' "
-                    f"({_describe(t)}) is at version {t._version} in the recompute but was saved at version "
-                    f"{version}. A parameter, or a tensor the region uses without receiving it as an argument (a "
-                    f"closure variable), was modified in place between forward and backward; do not modify it "
-                    f"before backward (e.g. optimizer.step()), or clone it before modifying it."
-                )
-            if self.strict:
-                _strict_compare(self.name, i, self.strict_values[i], t)
+            self.check_recomputed(i, t, trace)
             if i in needed:
                 handle = self.handles[i]()
                 if handle is not None:
