@@ -1,7 +1,7 @@
 """How close memsave.estimate (fake tensors, nothing allocated) comes to the measured peak of a real training step.
 
 For each model x strategy x batch size: ``memsave.estimate`` on the device's allocator model, then one real step
-measured the DESIGN.md way -- ``torch.cuda.max_memory_allocated`` on CUDA (synchronize, reset, step, read), the
+measured the documented way -- ``torch.cuda.max_memory_allocated`` on CUDA (synchronize, reset, step, read), the
 allocator-level profiler peak on the CPU -- and, on any device, the live-tensor tracker's peak for the tensor-level
 figure (``Estimate.tensor_peak_bytes``)::
 
@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 
 import memsave
 from benchmarks.harness import environment
-from memsave.measurement import models as bench_models
+from memsave import models as bench_models
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.measurement.strategies import StrategyContext, parse_strategy
 from memsave.measurement.tracker import LiveTensorTracker

@@ -1,4 +1,4 @@
-"""Measured benefit of memsave.plan (issue 3): optimal vs sqrt(N) at the same memory, with torch beside them.
+"""Measured benefit of memsave.plan: optimal vs sqrt(N) at the same memory, with torch beside them.
 
 For each model:
 
@@ -42,7 +42,7 @@ from torch.utils.checkpoint import checkpoint_sequential
 
 from benchmarks.harness import environment, max_grad_diff
 from benchmarks.run import _grad_step, _step_time
-from memsave.measurement import models as bench_models
+from memsave import models as bench_models
 from memsave.measurement.allocator import cpu_peak_bytes
 from memsave.measurement.measuring import measure
 from memsave.measurement.units import format_bytes

@@ -5,7 +5,7 @@ Usage::
     python3 benchmarks/run.py --models vgg16 unet --size cpu
     python3 benchmarks/run.py --size full --device cuda          # the protocol sizes, on a GPU
 
-Per row (DESIGN.md, "Benchmarks protocol"):
+Per row (benchmarks/README.md):
 
 * ``peak_bytes`` -- :func:`memsave.measure.measure`: CUDA ``max_memory_allocated`` above the step's start, or on
   CPU the allocator-level peak from the profiler's allocation events;
@@ -44,8 +44,8 @@ import torch
 
 from benchmarks import strategies as bench_strategies
 from benchmarks.harness import environment, max_grad_diff, sync
+from memsave import models as bench_models
 from memsave.errors import StrategyUnavailableError
-from memsave.measurement import models as bench_models
 from memsave.measurement.allocator import cpu_memory_stats
 from memsave.measurement.measuring import measure
 from memsave.measurement.strategies import StrategyContext
@@ -261,7 +261,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
         + (
             "`torch.cuda.max_memory_allocated` above the step's start"
             if env["device"].startswith("cuda")
-            else "allocator-level, from the profiler's CPU allocation events (DESIGN.md)"
+            else "allocator-level, from the profiler's CPU allocation events (docs/design.md)"
         )
         + ". Activations: live-tensor tracker, bytes alive at the end of forward; 'fwd alloc' is the same at "
         "allocator level. Ratios are to eager in this run.",

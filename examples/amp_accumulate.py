@@ -6,7 +6,7 @@ bfloat16 has float32's exponent range) with every UNet block checkpointed by mem
 each micro-batch's loss by K, skips nothing but the optimizer step on an overflow, unscales before clipping, steps
 and updates the scale once per window, and zeroes the gradients.
 
-The script first measures one training step of each configuration (peak and activation memory; DESIGN.md,
+The script first measures one training step of each configuration (peak and activation memory; docs/design.md,
 "Measuring memory"), then trains the last one for a few windows and prints loss and scale.
 
 Run::
@@ -37,8 +37,8 @@ from benchmarks.strategies_amp import AutocastRunner  # noqa: E402
 
 import memsave  # noqa: E402
 from memsave.amp import GradScaler  # noqa: E402
-from memsave.measurement.models import UNet  # noqa: E402
 from memsave.measurement.units import format_bytes  # noqa: E402
+from memsave.models import UNet  # noqa: E402
 from memsave.recompute.wrapping import wrap  # noqa: E402
 
 SIZES = {  # micro-batch b, micro-batches per step K, image side, first-level width, training windows

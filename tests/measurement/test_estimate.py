@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memsave.measurement import models as bench_models
+from memsave import models as bench_models
 from memsave.measurement.allocator import cpu_memory_stats
 from memsave.measurement.estimation import OPTIMIZER_STATES, cuda_block_bytes, estimate, max_batch_size
 from memsave.measurement.measuring import measure

@@ -4,25 +4,24 @@ CLI from a wheel installed into a fresh virtualenv and run outside the checkout.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import memsave
-from memsave.cli import main
+from memsave.cli import main, options
 from memsave.cli.usage import CommandError, UsageError
-from memsave.cli.user_model import InputSpec, OutputLoss, first_float_tensor, parse_input
+from memsave.cli.user_model import InputSpec, parse_input
+from memsave.measurement import default_loss
 
 REPO = Path(__file__).resolve().parents[2]
 MOD = "memsave_cli_test_models"
@@ -108,6 +107,7 @@ def _stdout(capsys: pytest.CaptureFixture, argv: List[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ --model / --input
+@pytest.mark.slow
 def test_bench_user_model_with_a_float_input(user_models, tmp_path, capsys):
     out = tmp_path / "cnn.json"
     text = _stdout(
@@ -135,6 +135,7 @@ def test_bench_user_model_with_a_float_input(user_models, tmp_path, capsys):
     assert data["rows"][1]["max_grad_diff"] == 0.0 and data["rows"][0]["peak_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_estimate_user_language_model_with_token_input_and_dict_output(user_models, tmp_path, capsys):
     out = tmp_path / "lm.json"
     text = _stdout(
@@ -163,6 +164,7 @@ def test_estimate_user_language_model_with_token_input_and_dict_output(user_mode
     assert ckpt["max_batch"] >= eager["max_batch"] >= 1
 
 
+@pytest.mark.slow
 def test_bench_token_ids_stay_below_the_vocabulary(user_models, capsys):
     # An id >= vocab would make the embedding raise: the real (not fake) inputs of bench are drawn below it.
     text = _stdout(
@@ -211,6 +213,7 @@ def test_several_inputs_a_batch_override_and_a_file_path(user_models, capsys):
     assert f"{path}:TwoInputs (inputs 3x4 float32, 3x5 float32)" in text and "checkpoint:all" in text
 
 
+@pytest.mark.slow
 def test_builtin_models_keep_size_and_batch(capsys):
     text = _stdout(capsys, ["estimate", "--model", "unet", "--size", "tiny", "--batch", "3", "--device", "cpu"])
     assert "unet (tiny, batch 3) on cpu" in text
@@ -243,41 +246,83 @@ def test_parse_input_rejects(text):
 
 
 # ------------------------------------------------------------------------------------------------ the loss
-@dataclass
-class _DataclassOutput:
-    past: Optional[torch.Tensor]
-    scores: torch.Tensor
+def test_user_models_are_stepped_with_measurements_default_loss(user_models):
+    args = argparse.Namespace(
+        model=f"{MOD}:TinyLM", input=["tokens:2,8:64"], model_kwargs=None, batch=None, seed=0, size=None
+    )
+    case = options.build_case(args, torch.device("cpu"))
+    assert case.loss_fn is default_loss
+    out = case.model(*case.inputs)
+    assert torch.equal(case.loss_fn(out), out.logits.float().sum())  # .logits before the first float tensor
 
 
-def test_output_loss_is_cross_entropy_against_zeros_or_a_sum():
-    loss = OutputLoss()
-    x2 = torch.randn(3, 5, requires_grad=True)
-    assert torch.equal(loss(x2), F.cross_entropy(x2, torch.zeros(3, dtype=torch.long)))
-    x4 = torch.randn(2, 4, 3, 3, requires_grad=True)
-    assert torch.equal(loss(x4), F.cross_entropy(x4, torch.zeros(2, 3, 3, dtype=torch.long)))
-    x3 = torch.randn(2, 6, 11, requires_grad=True)  # (B, T, V): a language model
-    assert torch.equal(loss(x3), F.cross_entropy(x3.flatten(0, 1), torch.zeros(12, dtype=torch.long)))
-    x1 = torch.randn(4, requires_grad=True)  # no class dimension: summed
-    assert torch.equal(loss(x1), x1.sum())
-    loss(x2).backward()
-    assert x2.grad is not None
+# ------------------------------------------------------------------------------------------------ a plain MLP
+MLP = """
+from torch import nn
 
 
-def test_output_loss_takes_logits_then_the_first_float_tensor_requiring_grad():
-    logits = torch.randn(2, 3, requires_grad=True)
-    hidden = torch.randn(2, 3, 8, requires_grad=True)
+def mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+"""
 
-    class ModelOutput(OrderedDict):  # Hugging Face style: items are attributes too
-        def __getattr__(self, name):
-            return self[name]
 
-    assert first_float_tensor(ModelOutput(hidden_states=hidden, logits=logits)) is logits
-    assert first_float_tensor((torch.zeros(2, dtype=torch.long), torch.ones(2), [hidden, logits])) is hidden
-    assert first_float_tensor({"ids": torch.zeros(1), "out": logits}) is logits
-    assert first_float_tensor(_DataclassOutput(past=None, scores=logits)) is logits
-    assert first_float_tensor(torch.zeros(2, dtype=torch.long)) is None
-    with pytest.raises(TypeError, match="no floating-point tensor that requires grad"):
-        OutputLoss()((torch.zeros(2), torch.ones(2, dtype=torch.long)))
+def test_bench_on_a_model_without_blocks_prints_eager_and_an_error_row(tmp_path, capsys, monkeypatch):
+    (tmp_path / "m.py").write_text(MLP)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "mlp.json"
+    argv = ["bench", "--model", "./m.py:mlp", "--input", "8,16", "--steps", "1", "--no-progress", "--json", str(out)]
+    text = _stdout(capsys, argv)  # exit 0: eager ran
+    rows = {r["strategy"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["eager", "checkpoint:blocks"]
+    assert rows["eager"]["peak_bytes"] > 0 and rows["eager"].get("error") is None
+    assert "repeated" in rows["checkpoint:blocks"]["error"] or "block" in rows["checkpoint:blocks"]["error"]
+    assert "checkpoint:blocks" in text and "error" in text
+
+
+def test_estimate_on_a_model_without_blocks_prints_eager_and_an_error_row(tmp_path, capsys, monkeypatch):
+    (tmp_path / "m.py").write_text(MLP)
+    monkeypatch.chdir(tmp_path)
+    text = _stdout(capsys, ["estimate", "--model", "./m.py:mlp", "--input", "8,16", "--no-progress"])
+    eager_line = next(line for line in text.splitlines() if line.startswith("eager "))
+    assert "error" not in eager_line
+    assert any(line.startswith("checkpoint:blocks") and "error" in line for line in text.splitlines())
+
+
+@pytest.mark.parametrize("command", ["bench", "estimate"])
+def test_a_memory_size_without_a_unit_is_refused_naming_the_units(user_models, capsys, command):
+    argv = [command, *_CNN, "--memory", "64"] if command == "estimate" else None
+    if argv is None:  # bench has no --memory: the parser for sizes is shared
+        with pytest.raises(UsageError, match="no unit.*KiB, MiB, GiB"):
+            options.parse_memory("64")
+        assert options.parse_memory("64KiB") == 65536 and options.parse_memory("1GB") == 10**9
+        return
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--memory '64' has no unit" in err and "MiB" in err and "GB" in err
+
+
+@pytest.mark.parametrize("command", ["bench", "estimate", "demo"])
+def test_every_subcommand_has_the_same_progress_size_and_device_flags_and_defines_units(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    for needle in ("--no-progress", "--size {tiny,cpu,full}", "--device", "cuda when a GPU is visible, else cpu"):
+        assert needle in flat, (command, needle)
+    assert "KiB/MiB/GiB (powers of 1024)" in flat and "inter-quartile range" in flat
+
+
+def test_strategies_are_checked_before_the_model_is_built(user_models, capsys, monkeypatch):
+    from memsave.cli import bench, estimate
+
+    built = []
+    for module in (bench, estimate):
+        monkeypatch.setattr(module, "build_case", lambda *a, **k: built.append(1))
+    for command in ("bench", "estimate"):
+        with pytest.raises(SystemExit) as info:
+            main([command, *_CNN, "--strategies", "eager,nonsense"])
+        assert info.value.code == 2
+    assert built == [] and "unknown strategy 'nonsense'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ one-line errors
@@ -290,7 +335,7 @@ ERRORS = [
     (["bench", "--frobnicate"], 2, "unrecognized arguments: --frobnicate"),
     (["bench"], 2, "--model is required"),
     (["bench", "--model", "alexnet"], 2, "unknown model 'alexnet'"),
-    (["estimate", "--model", "resnet50", "--size", "huge"], 2, "--size must be one of full, cpu, tiny"),
+    (["estimate", "--model", "resnet50", "--size", "huge"], 2, "invalid choice: 'huge'"),
     (["bench", "--model", "resnet50", "--input", "2,3"], 2, "--input and --model-kwargs are for MODULE:CALLABLE"),
     (["bench", "--model", "no_such_module_xyz:make"], 2, "--input"),
     (["bench", "--model", "no_such_module_xyz:make", "--input", "2,3"], 2, "no module named 'no_such_module_xyz'"),
@@ -369,7 +414,7 @@ def test_help_documents_the_model_and_input_forms(capsys):
             "tokens:2,128:50257",
             "--model-kwargs",
             "torchvision.models:resnet18",
-            "cross-entropy",
+            "default_loss",
             "--traceback",
         ):
             assert needle in text, (command, needle)

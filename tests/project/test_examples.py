@@ -52,3 +52,17 @@ def test_demo(capsys):
 def test_demo_via_module_entry_point():
     out = _run("-m", "memsave", "demo", "--size", "tiny", "--steps", "1", "--device", "cpu")
     assert "checkpoint:Block" in out
+
+
+@pytest.mark.slow
+def test_hf_trainer_example():
+    pytest.importorskip("transformers")
+    out = _run("examples/hf_trainer.py", "--size", "tiny", "--steps", "2")
+    assert "peak" in out and "activations" in out and "generate after training" in out, out
+
+
+@pytest.mark.slow
+def test_timm_train_example():
+    pytest.importorskip("timm")
+    out = _run("examples/timm_train.py", "--size", "tiny", "--steps", "1")
+    assert "largest step peak:" in out, out

@@ -1,43 +1,42 @@
 """``python -m memsave demo``: eager vs checkpointing on a built-in model, as a table.
 
-The model is a small residual CNN (stem, residual blocks of Conv-BatchNorm-ReLU-Dropout, head) sized for a CPU, or a
-larger one on CUDA. Each strategy runs on a fresh copy of the same seeded model:
+The model is a small residual CNN (stem, residual blocks of Conv-BatchNorm-ReLU-Dropout, head) at one of the sizes
+every subcommand knows (``tiny``, ``cpu``, ``full``). It runs :func:`memsave.compare` with these strategies (named
+and built by the strategy registry, :mod:`memsave.measurement.strategies`, as in ``python -m memsave bench`` and
+``benchmarks/run.py``):
 
 * ``eager``: plain PyTorch;
 * ``torch_checkpoint:Block``: every block under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``;
 * ``checkpoint:Block``: ``memsave.wrap(model, Block)``;
 * ``checkpoint_sequential:2``: ``memsave.checkpoint_sequential(model, 2, x)``.
 
-The rows are named and built by the strategy registry (:mod:`memsave.measurement.strategies`), as in
-:func:`memsave.compare`, ``python -m memsave bench`` and ``benchmarks/run.py``.
-
 Columns: peak memory of a training step (CUDA: ``max_memory_allocated``; CPU: allocator-level, from the profiler's
-allocation events), activation memory (bytes alive at the end of forward, live-tensor tracker), step time as a ratio
-to eager, the largest gradient difference from eager after a step from the same seed, and whether the BatchNorm
-running statistics equal eager's after that step (``torch.utils.checkpoint`` updates them twice).
+allocation events), activation memory (bytes alive at the end of forward, live-tensor tracker), the step time and
+its ratio to eager (all strategies timed together, interleaved over rounds: median and IQR), the largest gradient
+difference from eager after a step from the same seed, and whether the BatchNorm running statistics equal eager's
+after that step (``torch.utils.checkpoint`` updates them twice).
 """
 
 from __future__ import annotations
 
-import copy
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from ..measurement.measuring import measure
-from ..measurement.strategies import StrategyContext, parse_strategy
+from ..measurement.comparison import compare
 from ..measurement.units import format_bytes
-from .usage import ArgumentParser, UsageError, add_traceback_flag, parse_device
+from .options import add_common_args, default_size, parser, print_table, resolve_device
+from .usage import UsageError
 
 __all__ = ["main", "DemoNet", "SIZES"]
 
-#: batch, image side, width, number of residual blocks.
+#: batch, image side, width, number of residual blocks, per size (the size names of every subcommand).
 SIZES: Dict[str, Dict[str, int]] = {
-    "cpu": dict(batch=16, image=64, width=32, blocks=8),
-    "cuda": dict(batch=64, image=128, width=64, blocks=12),
     "tiny": dict(batch=2, image=16, width=8, blocks=3),
+    "cpu": dict(batch=16, image=64, width=32, blocks=8),
+    "full": dict(batch=64, image=128, width=64, blocks=12),
 }
 
 
@@ -75,24 +74,22 @@ STRATEGIES: Tuple[str, ...] = (
 )
 
 
-def _after_step(runner: nn.Module, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """Gradients and buffers after one step from a fixed seed."""
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(0)
-    if x.is_cuda:
-        torch.cuda.manual_seed_all(0)
-    nn.functional.cross_entropy(runner(x), y).backward()
-    out = {f"grad:{n}": p.grad.detach().clone() for n, p in model.named_parameters()}
-    out.update({f"buf:{n}": b.detach().clone() for n, b in model.named_buffers()})
-    model.zero_grad(set_to_none=True)
-    return out
+class _CrossEntropy:
+    """Cross-entropy against fixed class targets (a class, not a closure: compare deep-copies nothing of it)."""
+
+    def __init__(self, target: torch.Tensor) -> None:
+        self.target = target
+
+    def __call__(self, out: Any) -> torch.Tensor:
+        return nn.functional.cross_entropy(out, self.target)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the demo and print the table.
 
     Args:
-        argv: command-line arguments (``--device``, ``--size``, ``--steps``); None reads ``sys.argv``.
+        argv: command-line arguments (``--device``, ``--size``, ``--steps``, ``--no-progress``); None reads
+            ``sys.argv``.
 
     Returns:
         0, or 1 when on CPU a memsave strategy's gradients or buffers differ from eager's (they must not).
@@ -102,78 +99,56 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Example:
         >>> from memsave.cli import demo
-        >>> demo.main(["--size", "tiny", "--steps", "1"])
+        >>> demo.main(["--size", "tiny", "--steps", "3"])
         0
     """
-    p = ArgumentParser(prog="python -m memsave demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
-    p.add_argument("--size", choices=tuple(SIZES), default=None, help="model size (default: cuda on CUDA, else cpu)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps; the median is used")
-    add_traceback_flag(p)
+    p = parser("python -m memsave demo", __doc__.split("\n\n")[0], models_epilog=False)
+    add_common_args(p)
+    p.add_argument("--steps", type=int, default=5, help="interleaved timing rounds (default: %(default)s)")
     args = p.parse_args(argv)
-    device = parse_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda but CUDA is not available here; use --device cpu")
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
-    cfg = SIZES[args.size or ("cuda" if device.type == "cuda" else "cpu")]
-
-    t_start = time.perf_counter()
-    torch.manual_seed(0)
-    base = DemoNet(cfg["width"], cfg["blocks"]).to(device).train()
-    g = torch.Generator().manual_seed(1)
+    device = resolve_device(args.device)
+    cfg = SIZES[args.size or default_size(device)]
+    torch.manual_seed(args.seed)
+    model = DemoNet(cfg["width"], cfg["blocks"]).to(device).train()
+    g = torch.Generator().manual_seed(args.seed + 1)
     x = torch.randn(cfg["batch"], 3, cfg["image"], cfg["image"], generator=g).to(device)
     y = torch.randint(0, 10, (cfg["batch"],), generator=g).to(device)
-    loss_fn = lambda out: nn.functional.cross_entropy(out, y)  # noqa: E731
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
         f"memsave demo: {cfg['blocks']} residual blocks (Conv-BN-ReLU-Conv-BN-Dropout), width {cfg['width']}, "
         f"input {tuple(x.shape)}, on {device} ({where}), torch {torch.__version__}"
     )
-
-    rows = []
-    ref: Dict[str, torch.Tensor] = {}
-    eager_seconds = 1.0
-    ctx = StrategyContext((x,), loss_fn, device)
-    for name in STRATEGIES:
-        strategy = parse_strategy(name)
-        model = copy.deepcopy(base)
-        runner = strategy.prepare(model, ctx)
-        state = _after_step(runner, model, x, y)
-        if name == "eager":
-            ref = state
-        m = measure(runner, x, loss_fn=loss_fn, steps=args.steps)
-        if name == "eager":
-            eager_seconds = m.step_seconds
-        grad_diff = max(float((state[k].double() - ref[k].double()).abs().max()) for k in ref if k.startswith("grad:"))
-        buffers_equal = all(torch.equal(state[k], ref[k]) for k in ref if k.startswith("buf:"))
-        rows.append((name, m, m.step_seconds / eager_seconds, grad_diff, buffers_equal))
-
-    header = ("strategy", "peak memory", "activations", "step time", "max |grad diff|", "BN stats == eager")
-    table = [header] + [
-        (
-            n,
-            format_bytes(m.peak_bytes),
-            format_bytes(m.activation_bytes),
-            f"{r:.2f}x",
-            f"{d:.3g}",
-            "yes" if be else "NO",
-        )
-        for n, m, r, d, be in rows
+    start = time.perf_counter()
+    result = compare(
+        model, x, strategies=STRATEGIES, loss_fn=_CrossEntropy(y), steps=args.steps, progress=not args.no_progress
+    )
+    body = [
+        [
+            r.strategy,
+            format_bytes(r.peak_bytes),
+            format_bytes(r.activation_bytes),
+            f"{r.step_seconds * 1e3:.1f} ms ({r.step_iqr_seconds * 1e3:.1f})",
+            f"{r.time_ratio:.2f}x ({r.time_ratio_iqr:.2f})",
+            f"{r.max_grad_diff:.3g}",
+            "yes" if r.buffers_equal else "NO",
+        ]
+        for r in result.rows
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     print()
-    for i, row in enumerate(table):
-        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print_table(
+        ["strategy", "peak memory", "activations", "step (IQR)", "time x (IQR)", "max |grad diff|", "BN == eager"], body
+    )
     peak_how = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "allocator-level (profiler CPU events)"
     print(
-        f"\npeak: {peak_how}, one training step; activations: live tensors at the end of forward; step time: "
-        f"median of {args.steps} steps, ratio to eager ({eager_seconds * 1e3:.1f} ms); gradients and BatchNorm "
-        f"statistics after one step from the same seed. {time.perf_counter() - t_start:.1f} s in all."
+        f"\npeak: {peak_how}, one training step; activations: live tensors at the end of forward; step time: median "
+        f"(IQR) over {args.steps} rounds timing every strategy in turn (order reversed every other round), time x: "
+        f"median of the per-round ratios to eager; gradients and BatchNorm statistics after one step from the same "
+        f"seed. {time.perf_counter() - start:.1f} s in all."
     )
-    bad = [n for n, _, _, d, be in rows if not n.startswith("torch") and (d != 0.0 or not be)]
+    bad = [r.strategy for r in result.rows if r.lossless and not r.strategy.startswith("torch")]
+    bad = [n for n in bad if result[n].max_grad_diff != 0.0 or not result[n].buffers_equal]
     if bad and device.type == "cpu":
         print(f"ERROR: {', '.join(bad)} differ from eager on CPU; memsave's lossless strategies must not")
         return 1

@@ -15,30 +15,9 @@ __all__ = ["main"]
 
 
 def _info(argv: List[str]) -> int:
-    p = ArgumentParser(
-        prog="python -m memsave info", description="Build facts and the dispatch keys of every memsave operator."
-    )
-    add_traceback_flag(p)
-    p.parse_args(argv)
+    from . import info
 
-    import torch
-
-    from ..extension import build_info, dispatch_table
-
-    info = build_info()
-    print(f"memsave {info['version']}")
-    print(f"  built against torch {info['torch_version']}, running torch {torch.__version__}")
-    archs = info["cuda_archs"] or "-"
-    print(f"  CUDA kernels: {'yes' if info['cuda'] else 'no'} (archs {archs}, runtime {info['cuda_runtime_version']})")
-    print(f"  compiler: {info['compiler']}")
-    print(
-        f"  GPU visible: {torch.cuda.is_available()}"
-        + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "")
-    )
-    print("operators (torch.ops.memsave) and the dispatch keys they have kernels for:")
-    for name, keys in dispatch_table().items():
-        print(f"  {name:<28} {', '.join(keys)}")
-    return 0
+    return info.main(argv)
 
 
 def _demo(argv: List[str]) -> int:
@@ -54,9 +33,9 @@ def _bench(argv: List[str]) -> int:
 
 
 def _estimate(argv: List[str]) -> int:
-    from . import bench
+    from . import estimate
 
-    return bench.estimate_main(argv)
+    return estimate.main(argv)
 
 
 _COMMANDS: Dict[str, tuple] = {

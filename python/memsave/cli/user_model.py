@@ -8,7 +8,7 @@
                                       with no arguments, or with ``--model-kwargs '{"depth": 4}'`` as keyword
                                       arguments; it must return a ``torch.nn.Module``
 ``path/to/models.py:make_model``      the same, the module loaded from a file
-``vgg16``, ``unet``, ``resnet50``,    the built-in models (:mod:`memsave.measurement.models`), with ``--size`` and
+``vgg16``, ``unet``, ``resnet50``,    the built-in models (:mod:`memsave.models`), with ``--size`` and
 ``gpt2``                              ``--batch``
 ====================================  ==============================================================================
 
@@ -22,17 +22,12 @@
 ``--batch N`` replaces the first dimension of every input. ``estimate`` makes the inputs on the meta device (nothing
 is allocated); ``bench`` makes real ones on ``--device``.
 
-The loss (:class:`OutputLoss`): the model's output, or its first floating-point tensor that requires grad when it is
-not a tensor (``.logits`` first for a Hugging Face ``ModelOutput``, then dict values, dataclass fields, tuple and
-list items, in order), goes through cross-entropy against all-zero class targets shaped from it: ``(B, C)`` against
-``(B,)``, ``(B, C, H, W)`` against ``(B, H, W)``, a language model's ``(B, T, V)`` flattened to ``(B*T, V)`` against
-``(B*T,)`` (:class:`memsave.measurement.models.ShapeCrossEntropy`). A 0-D or 1-D output, where cross-entropy has no
-class dimension, is summed. The target values do not change the memory of a step.
+The loss is memsave's default loss (:func:`memsave.measurement.default_loss`): the output's ``.loss``, else its
+``.logits``, else its first floating-point tensor that requires grad, summed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -41,20 +36,16 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from ..measurement.measuring import default_loss
-from ..measurement.models import ShapeCrossEntropy
 from .usage import CommandError, UsageError, one_line
 
 __all__ = [
     "InputSpec",
-    "OutputLoss",
     "build_user_model",
-    "first_float_tensor",
     "is_user_model",
     "load_callable",
     "make_inputs",
@@ -322,69 +313,3 @@ def build_user_model(spec: str, kwargs: Optional[Dict[str, Any]] = None, seed: i
     if not isinstance(model, nn.Module):
         raise UsageError(f"--model {spec!r} returned an object of type {type(model).__name__}, not a torch.nn.Module")
     return model.train()
-
-
-# ------------------------------------------------------------------------------------------------------------ loss
-def _float_tensors(obj: Any, out: List[torch.Tensor], depth: int = 0) -> None:
-    if depth > 8:
-        return
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point():
-            out.append(obj)
-        return
-    logits = getattr(obj, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        _float_tensors(logits, out, depth + 1)
-    if isinstance(obj, Mapping):
-        items: Sequence[Any] = list(obj.values())
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        items = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, (tuple, list)):
-        items = obj
-    else:
-        return
-    for item in items:
-        _float_tensors(item, out, depth + 1)
-
-
-def first_float_tensor(output: Any) -> Optional[torch.Tensor]:
-    """The tensor of a model's output that the loss is taken from (see the module docstring).
-
-    Args:
-        output: a tensor, a Hugging Face ``ModelOutput``, a dict, a dataclass, a tuple or a list (nested).
-
-    Returns:
-        the first floating-point tensor that requires grad (``.logits`` first when there is one), or None.
-
-    Example:
-        >>> x = torch.ones(2, 3, requires_grad=True)
-        >>> first_float_tensor({"ids": torch.zeros(2, dtype=torch.long), "scores": x}) is x
-        True
-    """
-    found: List[torch.Tensor] = []
-    _float_tensors(output, found)
-    return next((t for t in found if t.requires_grad), None)
-
-
-class OutputLoss:
-    """The loss of a user model: cross-entropy against all-zero targets shaped from the output, or a sum.
-
-    See the module docstring for which tensor of the output is used. A class, not a closure, so that it can be
-    deep-copied; it works at any batch size and on fake tensors (:func:`memsave.estimate`).
-
-    Example:
-        >>> OutputLoss()(nn.Linear(4, 3)(torch.randn(2, 4))).shape
-        torch.Size([])
-    """
-
-    def __call__(self, output: Any) -> torch.Tensor:
-        """Args: output: what the model returned. Returns: a scalar loss. Raises: TypeError: no tensor to use."""
-        t = first_float_tensor(output)
-        if t is None:
-            raise TypeError(
-                f"the model's output ({type(output).__name__}) holds no floating-point tensor that "
-                "requires grad, so there is no loss to backpropagate"
-            )
-        if t.dim() >= 2 and t.numel() > 0:
-            return ShapeCrossEntropy()(t)
-        return default_loss(t)

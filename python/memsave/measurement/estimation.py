@@ -55,7 +55,13 @@ from torch import nn
 
 # FakeTensorMode is public in spirit (torch.compile, torch.export and the memory tools build on it) but lives in a
 # private module; these are the only names memsave takes from it.
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, UnsupportedOperatorException
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only
 
@@ -358,7 +364,16 @@ class Estimate:
 
 
 def _as_device(device: Union[str, torch.device]) -> torch.device:
-    dev = torch.device(device)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(
+            f"estimate: device must be a str or torch.device ('cpu' or 'cuda'), got {type(device).__name__}"
+        )
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:  # torch's message for an unknown device type
+        raise ValueError(
+            f"estimate: device must be 'cpu' or 'cuda' (the device the step would run on), got {device!r}"
+        ) from e
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
     if dev.type not in ("cpu", "cuda"):
@@ -384,9 +399,20 @@ def _to_fake(t: torch.Tensor, fake_mode: Any, device: torch.device, dtype: Optio
     return f
 
 
+def _fake_inputs(inputs: Any, fake_mode: Any, device: torch.device, dtype: Optional[torch.dtype]) -> Any:
+    """The step's inputs (positional and keyword, nested) as fake tensors on ``device``."""
+
+    def fake(x: torch.Tensor) -> torch.Tensor:
+        grad = x.requires_grad and (x.is_floating_point() or x.is_complex())
+        return _to_fake(x, fake_mode, device, dtype).requires_grad_(grad)
+
+    return tree_map_only(torch.Tensor, fake, inputs)
+
+
 def _run_fake_step(
     model: nn.Module,
     inputs: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
     strat: Strategy,
     loss_fn: LossFn,
     device: torch.device,
@@ -411,15 +437,8 @@ def _run_fake_step(
             memo[id(b)] = fb
             buffers.append(fb)
     fake_model = copy.deepcopy(model, memo)
-    fake_inputs = tuple(
-        _to_fake(x, fake_mode, device, dtype).requires_grad_(
-            x.requires_grad and (x.is_floating_point() or x.is_complex())
-        )
-        if isinstance(x, torch.Tensor)
-        else x
-        for x in inputs
-    )
-    ctx = StrategyContext(fake_inputs, loss_fn, device, fake=True)
+    fake_inputs, fake_kwargs = _fake_inputs((tuple(inputs), dict(kwargs)), fake_mode, device, dtype)
+    ctx = StrategyContext(fake_inputs, loss_fn, device, fake=True, kwargs=fake_kwargs)
     emulation = _cuda_attention_emulation() if emulate_cuda else contextlib.nullcontext()
     with fake_mode, _RealToFake(fake_mode, FakeTensor, device), emulation:
         try:
@@ -429,9 +448,10 @@ def _run_fake_step(
                 f"estimate: strategy {strat.name!r} could not be applied to a model with fake tensors ({e}); "
                 "measure it with memsave.measure / memsave.compare instead"
             ) from e
-        with _EstimateTracker(root=runner, round_fn=round_fn, workspace_fn=workspace_fn) as tracker:
+        tracker = _EstimateTracker(root=runner, round_fn=round_fn, workspace_fn=workspace_fn)
+        with tracker:
             try:
-                out = runner(*fake_inputs)
+                out = runner(*fake_inputs, **fake_kwargs)
                 activation = tracker.live_bytes
                 by_module = tracker.live_by_module()
                 loss = loss_fn(out)
@@ -440,6 +460,13 @@ def _run_fake_step(
                 del out
                 loss.backward()
                 del loss
+            except (DataDependentOutputException, DynamicOutputShapeException) as e:
+                raise NoFakeKernelError(
+                    f"estimate: the model reads tensor values (operator {e.func}: .item(), .tolist(), int(tensor), "
+                    "or an output whose shape depends on values, such as nonzero or boolean masking), which fake "
+                    "tensors do not have, so the step cannot be predicted; compute such values from shapes or pass "
+                    f"them as arguments, or measure the model with memsave.measure (strategy {strat.name!r})"
+                ) from e
             except UnsupportedOperatorException as e:
                 raise NoFakeKernelError(
                     f"estimate: operator {e.func} has no fake-tensor (meta) implementation, so the step cannot run "
@@ -458,10 +485,44 @@ def _run_fake_step(
         grad=_storage_bytes(grads, round_fn),
         param=_storage_bytes(params, round_fn),
         buffer=_storage_bytes(buffers, round_fn),
-        input=_storage_bytes([x for x in fake_inputs if isinstance(x, torch.Tensor)], round_fn),
+        input=_storage_bytes(
+            [x for x in tree_flatten((fake_inputs, fake_kwargs))[0] if isinstance(x, torch.Tensor)], round_fn
+        ),
         optimizer=optimizer_states * sum(round_fn(p.numel() * p.element_size()) for p in trainable),
         runner=runner,
     )
+
+
+def _fake_step_or_emulated(
+    model: nn.Module,
+    inputs: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    strat: Strategy,
+    loss_fn: LossFn,
+    dev: torch.device,
+    dtype: Optional[torch.dtype],
+    states: int,
+) -> Tuple[Dict[str, Any], bool, bool]:
+    """Run the fake step for ``dev``; returns ``(result, emulated, cpu_onednn)``. A CUDA step whose fake CUDA
+    tensors fail (some torch builds need a CUDA runtime for them) falls back to CPU emulation, with a warning."""
+    emulated = dev.type == "cuda" and not torch.cuda.is_available()
+    run_dev = torch.device("cpu") if emulated else dev
+    round_fn: Callable[[int], int] = cuda_block_bytes if dev.type == "cuda" else (lambda n: n)
+    # oneDNN's convolution workspaces are modelled for real CPU steps only (cuDNN's depend on the algorithm chosen).
+    cpu_onednn = dev.type == "cpu" and torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
+    workspace_fn = _CPU_CONV_WORKSPACE if cpu_onednn else None
+    step = (model, inputs, kwargs, strat, loss_fn)
+    try:
+        r = _run_fake_step(*step, run_dev, dtype, round_fn, workspace_fn, states, emulate_cuda=emulated)
+    except RuntimeError as e:
+        if dev.type != "cuda" or emulated or isinstance(e, NoFakeKernelError) or "could not be applied" in str(e):
+            raise
+        warnings.warn(
+            f"estimate: fake CUDA step failed ({e}); estimating with CPU operator choices", RuntimeWarning, stacklevel=3
+        )
+        emulated = True
+        r = _run_fake_step(*step, torch.device("cpu"), dtype, round_fn, None, states, emulate_cuda=True)
+    return r, emulated, cpu_onednn
 
 
 def estimate(
@@ -472,6 +533,7 @@ def estimate(
     dtype: Optional[torch.dtype] = None,
     loss_fn: Optional[LossFn] = None,
     optimizer: Optional[str] = None,
+    **model_kwargs: Any,
 ) -> Estimate:
     """Predict the peak and activation memory of a training step of ``model`` on ``device``, allocating nothing.
 
@@ -492,6 +554,7 @@ def estimate(
             tensors it closes over are moved to ``device`` as fakes. Default :func:`memsave.measurement.default_loss`.
         optimizer: add optimizer state to ``total_bytes``: one of ``OPTIMIZER_STATES`` (``"adam"``: two
             parameter-sized tensors per trainable parameter).
+        **model_kwargs: keyword arguments of ``model`` (``labels=ids``), tensors on any device, made fake too.
 
     Returns:
         an :class:`Estimate`; ``peak_bytes`` compares with :func:`memsave.measure`, ``total_bytes`` with the memory
@@ -505,7 +568,7 @@ def estimate(
     Example:
         >>> est = memsave.estimate(model, torch.empty(64, 3, 224, 224, device="meta"), device="cuda",
         ...                        strategy="checkpoint:blocks")
-        >>> print(est)
+        >>> memsave.estimate(lm, ids, labels=ids, device="cuda").peak_bytes     # keyword inputs as the model takes
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"estimate: model must be an nn.Module, got {type(model).__name__}")
@@ -518,54 +581,17 @@ def estimate(
         raise ValueError(f"estimate: unknown optimizer {optimizer!r}; choose from {', '.join(OPTIMIZER_STATES)}")
     loss_fn = resolve_loss_fn(loss_fn, "estimate")
     states = OPTIMIZER_STATES.get(optimizer or "sgd", 0)
-
-    emulated = dev.type == "cuda" and not torch.cuda.is_available()
-    run_dev = torch.device("cpu") if emulated else dev
-    round_fn: Callable[[int], int] = cuda_block_bytes if dev.type == "cuda" else (lambda n: n)
-    # oneDNN's convolution workspaces are modelled for real CPU steps only (cuDNN's depend on the algorithm chosen).
-    cpu_onednn = dev.type == "cpu" and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
-    workspace_fn = _CPU_CONV_WORKSPACE if cpu_onednn else None
-
     rng = RngState()
     try:
-        try:
-            r = _run_fake_step(
-                model,
-                tuple(example_inputs),
-                strat,
-                loss_fn,
-                run_dev,
-                dtype,
-                round_fn,
-                workspace_fn,
-                states,
-                emulate_cuda=emulated,
-            )
-        except RuntimeError as e:
-            if dev.type != "cuda" or emulated or isinstance(e, NoFakeKernelError) or "could not be applied" in str(e):
-                raise
-            # Fake CUDA tensors need a working CUDA runtime in some torch builds; fall back to emulation.
-            warnings.warn(
-                f"estimate: fake CUDA step failed ({e}); estimating with CPU operator choices",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            emulated = True
-            r = _run_fake_step(
-                model,
-                tuple(example_inputs),
-                strat,
-                loss_fn,
-                torch.device("cpu"),
-                dtype,
-                round_fn,
-                None,
-                states,
-                emulate_cuda=True,
-            )
+        r, emulated, cpu_onednn = _fake_step_or_emulated(
+            model, tuple(example_inputs), dict(model_kwargs), strat, loss_fn, dev, dtype, states
+        )
     finally:
         rng.restore()
-
+    if dev.type == "cuda":
+        allocator = "CUDA caching allocator, 512-byte blocks"
+    else:
+        allocator = "exact sizes + oneDNN convolution workspaces" if cpu_onednn else "exact sizes"
     return Estimate(
         peak_bytes=int(r["peak"]),
         tensor_peak_bytes=int(r["tensor_peak"]),
@@ -578,20 +604,18 @@ def estimate(
         device=str(dev),
         strategy=strat.name,
         dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
-        allocator=(
-            "CUDA caching allocator, 512-byte blocks"
-            if dev.type == "cuda"
-            else "exact sizes + oneDNN convolution workspaces"
-            if cpu_onednn
-            else "exact sizes"
-        ),
+        allocator=allocator,
         emulated=emulated,
         by_module=strip_runner_prefix(r["by_module"], r["runner"]),
     )
 
 
-def _inputs_of(made: Any) -> Tuple[Any, ...]:
-    return tuple(made) if isinstance(made, (tuple, list)) else (made,)
+def _inputs_of(made: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """``make_inputs(b)``'s result as (positional, keyword) inputs: a dict is keyword inputs, a tuple or list
+    positional ones, anything else one positional input."""
+    if isinstance(made, dict):
+        return (), dict(made)
+    return (tuple(made) if isinstance(made, (tuple, list)) else (made,)), {}
 
 
 def max_batch_size(
@@ -618,8 +642,9 @@ def max_batch_size(
 
     Args:
         model: the model (not modified; may live on the meta device).
-        make_inputs: batch size -> the model's positional inputs (a tensor or a tuple); meta tensors avoid
-            allocating real data (``lambda b: torch.empty(b, 3, 224, 224, device="meta")``).
+        make_inputs: batch size -> the model's inputs: a tensor or a tuple (positional), or a dict (keyword inputs,
+            ``lambda b: {"input_ids": ids[:b], "labels": ids[:b]}``); meta tensors avoid allocating real data
+            (``lambda b: torch.empty(b, 3, 224, 224, device="meta")``).
         memory: the memory available: bytes or a string like ``"24GiB"`` / ``"80GB"``.
         strategy, device, dtype, loss_fn, optimizer: as for :func:`estimate`. A ``loss_fn`` must work for every
             batch size: build targets from the output's shape.
@@ -652,14 +677,16 @@ def max_batch_size(
     strat = parse_strategy(strategy)
 
     def fits(b: int) -> bool:
+        args, kwargs = _inputs_of(make_inputs(b))
         est = estimate(
             model,
-            *_inputs_of(make_inputs(b)),
+            *args,
             device=device,
             strategy=strat,
             dtype=dtype,
             loss_fn=loss_fn,
             optimizer=optimizer,
+            **kwargs,
         )
         return est.total_bytes <= budget
 

@@ -1,6 +1,6 @@
 """Measure one training step: peak memory, activation memory, step time, per-module attribution.
 
-How each number is taken (DESIGN.md, "Measuring memory"):
+How each number is taken (docs/design.md, "Measuring and comparing"):
 
 * **peak_bytes** -- CUDA: ``torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()`` before one step and
   ``max_memory_allocated() - memory_allocated_before`` after it. CPU: the allocator-level analogue,
@@ -14,17 +14,18 @@ How each number is taken (DESIGN.md, "Measuring memory"):
   tensors created during forward that are still alive when forward returns (tensors saved for backward and the
   output). Parameters, buffers, inputs and gradients are not counted.
 * **by_module** -- the same tracker's bytes at the end of forward, grouped by the innermost module that created them.
-* **step_seconds** -- median of ``steps`` timed steps after ``warmup`` warm-up steps, with neither the tracker nor
-  the profiler on (CUDA is synchronized around each timed step).
+* **step_seconds** -- median over ``steps`` rounds of :func:`memsave.measurement.timing.time_interleaved`
+  (``torch.utils.benchmark.Timer``; CUDA is synchronized around each timed call) after ``warmup`` warm-up steps,
+  with neither the tracker nor the profiler on; ``step_iqr_seconds`` is the spread (inter-quartile range) of the
+  rounds, and a warning says when it is over 10% of the median.
 
-One step is: gradients set to ``None``, forward, loss, backward. No optimizer runs.
+One step is: gradients set to ``None``, forward (positional and keyword inputs), loss, backward. No optimizer runs.
 """
 
 from __future__ import annotations
 
 import html
-import statistics
-import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -32,7 +33,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..common.rng import RngState
+from ..errors import MemsaveWarning
 from .allocator import step_peak_bytes
+from .timing import spread_warning, time_interleaved
 from .tracker import LiveTensorTracker
 from .units import format_bytes
 
@@ -40,8 +43,10 @@ __all__ = [
     "LossFn",
     "Measurement",
     "SavedStepState",
+    "StepMemory",
     "default_loss",
     "measure",
+    "measure_memory",
     "resolve_device",
     "resolve_loss_fn",
     "tensors_in",
@@ -51,11 +56,19 @@ LossFn = Callable[[Any], torch.Tensor]
 
 
 # ---------------------------------------------------------------------------------------------------------- helpers
+def _differentiable(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+
+
 def default_loss(output: Any) -> torch.Tensor:
-    """The loss :func:`measure` uses when none is given: ``out.float().sum()`` of the first tensor in ``output``.
+    """The loss :func:`measure` (and compare, estimate, plan, the command line) uses when none is given.
+
+    ``output.loss`` when the output has one (a Hugging Face model called with ``labels``), else ``output.logits``
+    (a Hugging Face model without labels), else the first floating-point tensor of the output that requires grad (in
+    pytree order through tuples, lists and dicts); summed in float32 (``t.float().sum()``).
 
     Args:
-        output: what the model returned: a tensor, or tuples / lists / dicts holding tensors.
+        output: what the model returned: a tensor, or tuples / lists / dicts / ``ModelOutput`` holding tensors.
 
     Returns:
         a scalar float32 (or float64) tensor.
@@ -67,8 +80,12 @@ def default_loss(output: Any) -> torch.Tensor:
         >>> default_loss((torch.ones(2, requires_grad=True), 3)).item()
         2.0
     """
+    for name in ("loss", "logits"):
+        t = output.get(name) if isinstance(output, dict) else getattr(output, name, None)
+        if t is not None and _differentiable(t) and t.numel() > 0:
+            return t.float().sum()
     for t in tree_flatten(output)[0]:
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+        if _differentiable(t):
             return t.float().sum()
     raise TypeError(
         "measure: the model's output holds no floating-point tensor that requires grad, so there is nothing to "
@@ -147,12 +164,13 @@ class Measurement:
         peak_bytes: peak memory of one step above what was allocated before it (CUDA: ``max_memory_allocated``;
             CPU: allocator-level profiler events).
         activation_bytes: bytes of the tensors created in forward and alive at its end (live-tensor tracker).
-        step_seconds: median wall time of one step.
+        step_seconds: median wall time of one step over the timed rounds.
         device: the device the step ran on, e.g. ``"cpu"`` or ``"cuda:0"``.
         reserved_bytes: CUDA only: ``max_memory_reserved()`` during the measured step (absolute: includes blocks the
             caching allocator held before); None on CPU.
         by_module: qualified module name -> activation bytes created in it (``""`` is the root model), largest first.
-        steps: how many timed steps ``step_seconds`` is the median of.
+        steps: how many timed rounds ``step_seconds`` is the median of.
+        step_iqr_seconds: the inter-quartile range of the rounds' step times (their spread).
     """
 
     peak_bytes: int
@@ -162,6 +180,7 @@ class Measurement:
     reserved_bytes: Optional[int] = None
     by_module: Dict[str, int] = field(default_factory=dict)
     steps: int = 0
+    step_iqr_seconds: float = 0.0
 
     def _module_rows(self, limit: int) -> List[Tuple[str, int]]:
         rows = list(self.by_module.items())[:limit]
@@ -171,7 +190,8 @@ class Measurement:
         lines = [
             f"Measurement on {self.device}: peak {format_bytes(self.peak_bytes)}, "
             f"activations {format_bytes(self.activation_bytes)}, "
-            f"step {self.step_seconds * 1e3:.2f} ms (median of {self.steps})"
+            f"step {self.step_seconds * 1e3:.2f} ms (median of {self.steps} rounds, "
+            f"IQR {self.step_iqr_seconds * 1e3:.2f} ms)"
             + (f", reserved {format_bytes(self.reserved_bytes)}" if self.reserved_bytes is not None else "")
         ]
         rows = self._module_rows(10)
@@ -243,10 +263,68 @@ class SavedStepState:
         self.rng.restore()
 
 
-def _forward_backward(model: Any, inputs: Sequence[Any], loss_fn: LossFn) -> None:
-    out = model(*inputs)
+def _forward_backward(model: Any, inputs: Sequence[Any], kwargs: Dict[str, Any], loss_fn: LossFn) -> None:
+    out = model(*inputs, **kwargs)
     loss = loss_fn(out)
     loss.backward()
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """The memory of one training step, as :func:`measure_memory` reads it.
+
+    Attributes:
+        peak_bytes: allocator-level peak above the start of the step.
+        reserved_bytes: CUDA only: ``max_memory_reserved()`` during the step.
+        activation_bytes: live-tensor bytes created in forward and alive at its end.
+        by_module: those bytes per module, largest first.
+    """
+
+    peak_bytes: int
+    reserved_bytes: Optional[int]
+    activation_bytes: int
+    by_module: Dict[str, int]
+
+
+def measure_memory(
+    model: Any, inputs: Sequence[Any], kwargs: Dict[str, Any], loss_fn: LossFn, device: torch.device
+) -> StepMemory:
+    """Peak and activation bytes of two training steps of ``model`` (one under the allocator reading, one under the
+    live-tensor tracker): the memory half of :func:`measure`, shared with :func:`memsave.compare`.
+
+    Gradients of ``model``'s parameters are set to None before each step and left from the last one; the caller
+    saves and restores state (:class:`SavedStepState`).
+
+    Args:
+        model: the module (or callable) to step.
+        inputs: positional inputs; kwargs: keyword inputs.
+        loss_fn: output -> scalar loss.
+        device: where the step runs.
+
+    Returns:
+        a :class:`StepMemory`.
+
+    Example:
+        >>> measure_memory(model, (x,), {}, default_loss, torch.device("cpu")).activation_bytes
+    """
+    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+
+    def clear() -> None:
+        for p in params:
+            p.grad = None
+
+    clear()
+    peak = step_peak_bytes(lambda: _forward_backward(model, inputs, kwargs, loss_fn), device)
+    # max_memory_reserved since step_peak_bytes reset the peak statistics.
+    reserved = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
+    clear()
+    with LiveTensorTracker(root=model if isinstance(model, torch.nn.Module) else None) as tracker:
+        out = model(*inputs, **kwargs)
+        activation = tracker.live_bytes
+        by_module = tracker.live_by_module()
+        loss_fn(out).backward()
+        del out
+    return StepMemory(int(peak), reserved, int(activation), by_module)
 
 
 def measure(
@@ -256,14 +334,17 @@ def measure(
     steps: int = 5,
     warmup: int = 1,
     device: Optional[Union[str, torch.device]] = None,
+    **model_kwargs: Any,
 ) -> Measurement:
-    """Measure the peak memory, activation memory and time of a training step of ``model`` on ``inputs``.
+    """Measure the peak memory, activation memory and time of a training step of ``model`` on its inputs.
 
-    One step is: gradients set to None, ``out = model(*inputs)``, ``loss = loss_fn(out)``, ``loss.backward()``.
-    The default loss is :func:`default_loss`: ``out.float().sum()`` over the first floating-point tensor of the output
-    that requires grad. ``measure`` runs ``warmup`` steps, ``steps`` timed steps, one step for the peak (CUDA
-    allocator statistics, or the CPU profiler's allocation events) and one under the live-tensor tracker for the
-    activation bytes and their per-module attribution. The model runs in whatever mode it is in (train/eval).
+    One step is: gradients set to None, ``out = model(*inputs, **model_kwargs)``, ``loss = loss_fn(out)``,
+    ``loss.backward()``. The default loss is :func:`default_loss`: ``out.float().sum()`` over the first
+    floating-point tensor of the output that requires grad (a Hugging Face model called with ``labels=`` returns its
+    loss first, so that is the loss). ``measure`` times ``steps`` rounds after ``warmup`` warm-up steps
+    (:func:`memsave.measurement.timing.time_interleaved`), then runs one step for the peak (CUDA allocator
+    statistics, or the CPU profiler's allocation events) and one under the live-tensor tracker for the activation
+    bytes and their per-module attribution. The model runs in whatever mode it is in (train/eval).
     For a ``torch.compile``-d model, ``peak_bytes`` and the times are those of the compiled step, but
     ``activation_bytes`` are those of its eager run: the tracker is a dispatch mode, and under one dynamo runs the
     step operator by operator. Compare compiled variants by ``peak_bytes``.
@@ -277,9 +358,10 @@ def measure(
         model: the module to step; its parameters, buffers and the tensor inputs must be on one device.
         *inputs: positional arguments of ``model``.
         loss_fn: maps the model's output to a scalar loss; default :func:`default_loss`.
-        steps: timed steps whose median is ``step_seconds`` (>= 1).
+        steps: timed rounds whose median is ``step_seconds`` (>= 1).
         warmup: untimed steps run first (>= 0): lazy initialisation, allocator warm-up.
         device: the device to measure on; None infers it from the model and inputs. When given it must match them.
+        **model_kwargs: keyword arguments of ``model`` (``labels=ids``, ``attention_mask=mask``).
 
     Returns:
         a frozen :class:`Measurement`.
@@ -288,69 +370,48 @@ def measure(
         ValueError: ``steps`` < 1, ``warmup`` < 0, or model and inputs not on one (the given) device.
         TypeError: ``model`` or ``loss_fn`` is not callable, or the output has nothing to backpropagate.
 
+    Warns:
+        MemsaveWarning: the rounds' step times spread over 10% of their median.
+
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
         >>> m = measure(model, torch.randn(64, 256))
         >>> m.activation_bytes          # ReLU's output (saved for backward, and returned)
         65536
+        >>> measure(hf_lm, ids, labels=ids).peak_bytes      # keyword inputs as the model takes them
     """
     if not callable(model):
         raise TypeError(f"measure: model must be a callable nn.Module, got {type(model).__name__}")
     loss_fn = resolve_loss_fn(loss_fn, "measure")
     if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"measure: steps must be an int >= 1 (timed steps for the median), got {steps!r}")
+        raise ValueError(f"measure: steps must be an int >= 1 (timed rounds for the median), got {steps!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"measure: warmup must be an int >= 0, got {warmup!r}")
-    dev = resolve_device(model, inputs, device)
+    dev = resolve_device(model, (inputs, model_kwargs), device)
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"measure: device type {dev.type!r} is not supported; memsave measures on 'cpu' and 'cuda'")
-    is_cuda = dev.type == "cuda"
 
-    state = SavedStepState(model, inputs)
+    state = SavedStepState(model, (inputs, model_kwargs))
 
     def step() -> None:
-        _forward_backward(model, inputs, loss_fn)
-
-    def sync() -> None:
-        if is_cuda:
-            torch.cuda.synchronize(dev)
+        state.clear_grads()
+        _forward_backward(model, inputs, model_kwargs, loss_fn)
 
     try:
-        for _ in range(warmup):
-            state.clear_grads()
-            step()
-
-        times = []
-        for _ in range(steps):
-            state.clear_grads()
-            sync()
-            t0 = time.perf_counter()
-            step()
-            sync()
-            times.append(time.perf_counter() - t0)
-
-        state.clear_grads()
-        reserved: Optional[int] = None
-        peak = step_peak_bytes(step, dev)
-        if is_cuda:
-            reserved = torch.cuda.max_memory_reserved(dev)  # since step_peak_bytes reset the peak statistics
-
-        state.clear_grads()
-        with LiveTensorTracker(root=model if isinstance(model, torch.nn.Module) else None) as tracker:
-            out = model(*inputs)
-            activation = tracker.live_bytes
-            by_module = tracker.live_by_module()
-            loss_fn(out).backward()
-            del out
+        timing = time_interleaved({"measure": step}, rounds=steps, warmup=warmup)["measure"]
+        memory = measure_memory(model, inputs, model_kwargs, loss_fn, dev)
     finally:
         state.restore()
-
+    message = spread_warning([timing], "measure")
+    if message:
+        warnings.warn(message, MemsaveWarning, stacklevel=2)
     return Measurement(
-        peak_bytes=int(peak),
-        activation_bytes=int(activation),
-        step_seconds=float(statistics.median(times)),
+        peak_bytes=memory.peak_bytes,
+        activation_bytes=memory.activation_bytes,
+        step_seconds=timing.median_seconds,
         device=str(dev),
-        reserved_bytes=reserved,
-        by_module=by_module,
+        reserved_bytes=memory.reserved_bytes,
+        by_module=memory.by_module,
         steps=steps,
+        step_iqr_seconds=timing.iqr_seconds,
     )

@@ -138,6 +138,20 @@ class MemoryMonitor:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
+    def reset_peak(self) -> None:
+        """Start a new peak from now (as :meth:`step` does), without recording a step.
+
+        Example:
+            >>> monitor.reset_peak(); train_step(); monitor.current()["peak"]
+        """
+        if not self._active:
+            raise RuntimeError("MemoryMonitor: not started; call start(), use `with monitor:` or monitor.iterate(...)")
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            assert self._tracker is not None
+            self._tracker.reset_peak()
+
     # ------------------------------------------------------------------ readings
     def current(self) -> Dict[str, Optional[int]]:
         """Allocated, peak-since-last-step and reserved bytes now, without recording a step or resetting the peak."""
@@ -173,11 +187,7 @@ class MemoryMonitor:
             now["reserved"],
             dict(extra) if extra else None,
         )
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            assert self._tracker is not None
-            self._tracker.reset_peak()
+        self.reset_peak()
         self.history.append(rec)
         if self.pbar is not None:
             self.pbar.set_postfix(**self.postfix(rec, **extra))

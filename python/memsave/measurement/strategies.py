@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -48,6 +48,7 @@ __all__ = [
     "parse_strategy",
     "register_strategy",
     "strategy_definitions",
+    "strategy_from_callable",
     "strip_runner_prefix",
     "unregister_strategy",
 ]
@@ -60,6 +61,7 @@ class StrategyContext:
     Attributes:
         inputs: the example inputs (positional arguments of the model).
         loss_fn: output -> scalar loss (never None here).
+        kwargs: the example keyword inputs of the model (``labels=ids``).
         device: the device the step runs on.
         fake: True when the model is being prepared for :func:`memsave.estimate` (fake tensors: nothing may be
             allocated for real, and nothing can be measured).
@@ -69,6 +71,7 @@ class StrategyContext:
     loss_fn: LossFn
     device: torch.device
     fake: bool = False
+    kwargs: Dict[str, Any] = field(default_factory=dict)
 
 
 Apply = Callable[[nn.Module, Optional[str], StrategyContext], nn.Module]
@@ -345,6 +348,44 @@ def parse_strategy(spec: Union[str, Strategy]) -> Strategy:
         parts = [p for p in parts if p[0].name != "eager"] or parts[:1]
     name = "+".join(d.name if a is None else f"{d.name}:{a}" for d, a in parts)
     return Strategy(name, tuple(parts))
+
+
+class _CallableApply:
+    """``apply`` of a strategy made from the user's ``fn(model) -> model`` (a class: deep-copyable)."""
+
+    def __init__(self, fn: Callable[[nn.Module], nn.Module]) -> None:
+        self.fn = fn
+
+    def __call__(self, model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
+        return self.fn(model)
+
+
+def strategy_from_callable(name: str, fn: Callable[[nn.Module], nn.Module]) -> Strategy:
+    """A one-off strategy for :func:`memsave.compare`: ``fn(model copy) -> module to step``, not registered.
+
+    Its gradients are compared with eager's, but it is not declared lossless (no warning when they differ).
+
+    Args:
+        name: the row's name (not a registered strategy's).
+        fn: takes a fresh copy of the model, returns the module to step (the copy itself, changed, or a wrapper).
+
+    Raises:
+        ValueError: ``name`` is empty or names a registered strategy.
+        TypeError: ``fn`` is not callable.
+
+    Example:
+        >>> s = strategy_from_callable("hf_checkpointing", lambda m: (m.gradient_checkpointing_enable(), m)[1])
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"compare: a strategy name must be a non-empty string, got {name!r}")
+    if name.partition(":")[0] in _REGISTRY:
+        raise ValueError(
+            f"compare: {name!r} is a registered strategy's name; give your function another name, e.g. 'my_{name}'"
+        )
+    if not callable(fn):
+        raise TypeError(f"compare: strategy {name!r} must be a callable model -> model, got {type(fn).__name__}")
+    spec = StrategyDef(name, "user function", apply=_CallableApply(fn), lossless=False)
+    return Strategy(name, ((spec, None),))
 
 
 def strip_runner_prefix(by_module: Dict[str, int], runner: nn.Module) -> Dict[str, int]:

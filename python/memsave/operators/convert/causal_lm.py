@@ -6,9 +6,11 @@ largest tensors of the step. After ``convert(fuse=True)``:
 
 * ``lm_head`` is a :class:`CausalLMHead`, an ``nn.Linear`` sharing the head's parameters (a tied head stays tied;
   state_dict keys unchanged). Called without labels it is that Linear, bit for bit.
-* A forward pre-hook on the model sees whether ``labels`` was passed. If so, ``lm_head`` hands its input to the
-  loss and returns an **empty tensor** ``[batch, seq, 0]`` (hidden's dtype and device) in place of the logits: that
-  is what ``output.logits`` is then. Call the model without labels to get logits (generation, evaluation metrics).
+* A forward pre-hook on the model sees whether this is a *training forward with labels*: ``labels`` passed, the
+  model in training mode and gradients enabled. Only then does ``lm_head`` hand its input to the loss and return an
+  **empty tensor** ``[batch, seq, 0]`` (hidden's dtype and device) in place of the logits: that is what
+  ``output.logits`` is then. Every other call returns the real logits: evaluation (``model.eval()``, ``no_grad``,
+  ``Trainer.evaluate`` with ``compute_metrics``, ``Trainer.predict``) and ``generate``.
 * ``model.loss_function`` is a :class:`FusedCausalLMLoss`: Hugging Face's ``ForCausalLMLoss`` -- labels padded with
   ``ignore_index`` and shifted by one (or ``shift_labels`` as given), mean over the non-ignored tokens, or the sum
   divided by ``num_items_in_batch`` when that is given -- computed by
@@ -28,7 +30,7 @@ alone; a model whose head is not a plain ``nn.Linear`` or whose ``loss_function`
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, cast
 
 import torch
 from torch import nn
@@ -51,11 +53,14 @@ class CausalLMHead(nn.Linear):
     """A causal LM's ``lm_head`` that, while its model runs with labels, gives its input to the loss.
 
     Made by ``memsave.convert(model, fuse=True)`` (see the module docstring); not meant to be built by hand. Unarmed
-    it is ``nn.Linear``; armed (by the model's forward pre-hook, when ``labels`` is passed) it keeps a reference to
-    its input for :class:`FusedCausalLMLoss` and returns an empty ``[..., 0]`` tensor instead of the logits.
+    it is ``nn.Linear``; armed (by the model's forward pre-hook, in a training forward with labels) it keeps a
+    reference to its input for :class:`FusedCausalLMLoss` and returns an empty ``[..., 0]`` tensor instead of the
+    logits.
     """
 
     labels_position: Optional[int]
+    armed: bool
+    pending: Optional[Tensor]
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, labels_position: Optional[int]) -> "CausalLMHead":
@@ -122,7 +127,7 @@ class FusedCausalLMLoss:
     ) -> Tensor:
         head = getattr(self.model, "lm_head", None)
         hidden = head.take_pending() if isinstance(head, CausalLMHead) else None
-        if hidden is None:
+        if hidden is None or not isinstance(head, CausalLMHead):
             return self.fallback(
                 logits,
                 labels,
@@ -150,7 +155,7 @@ class FusedCausalLMLoss:
             ignore_index=ignore_index,
             reduction=reduction,
         ).float()
-        if reduction == "sum":
+        if num_items_in_batch is not None:
             if torch.is_tensor(num_items_in_batch):
                 num_items_in_batch = num_items_in_batch.to(loss.device)
             loss = loss / num_items_in_batch
@@ -158,14 +163,15 @@ class FusedCausalLMLoss:
 
 
 def _arm(model: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> None:
-    """Forward pre-hook: arm the head when the model is called with labels."""
+    """Forward pre-hook: arm the head for a training forward with labels (evaluation keeps its logits)."""
     head = getattr(model, "lm_head", None)
     if isinstance(head, CausalLMHead):
         labels = kwargs.get("labels")
         pos = head.labels_position
         if labels is None and pos is not None and len(args) > pos:
             labels = args[pos]
-        head.armed, head.pending = labels is not None, None
+        training = model.training and torch.is_grad_enabled()
+        head.armed, head.pending = labels is not None and training, None
 
 
 def _disarm(model: nn.Module, args: Tuple[Any, ...], kwargs: dict, output: Any) -> None:
@@ -184,7 +190,8 @@ def _labels_position(model: nn.Module) -> Optional[int]:
 
 
 def _install(model: nn.Module) -> None:
-    model.loss_function = FusedCausalLMLoss(model, model.loss_function)
+    fallback = cast(Callable[..., Tensor], model.loss_function)
+    model.loss_function = FusedCausalLMLoss(model, fallback)  # type: ignore[assignment]
     model.register_forward_pre_hook(_arm, with_kwargs=True)
     model.register_forward_hook(_disarm, with_kwargs=True, always_call=True)
 
@@ -216,7 +223,7 @@ def _rewrite_causal_lm(model: nn.Module) -> Rewrite:
     detail = (
         "called with labels, the loss is linear_cross_entropy of lm_head's input (HF's shift, ignore_index, "
         "num_items_in_batch): no [tokens x vocabulary] logits, log-softmax or logits gradient; .logits is then "
-        "an empty [batch, seq, 0] tensor. Without labels: the same Linear"
+        "an empty [batch, seq, 0] tensor. Without labels, in eval mode or under no_grad: the same Linear"
     )
     return Rewrite(replacements=(Replacement("lm_head", new, detail),), install=_install)
 

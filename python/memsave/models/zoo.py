@@ -1,4 +1,4 @@
-"""Benchmark models with fixed seeds and synthetic data (DESIGN.md, "Benchmarks protocol").
+"""Benchmark models with fixed seeds and synthetic data (benchmarks/README.md).
 
 Four models, written here (no torchvision), each at three sizes:
 
@@ -257,6 +257,11 @@ class ResNet50(nn.Module):
     """
 
     LAYERS = (3, 4, 6, 3)
+    # Built by setattr in __init__; declared for the type checker.
+    layer1: nn.Sequential
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
 
     def __init__(self, width: int = 64, num_classes: int = 1000) -> None:
         super().__init__()
