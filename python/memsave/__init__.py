@@ -9,8 +9,13 @@ Three levers and one instrument, one subpackage each:
 ``operators/``      memory-efficient operators (``torch.ops.memsave.*``): :mod:`memsave.functional`,
                     :mod:`memsave.nn`, :func:`convert`
 ``amp/``            mixed precision: :class:`memsave.amp.GradScaler`, :func:`accumulate`
-``measurement/``    :func:`measure`, :func:`compare`, :func:`estimate`, :func:`max_batch_size`, :class:`MemoryMonitor`
+``measurement/``    :func:`measure`, :func:`compare`, :func:`estimate`, :func:`max_batch_size`, :class:`MemoryMonitor`,
+                    :func:`register_strategy` (a strategy that compare, estimate and the command line understand)
 ==================  ============================================================================================
+
+``integrations/``   Hugging Face Trainer (:mod:`memsave.integrations.transformers`: ``enable``, ``MemoryCallback``),
+                    Lightning (:mod:`memsave.integrations.lightning`: ``MemoryMonitor``); imported on demand
+``models/``         the built-in benchmark models of the demo, the command line and ``benchmarks/``
 
 plus ``errors.py`` (every exception), ``extension.py`` (loads the compiled ``memsave._C``), ``common/`` (the RNG
 state and progress bar several parts share) and ``cli/`` (``python -m memsave``).
@@ -44,7 +49,17 @@ from .errors import (  # noqa: E402
     PlanMismatchError,
     RecomputeMismatchError,
 )
-from .measurement import Comparison, Estimate, Measurement, MemoryMonitor, compare, estimate, max_batch_size, measure  # noqa: E402
+from .measurement import (  # noqa: E402
+    Comparison,
+    Estimate,
+    Measurement,
+    MemoryMonitor,
+    compare,
+    estimate,
+    max_batch_size,
+    measure,
+    register_strategy,
+)
 from .operators import convert, functional, nn  # noqa: E402
 from .recompute import (  # noqa: E402
     Plan,
@@ -92,6 +107,7 @@ __all__ = [
     "Estimate",
     "max_batch_size",
     "MemoryMonitor",
+    "register_strategy",
     # errors
     "CheckpointError",
     "InfeasibleBudgetError",
