@@ -255,6 +255,11 @@ def test_plot_renders_a_png(cnn_result):
     assert len(fig.axes) == 2
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert sorted(labels) == sorted(["eager", "checkpoint:blocks", "amp:bf16"])
+    # Peak and activation bytes, each bar labelled with its size and unit (not a rounded "1" or "2"), and a legend.
+    bar_labels = [t.get_text().strip() for t in fig.axes[0].texts]
+    assert len(bar_labels) == 2 * len(labels) and all(t.endswith(("B", "KiB", "MiB", "GiB")) for t in bar_labels)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["peak bytes", "activation bytes"] and fig.axes[1].get_legend() is not None
 
 
 # -------------------------------------------------------------------------------------------------------- CLI
