@@ -415,6 +415,8 @@ def wrap(
         TypeError: ``policy`` is not one of the accepted forms (e.g. a module instance instead of its class, or a
             predicate that does not take ``(name, module)``), ``strict`` or ``preserve_rng_state`` is not a bool,
             or ``context_fn`` is not callable or is combined with a plan.
+        ValueError: ``policy`` is a policy string that names no module of ``model`` (the message lists its module
+            classes).
         PlanMismatchError: ``policy`` is a plan made for another model (the message says what differs).
 
     Warns:
