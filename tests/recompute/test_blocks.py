@@ -15,8 +15,8 @@ from torch import nn
 
 import memsave
 from helpers import models
+from memsave import models as bench_models
 from memsave.errors import MemsaveWarning
-from memsave.measurement import models as bench_models
 from memsave.measurement.strategies import StrategyContext, parse_strategy
 from memsave.recompute import find_blocks, is_wrapped, resolve_checkpoint_policy
 

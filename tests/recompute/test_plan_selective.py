@@ -122,7 +122,7 @@ def test_selective_plan_meets_the_budget_with_at_most_half_the_recompute_flops(p
 
 def test_selective_false_gives_module_level_plans(planned: Dict[str, Any]) -> None:
     p = planned["module_level"]
-    assert p.chain.policies == [] and not any(p.selective)
+    assert p.chain.operator_classes == [] and not any(p.selective)
     assert all(not st.selective_fwd_time for st in p.chain.stages)
     assert "selective #" not in p.summary()
 
@@ -137,7 +137,7 @@ def test_summary_and_json_show_what_each_region_keeps(planned: Dict[str, Any]) -
             assert f"(keeps {'+'.join(p.keeps(k))})" in text
             assert set(p.keeps(k)) <= set(OPERATOR_CLASSES)
     q = memsave.Plan.from_json(p.to_json())
-    assert q == p and q.selective == p.selective and q.chain.policies == p.chain.policies
+    assert q == p and q.selective == p.selective and q.chain.operator_classes == p.chain.operator_classes
     # A plan written before selective plans existed (no selective fields anywhere) still loads: regions whole.
     d = json.loads(p.to_json())
     del d["selective"]
@@ -165,7 +165,7 @@ def test_selective_classes_can_be_restricted_and_bad_values_are_rejected() -> No
     )
     x = torch.randn(256, 64, requires_grad=True)
     p = memsave.plan(model, x, budget=0.6, selective=["matmul"])
-    assert p.chain.policies == ["matmul"]
+    assert p.chain.operator_classes == ["matmul"]
     assert all(k in ((), ("matmul",)) for k in p.selective)
     with pytest.raises(TypeError, match="selective"):
         memsave.plan(model, x, budget=0.6, selective="matmul")
@@ -234,15 +234,15 @@ def test_selective_plans_fit_every_budget_module_level_plans_fit() -> None:
 def test_selective_variants_price_the_dispatch_overhead_of_every_operator() -> None:
     """A selective variant costs its piece's forward time less the kept classes' time, plus the selective contexts'
     per-operator overhead for every operator the piece dispatches; pieces that cannot be recomputed get none."""
-    from memsave.recompute.planning.chain import Chain, Piece, Stage
+    from memsave.recompute.planning.chain import Chain, Stage, StageModules
     from memsave.recompute.planning.operators import OperatorProfile, selective_variants
 
     stages = [Stage(name=f"s{i}", fwd_time=1.0, bwd_time=2.0, input_bytes=8, output_bytes=8) for i in range(2)]
-    pieces = [Piece(kind="module", modules=["a"], recomputable=True), Piece(kind="glue", modules=[])]
+    pieces = [StageModules(kind="module", modules=["a"], recomputable=True), StageModules(kind="glue", modules=[])]
     chain = Chain(stages=stages)
     profile = OperatorProfile(classes=[{"matmul": (100, 0.4)}, {}], operators=[10, 3])
     selective_variants(chain, pieces, profile, overhead_per_operator=0.01)
-    assert chain.policies == ["matmul"]
+    assert chain.operator_classes == ["matmul"]
     assert stages[0].selective_kept_bytes == [100]
     assert stages[0].selective_fwd_time == [pytest.approx(0.6 + 10 * 0.01)]
     assert stages[1].selective_fwd_time == [] and stages[1].selective_kept_bytes == []

@@ -104,7 +104,7 @@ def _plan(model, x, **kw):
 def unet_sqrt():
     """A UNet and its sqrt(N) plan, shared by the tests that only read the plan."""
     model, x = unet()
-    return model, x, _plan(model, x, strategy="sqrt")
+    return model, x, _plan(model, x, solver="sqrt")
 
 
 # ------------------------------------------------------------------------------------------------- the guarantee
@@ -117,7 +117,7 @@ def test_measured_peak_within_budget_and_gradients_bitwise(name: str) -> None:
     eager_peak = _peak(eager_model, x)
     # The smallest feasible budget is the measured peak of the minimum-memory plan: that plan is the first of four
     # (its budget is its own measured peak), then three budgets spread up to eager's peak.
-    least = _plan(model, x, strategy="min_memory")
+    least = _plan(model, x, solver="min_memory")
     smallest = least.measured_peak_bytes
     assert 0 < smallest < eager_peak, (smallest, eager_peak)
     budgets = [smallest] + [smallest + (eager_peak - smallest) * k // 4 for k in (1, 2, 3)]
@@ -232,7 +232,7 @@ def test_unet_skip_connections_are_in_the_chain(unet_sqrt) -> None:
 def test_baseline_strategies_apply_and_stay_exact(strategy: str) -> None:
     model, x = models.build("cnn")
     reference = _grads(copy.deepcopy(model), x)
-    p = _plan(model, x, strategy=strategy)
+    p = _plan(model, x, solver=strategy)
     assert p.strategy == strategy and p.budget_bytes is None
     wrapped = memsave.wrap(copy.deepcopy(model), p)
     assert all(torch.equal(a, b) for a, b in zip(_grads(wrapped, x), reference))
@@ -245,14 +245,14 @@ def test_baseline_strategies_apply_and_stay_exact(strategy: str) -> None:
 def test_fixed_strategy_over_budget_is_infeasible() -> None:
     model, x = models.build("cnn")
     with pytest.raises(memsave.InfeasibleBudgetError) as info:
-        _plan(model, x, budget=1000, strategy="sqrt")
+        _plan(model, x, budget=1000, solver="sqrt")
     assert info.value.min_bytes > 1000
 
 
 def test_grouped_regions_in_a_sequential_round_trip_through_unwrap() -> None:
     model, x = models.build("mlp")
     reference = _grads(copy.deepcopy(model), x)
-    p = _plan(model, x, strategy="sqrt")
+    p = _plan(model, x, solver="sqrt")
     assert any(len(r) > 1 for r in p.regions())
     keys = list(model.state_dict())
     memsave.wrap(model, p)
@@ -294,7 +294,7 @@ def test_modules_called_with_kwargs_and_several_tensors() -> None:
     step = lambda m: default_loss(m(x, scale)).backward()  # noqa: E731
     eager = copy.deepcopy(model)
     step(eager)
-    p = memsave.plan(model, x, scale, strategy="all", timing_steps=1)
+    p = memsave.plan(model, x, scale, solver="all", timing_steps=1)
     assert [r for r in p.regions()] == [[f"blocks.{i}"] for i in range(6)] + [["head"]]
     wrapped = memsave.wrap(copy.deepcopy(model), p)
     step(wrapped)
@@ -304,7 +304,7 @@ def test_modules_called_with_kwargs_and_several_tensors() -> None:
 # ---------------------------------------------------------------------------------------------------- Plan API
 def test_plan_summary_json_round_trip_and_verbose(unet_sqrt, capsys) -> None:
     model, _x, p = unet_sqrt
-    memsave.plan(*models.build("cnn"), strategy="none", timing_steps=1, verbose=True)
+    memsave.plan(*models.build("cnn"), solver="none", timing_steps=1, verbose=True)
     assert "memsave plan for Sequential (none)" in capsys.readouterr().out
     text = p.summary()
     assert "memsave plan for SmallUNet" in text and "recompute #0" in text and "glue" in text and "kept" in text
@@ -338,7 +338,7 @@ def test_plan_leaves_the_model_as_it_found_it() -> None:
     state = copy.deepcopy(model.state_dict())
     torch.manual_seed(7)
     rng = torch.get_rng_state()
-    _plan(model, x, strategy="sqrt")  # verification applies and removes its regions
+    _plan(model, x, solver="sqrt")  # verification applies and removes its regions
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
     after = model.state_dict()
@@ -382,9 +382,9 @@ def test_parse_budget_units() -> None:
 def test_other_bad_arguments() -> None:
     model, x = models.build("mlp")
     with pytest.raises(ValueError, match="unknown strategy"):
-        memsave.plan(model, x, budget=10**6, strategy="fastest")
+        memsave.plan(model, x, budget=10**6, solver="fastest")
     with pytest.raises(ValueError, match="uniform"):
-        memsave.plan(model, x, budget=10**6, strategy="uniform:0")
+        memsave.plan(model, x, budget=10**6, solver="uniform:0")
     with pytest.raises(ValueError, match="needs a budget"):
         memsave.plan(model, x)
     with pytest.raises(TypeError):
@@ -393,9 +393,42 @@ def test_other_bad_arguments() -> None:
         memsave.plan(model, torch.randn(6, 5), budget=10**6)  # wrong input width
     with pytest.raises(ValueError, match="no parameter"):
         memsave.plan(nn.Sequential(nn.ReLU(), nn.Tanh()), torch.randn(4, 4), budget=10**6)
+    with pytest.raises(ValueError, match="not both"):
+        memsave.plan(model, x, solver="sqrt", strategy="sqrt")
+    with pytest.raises(TypeError, match="compile"):
+        memsave.plan(model, x, solver="sqrt", compile="yes")
     memsave.wrap(model, nn.Linear)
     with pytest.raises(ValueError, match="unwrap"):
         memsave.plan(model, x, budget=10**6)
+
+
+def test_strategy_is_a_deprecated_name_of_solver() -> None:
+    model, x = models.build("mlp")
+    with pytest.warns(DeprecationWarning, match="solver="):
+        p = memsave.plan(model, x, strategy="sqrt", verify=False, timing_steps=1, selective=False)
+    q = memsave.plan(model, x, solver="sqrt", verify=False, timing_steps=1, selective=False)
+    assert p.strategy == q.strategy == "sqrt" and p.segments == q.segments
+
+
+def test_search_takes_injected_costs() -> None:
+    """The search reads only the profile: with injected costs, the block made cheap to recompute is the one
+    recomputed, whatever this machine's timings were."""
+    from memsave.recompute.planning import profile, search
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 512), nn.Tanh(), nn.Linear(512, 64)) for _ in range(4)])
+    x = torch.randn(512, 64, requires_grad=True)
+    prof = profile(model, x, timing_steps=1, selective=False)
+    n = len(prof.stages)
+    full = prof.chain.simulate([(0, n, False)])["peak_bytes"]
+    prof.eager_peak_bytes = full
+    for cheap in (1, 2):
+        inside = [i for i, st in enumerate(prof.stages) if st.modules and st.modules[0].startswith(f"{cheap}.")]
+        for i, st in enumerate(prof.chain.stages):
+            st.fwd_time, st.bwd_time = (0.001 if i in inside else 1.0), 2.0
+        p = search(prof, budget_bytes=full - 1, verify=False)
+        assert [(b, e) for b, e, r in p.segments if r] == [(inside[0], inside[-1] + 1)], p.summary()
+        assert p.predicted_extra_seconds == pytest.approx(0.001 * len(inside))
 
 
 def test_infeasible_error_carries_the_smallest_budget() -> None:

@@ -9,8 +9,8 @@
 ================  ==============================================================================================
 """
 
-from .chain import Chain, Piece, Skip, Stage
+from .chain import Chain, Skip, Stage, StageModules
 from .plan import Plan, apply_plan
 from .search import plan
 
-__all__ = ["Chain", "Piece", "Plan", "Skip", "Stage", "apply_plan", "plan"]
+__all__ = ["Chain", "Plan", "Skip", "Stage", "StageModules", "apply_plan", "plan"]

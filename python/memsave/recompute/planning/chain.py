@@ -1,16 +1,22 @@
-"""Step 2 of a plan: the chain of candidate pieces and its cost model, as the C++ planner reads it.
+"""Step 2 of a plan: the chain of candidate stages and its cost model, as the C++ planner reads it.
 
-The candidate *pieces* are the module calls one level below the model (plain ``nn.Sequential`` containers, and
-custom modules holding most of the memory, are opened up), in execution order, with the code between them (residual
-adds, concatenations, the loss) as *glue* pieces that are never recomputed. A module working in place
-(``ReLU(inplace=True)``) joins the piece before it. From the trace, each tensor of the forward is classified by which
-piece made it and which pieces used it: kept for backward inside its piece (``saved_bytes``), handed to the next
-piece (a boundary; *passing* when it is freed once read), or read further on (a :class:`Skip`: counted for as long as
-it lives). Parameter gradients are the backward's allocations that outlive the step. Working memory is fitted so that
-the predicted timeline of the eager step is never below the allocator-level one measured in the same step.
+The candidate *stages* are the module calls one level below the model, in execution order, with the code between
+them (residual adds, concatenations, the loss) as *glue* stages that are never recomputed. Modules are opened up,
+their calls replaced by their children's, when they are plain ``nn.Sequential`` containers, when they hold most of
+the memory, and whenever they hold one of the model's blocks (:func:`memsave.find_blocks`): every block is a stage
+of its own, so the minimum-memory plan can recompute each block as ``memsave.wrap(model)`` does, in an
+encoder-decoder's second stack or a two-tower model's smaller tower too. A module working in place
+(``ReLU(inplace=True)``) joins the stage before it. From the trace, each tensor of the forward is classified by
+which stage made it and which stages used it: kept for backward inside its stage (``saved_bytes``), handed to the
+next stage (a boundary; *passing* when it is freed once read), or read further on (a :class:`Skip`: counted for as
+long as it lives). Parameter gradients are the backward's allocations that outlive the step. Working memory is
+fitted so that the predicted timeline of the eager step is never below the allocator-level one measured in the
+same step.
 
 :class:`Stage`, :class:`Skip` and :class:`Chain` mirror ``planner::Stage``, ``planner::Skip`` and ``planner::Chain``
-(``csrc/planner/chain.h``) field for field; :meth:`Chain.to_dict` is the form the pybind11 binding reads.
+(``csrc/planner/chain.h``) field for field (the chain's ``operator_classes`` are the binding's ``policies``);
+:meth:`Chain.to_dict` is the form the pybind11 binding reads. :class:`StageModules` says what each stage is in the
+model.
 """
 
 from __future__ import annotations
@@ -23,14 +29,15 @@ import torch
 from torch import nn
 
 from ..._C import planner_simulate, planner_solve
+from ..blocks import find_blocks
 from .trace import Trace
 
-__all__ = ["Chain", "Piece", "Skip", "Stage", "build_chain"]
+__all__ = ["Chain", "Skip", "Stage", "StageModules", "build_chain"]
 
 
 @dataclass
 class Stage:
-    """One piece of the chain, as the C++ planner models it (``planner::Stage``; bytes and seconds)."""
+    """One stage of the chain, as the C++ planner models it (``planner::Stage``; bytes and seconds)."""
 
     name: str
     fwd_time: float
@@ -49,8 +56,9 @@ class Stage:
     checkpoint_kept_bytes: int = 0
     recomputable: bool = True
     joins_previous: bool = True
-    # Selective variants, one per Chain.policies entry (or none): the forward time of the operators the policy
-    # recomputes, and the bytes of the operator outputs it keeps from forward until the recompute.
+    # Selective variants, one per Chain.operator_classes entry (or none): the forward time of the operators a
+    # selective region keeping those classes recomputes, and the bytes of the operator outputs it keeps from forward
+    # until the recompute.
     selective_fwd_time: List[float] = field(default_factory=list)
     selective_kept_bytes: List[int] = field(default_factory=list)
 
@@ -67,8 +75,9 @@ class Skip:
 
 @dataclass
 class Chain:
-    """The whole cost model (``planner::Chain``): the stages, the skips, the constant terms and the selective
-    policies (each a set of operator classes whose outputs a selective region keeps; see :mod:`.operators`).
+    """The whole cost model (``planner::Chain``): the stages, the skips, the constant terms and the operator classes
+    a selective region may keep (each entry a ``"+"``-joined set such as ``"matmul+attention"``; see
+    :mod:`.operators`). The C++ binding calls the entries ``policies``; :meth:`to_dict` writes that key.
 
     Example:
         >>> chain.simulate([(0, len(chain.stages), False)])["peak_bytes"]   # eager's predicted peak
@@ -79,11 +88,14 @@ class Chain:
     base_bytes: int = 0
     segment_bytes: int = 0
     recompute_bytes: int = 0
-    policies: List[str] = field(default_factory=list)  # selective policies: "+"-joined operator classes kept
+    operator_classes: List[str] = field(default_factory=list)  # per selective variant: "+"-joined classes kept
 
     def to_dict(self) -> Dict[str, Any]:
-        """The plain form ``memsave._C.planner_solve`` / ``planner_simulate`` read, and a plan's JSON stores."""
-        return asdict(self)
+        """The plain form ``memsave._C.planner_solve`` / ``planner_simulate`` read, and a plan's JSON stores
+        (``operator_classes`` under the binding's key ``policies``)."""
+        d = asdict(self)
+        d["policies"] = d.pop("operator_classes")
+        return d
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Chain":
@@ -98,7 +110,7 @@ class Chain:
             base_bytes=d.get("base_bytes", 0),
             segment_bytes=d.get("segment_bytes", 0),
             recompute_bytes=d.get("recompute_bytes", 0),
-            policies=list(d.get("policies", [])),
+            operator_classes=list(d.get("policies", d.get("operator_classes", []))),
         )
 
     def solve(self, budget_bytes: Optional[int], strategy: str, slots: int) -> Dict[str, Any]:
@@ -108,8 +120,8 @@ class Chain:
     def simulate(self, segments: Sequence[Tuple[Any, ...]], timeline: bool = False) -> Dict[str, Any]:
         """``memsave._C.planner_simulate`` on this chain: the predicted peak (and timeline) of a schedule.
 
-        ``segments``: ``(begin, end, recompute)`` or ``(begin, end, recompute, policy)`` with ``policy`` the index
-        of a selective policy in :attr:`policies` (or None)."""
+        ``segments``: ``(begin, end, recompute)`` or ``(begin, end, recompute, k)`` with ``k`` the index in
+        :attr:`operator_classes` of the classes a selective segment keeps (or None)."""
         return planner_simulate(self.to_dict(), list(segments), timeline)
 
     def eager_seconds(self) -> float:
@@ -117,13 +129,13 @@ class Chain:
         return sum(s.fwd_time + s.bwd_time for s in self.stages)
 
     def module_level(self) -> "Chain":
-        """This chain without its selective policies and variants: the cost model of module-level plans only."""
+        """This chain without its operator classes and selective variants: the cost model of module-level plans."""
         stages = [replace(s, selective_fwd_time=[], selective_kept_bytes=[]) for s in self.stages]
-        return replace(self, stages=stages, policies=[])
+        return replace(self, stages=stages, operator_classes=[])
 
 
 @dataclass
-class Piece:
+class StageModules:
     """What a stage is in the model: its kind (``module`` or ``glue``), the modules it runs, and the plain
     ``nn.Sequential`` they are children of (``parent``, their ``child_index`` there) when a region may group them."""
 
@@ -144,8 +156,9 @@ def _is_inplace(m: nn.Module) -> bool:
 
 
 @dataclass
-class _Piece:
-    """A run of the forward's events: one frontier module call (with in-place followers) or the glue between."""
+class _Span:
+    """A stage's run of the forward's events: one frontier module call (with in-place followers) or the glue
+    between two."""
 
     kind: str  # "module" or "glue"
     calls: List[int]
@@ -169,14 +182,15 @@ def _held_by_call(tr: Trace) -> Dict[int, int]:
     return held
 
 
-def _frontier(tr: Trace) -> List[int]:
-    """The candidate module calls: children of the model's call, with plain Sequentials and memory-dominant custom
-    modules opened up."""
+def _frontier(tr: Trace, blocks: Sequence[str]) -> List[int]:
+    """The candidate module calls: children of the model's call, with plain Sequentials, memory-dominant custom
+    modules and every module holding one of ``blocks`` opened up."""
     if not tr.calls:
         return []
     root = tr.calls[0]
     held = _held_by_call(tr)
     total = max(1, sum(held[c] for c in root.children))
+    holders = {b.rsplit(".", k)[0] for b in blocks for k in range(1, b.count(".") + 1)}  # strict ancestors
     front = list(root.children)
     changed = True
     while changed:
@@ -185,7 +199,7 @@ def _frontier(tr: Trace) -> List[int]:
         for ci in front:
             c = tr.calls[ci]
             open_up = bool(c.children) and (
-                _is_plain_sequential(c.module) or (len(c.children) >= 2 and held[ci] * 2 > total)
+                _is_plain_sequential(c.module) or c.name in holders or (len(c.children) >= 2 and held[ci] * 2 > total)
             )
             if open_up:
                 nxt.extend(c.children)
@@ -196,9 +210,9 @@ def _frontier(tr: Trace) -> List[int]:
     return front
 
 
-def _pieces(tr: Trace, front: List[int]) -> Tuple[List[_Piece], List[int]]:
-    """Split the forward's events into pieces. Returns the pieces and, per forward event, its piece index."""
-    pieces: List[_Piece] = []
+def _split_stages(tr: Trace, front: List[int]) -> Tuple[List[_Span], List[int]]:
+    """Split the forward's events into stages. Returns the spans and, per forward event, its stage index."""
+    spans: List[_Span] = []
     owner = [-1] * tr.bwd_pos
 
     def has_alloc(lo: int, hi: int) -> bool:
@@ -212,42 +226,42 @@ def _pieces(tr: Trace, front: List[int]) -> Tuple[List[_Piece], List[int]]:
     for ci in front:
         c = tr.calls[ci]
         if has_alloc(cursor, c.pos_call):
-            pieces.append(_Piece("glue", [], cursor, c.pos_call))
-            assign(cursor, c.pos_call, len(pieces) - 1)
-        elif pieces:  # frees between pieces belong to the piece before (its outputs die when the next returns)
-            pieces[-1].hi = c.pos_call
-            assign(cursor, c.pos_call, len(pieces) - 1)
+            spans.append(_Span("glue", [], cursor, c.pos_call))
+            assign(cursor, c.pos_call, len(spans) - 1)
+        elif spans:  # frees between stages belong to the stage before (its outputs die when the next returns)
+            spans[-1].hi = c.pos_call
+            assign(cursor, c.pos_call, len(spans) - 1)
         else:
             assign(cursor, c.pos_call, 0)
-        if pieces and _is_inplace(c.module):
-            pieces[-1].calls.append(ci)
-            pieces[-1].hi = c.pos_ret + 1
+        if spans and _is_inplace(c.module):
+            spans[-1].calls.append(ci)
+            spans[-1].hi = c.pos_ret + 1
         else:
-            pieces.append(_Piece("module", [ci], c.pos_call, c.pos_ret + 1))
-        assign(c.pos_call, c.pos_ret + 1, len(pieces) - 1)
+            spans.append(_Span("module", [ci], c.pos_call, c.pos_ret + 1))
+        assign(c.pos_call, c.pos_ret + 1, len(spans) - 1)
         cursor = c.pos_ret + 1
-    if has_alloc(cursor, tr.bwd_pos) or not pieces:
-        pieces.append(_Piece("glue", [], cursor, tr.bwd_pos))
+    if has_alloc(cursor, tr.bwd_pos) or not spans:
+        spans.append(_Span("glue", [], cursor, tr.bwd_pos))
     else:
-        pieces[-1].hi = tr.bwd_pos
-    assign(cursor, tr.bwd_pos, len(pieces) - 1)
-    return pieces, owner
+        spans[-1].hi = tr.bwd_pos
+    assign(cursor, tr.bwd_pos, len(spans) - 1)
+    return spans, owner
 
 
-def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tuple[Chain, List[Piece]]:
-    """The cost model of the traced step: one :class:`Stage` per piece, the skips, and what each piece is."""
-    front = _frontier(tr)
-    pieces, owner = _pieces(tr, front)
-    n = len(pieces)
-    calls = tr.calls
-    nbytes = tr.nbytes
+@dataclass
+class _Flow:
+    """Where each tensor of the forward goes, per stage boundary and stage (see the module docstring)."""
 
-    # How often each module was called in the step: a module called twice cannot be planned per call.
-    call_count: Dict[int, int] = {}
-    for c in calls:
-        call_count[id(c.module)] = call_count.get(id(c.module), 0) + 1
+    kept: List[int]  # per boundary: bytes handed to the next stage and kept for backward
+    passing: List[int]  # per boundary: bytes freed once the next stage has read them
+    grads: List[int]  # per boundary: their gradients' bytes
+    saved: List[int]  # per stage: bytes kept for backward inside it
+    skips: List[Skip]
+    creator: Dict[int, int]  # storage uid -> the stage that made it
 
-    # Creation, death and last use (by any operator, glue included) of every storage made in forward.
+
+def _tensor_flow(tr: Trace, owner: List[int], n: int) -> _Flow:
+    """Classify every storage made in forward by its creation, death and last use (by any operator, glue too)."""
     creator: Dict[int, int] = {}
     freed_in: Dict[int, int] = {}
     users: Dict[int, int] = {}
@@ -259,32 +273,30 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
             freed_in[ev[1]] = owner[pos]
         elif ev[0] == "use" and ev[1] in creator and owner[pos] > creator[ev[1]]:
             users[ev[1]] = max(users.get(ev[1], -1), owner[pos])
-
-    A = [0] * (n + 1)  # boundary bytes kept for backward
-    T = [0] * (n + 1)  # boundary bytes freed once the next piece has read them ("passing")
-    G = [0] * (n + 1)
-    saved = [0] * n
-    skips: List[Skip] = []
+    flow = _Flow([0] * (n + 1), [0] * (n + 1), [0] * (n + 1), [0] * n, [], creator)
     for uid, c in creator.items():
         if freed_in.get(uid) == c:
-            continue  # made and freed inside its piece: working memory
+            continue  # made and freed inside its stage: working memory
         last = max(users.get(uid, -1), freed_in.get(uid, -1))
-        b, g = nbytes[uid], tr.grad_bytes.get(uid, 0)
+        b, g = tr.nbytes[uid], tr.grad_bytes.get(uid, 0)
         if last <= c:
-            saved[c] += b
+            flow.saved[c] += b
         elif last == c + 1:
             if uid in freed_in:
-                T[c + 1] += b
+                flow.passing[c + 1] += b
             else:
-                A[c + 1] += b
-            G[c + 1] += g
+                flow.kept[c + 1] += b
+            flow.grads[c + 1] += g
         else:
-            skips.append(Skip(producer=c, consumer=last, bytes=b, grad_bytes=g))
-    G[0] = tr.input_grad_bytes
+            flow.skips.append(Skip(producer=c, consumer=last, bytes=b, grad_bytes=g))
+    flow.grads[0] = tr.input_grad_bytes
+    return flow
 
-    # Allocator-level peaks: forward of each piece; backward of each piece, which starts when the gradient of one
-    # of its tensors is first ready and ends when the next piece's starts.
-    fwd_peak = [tr.allocator_peak(pc.lo, pc.hi) for pc in pieces]
+
+def _backward_peaks(tr: Trace, creator: Dict[int, int], n: int) -> Tuple[List[int], List[int]]:
+    """Per stage: the allocator-level peak of its backward, which starts when the gradient of one of its tensors is
+    first ready and ends when the next stage's starts, and the bytes it allocates that outlive the step (parameter
+    and input gradients)."""
     bwd_start: Dict[int, int] = {}
     for pos in range(tr.bwd_pos, tr.end_pos):
         ev = tr.events[pos]
@@ -308,117 +320,148 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
             for pos in range(lo, min(hi, tr.end_pos)):
                 ev = tr.events[pos]
                 if ev[0] == "alloc" and ev[1] in alive_after:
-                    param_grad[p] += ev[2]  # outlives the step: a parameter (or input) gradient
+                    param_grad[p] += ev[2]
+    return bwd_peak, param_grad
 
-    # Times: median over the timed steps.
-    fwd_time = [0.0] * n
+
+def _stage_times(spans: List[_Span], timing: List[Dict[str, Any]]) -> Tuple[List[float], List[float]]:
+    """Per stage: forward and backward seconds, medians over the timed steps (the glue shares forward's remainder;
+    backward is split in proportion to forward)."""
+    n = len(spans)
     per_run: List[List[float]] = []
     bwd_total: List[float] = []
+    glue = [i for i, sp in enumerate(spans) if sp.kind == "glue"]
     for run in timing:
         t_call, t_ret = run["t_call"], run["t_ret"]
-        ts = []
-        for pc in pieces:
-            if pc.kind == "module":
-                ts.append(sum(t_ret.get(ci, t_call[ci]) - t_call[ci] for ci in pc.calls))
-            else:
-                ts.append(0.0)
-        stage_total = sum(ts)
-        glue = [i for i, pc in enumerate(pieces) if pc.kind == "glue"]
-        glue_total = max(0.0, (run["t2"] - run["t0"]) - stage_total)
+        ts = [
+            sum(t_ret.get(ci, t_call[ci]) - t_call[ci] for ci in sp.calls) if sp.kind == "module" else 0.0
+            for sp in spans
+        ]
+        glue_total = max(0.0, (run["t2"] - run["t0"]) - sum(ts))
         for i in glue:
             ts[i] = glue_total / len(glue)
         per_run.append(ts)
         bwd_total.append(run["t3"] - run["t2"])
-    for i in range(n):
-        fwd_time[i] = statistics.median(r[i] for r in per_run) if per_run else 0.0
+    fwd_time = [statistics.median(r[i] for r in per_run) if per_run else 0.0 for i in range(n)]
     total_fwd = sum(fwd_time)
     bwd_sum = statistics.median(bwd_total) if bwd_total else 0.0
     bwd_time = [bwd_sum * (t / total_fwd) if total_fwd > 0 else 0.0 for t in fwd_time]
+    return fwd_time, bwd_time
 
-    # Which pieces may be recomputed, and which may share a region with the piece before.
-    info: List[Piece] = []
+
+def _stage_modules(tr: Trace, spans: List[_Span]) -> List[StageModules]:
+    """What each stage is in the model, which stages may be recomputed (a module called once per step, not in
+    place; several modules only as consecutive children of a plain Sequential), and which may share a region with
+    the stage before."""
+    calls = tr.calls
+    call_count: Dict[int, int] = {}  # a module called twice in a step cannot be planned per call
+    for c in calls:
+        call_count[id(c.module)] = call_count.get(id(c.module), 0) + 1
+    info: List[StageModules] = []
     parent_calls: List[Optional[int]] = []
-    for pc in pieces:
-        mods = [calls[ci].name for ci in pc.calls]
-        parents = {calls[ci].parent for ci in pc.calls}
+    for sp in spans:
+        parents = {calls[ci].parent for ci in sp.calls}
         parent = next(iter(parents)) if len(parents) == 1 else None
         parent_mod = calls[parent].module if parent is not None else None
-        child_index: List[int] = []
         seq_parent = parent_mod is not None and _is_plain_sequential(parent_mod)
+        child_index: List[int] = []
         if seq_parent:
-            kids = list(parent_mod)  # type: ignore[arg-type]
-            ids = [id(k) for k in kids]
-            child_index = [ids.index(id(calls[ci].module)) for ci in pc.calls]
+            ids = [id(k) for k in parent_mod]  # type: ignore[union-attr]
+            child_index = [ids.index(id(calls[ci].module)) for ci in sp.calls]
         contiguous = seq_parent and child_index == list(range(child_index[0], child_index[-1] + 1))
         recomputable = (
-            pc.kind == "module"
-            and all(call_count[id(calls[ci].module)] == 1 for ci in pc.calls)
-            and not _is_inplace(calls[pc.calls[0]].module)
-            and (len(pc.calls) == 1 or contiguous)
+            sp.kind == "module"
+            and all(call_count[id(calls[ci].module)] == 1 for ci in sp.calls)
+            and not _is_inplace(calls[sp.calls[0]].module)
+            and (len(sp.calls) == 1 or contiguous)
         )
-        info.append(
-            Piece(
-                kind=pc.kind,
-                modules=mods,
-                parent=calls[parent].name if seq_parent else None,
-                child_index=child_index,
-                recomputable=bool(recomputable),
-            )
-        )
+        name = calls[parent].name if seq_parent and parent is not None else None
+        info.append(StageModules(sp.kind, [calls[ci].name for ci in sp.calls], name, child_index, bool(recomputable)))
         parent_calls.append(parent if seq_parent else None)
-    for i, pi in enumerate(info):
+    for i, si in enumerate(info):
         prev = info[i - 1] if i > 0 else None
-        pi.joins_previous = bool(
+        si.joins_previous = bool(
             prev is not None
-            and pi.recomputable
+            and si.recomputable
             and prev.recomputable
             and parent_calls[i] is not None
             and parent_calls[i] == parent_calls[i - 1]
-            and pi.child_index[0] == prev.child_index[-1] + 1
+            and si.child_index[0] == prev.child_index[-1] + 1
         )
+    return info
 
-    # What a checkpointed region holds besides activations: snapshots of its modules' buffers, taken at entry (the
-    # cost model counts them a second time during the recompute, when fresh copies are swapped in).
-    checkpoint_bytes = [0] * n
-    for i, pc in enumerate(pieces):
+
+def _buffer_bytes(tr: Trace, spans: List[_Span]) -> List[int]:
+    """Per stage: the bytes of its modules' buffers, which a checkpointed region snapshots at entry (the cost model
+    counts them a second time during the recompute, when fresh copies are swapped in)."""
+    out = [0] * len(spans)
+    for i, sp in enumerate(spans):
         seen: Set[int] = set()
-        for ci in pc.calls:
-            for m in calls[ci].module.modules():
+        for ci in sp.calls:
+            for m in tr.calls[ci].module.modules():
                 for b in m._buffers.values():
                     if b is not None and id(b) not in seen:
                         seen.add(id(b))
-                        checkpoint_bytes[i] += b.numel() * b.element_size()
+                        out[i] += b.numel() * b.element_size()
+    return out
 
-    stages = []
-    for i, pi in enumerate(info):
-        stages.append(
-            Stage(
-                name="+".join(pi.modules) if pi.modules else f"<glue {i}>",
-                fwd_time=fwd_time[i],
-                bwd_time=bwd_time[i],
-                input_bytes=A[i],
-                output_bytes=A[i + 1],
-                input_passing_bytes=T[i],
-                output_passing_bytes=T[i + 1],
-                input_grad_bytes=G[i],
-                output_grad_bytes=G[i + 1],
-                saved_bytes=saved[i],
-                param_grad_bytes=param_grad[i],
-                checkpoint_bytes=checkpoint_bytes[i],
-                recomputable=pi.recomputable,
-                joins_previous=pi.joins_previous,
-            )
+
+def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tuple[Chain, List[StageModules]]:
+    """The cost model of the traced step: one :class:`Stage` per stage, the skips, and what each stage is.
+
+    Args:
+        tr: the traced step (:func:`.trace.trace_step`).
+        model: the traced model; every module holding one of its blocks (:func:`memsave.find_blocks`) is opened.
+        timing: the timed steps (:func:`.trace.time_steps`).
+
+    Returns:
+        The :class:`Chain` (working memory fitted to the trace's allocator-level peaks) and, per stage, its
+        :class:`StageModules`.
+
+    Example:
+        >>> chain, stages = build_chain(trace_step(model, (x,), loss_fn, device), model, timing)
+        >>> [s.modules for s in stages if s.recomputable]
+    """
+    spans, owner = _split_stages(tr, _frontier(tr, find_blocks(model)))
+    n = len(spans)
+    flow = _tensor_flow(tr, owner, n)
+    fwd_peak = [tr.allocator_peak(sp.lo, sp.hi) for sp in spans]
+    bwd_peak, param_grad = _backward_peaks(tr, flow.creator, n)
+    fwd_time, bwd_time = _stage_times(spans, timing)
+    info = _stage_modules(tr, spans)
+    buffers = _buffer_bytes(tr, spans)
+    stages = [
+        Stage(
+            name="+".join(si.modules) if si.modules else f"<glue {i}>",
+            fwd_time=fwd_time[i],
+            bwd_time=bwd_time[i],
+            input_bytes=flow.kept[i],
+            output_bytes=flow.kept[i + 1],
+            input_passing_bytes=flow.passing[i],
+            output_passing_bytes=flow.passing[i + 1],
+            input_grad_bytes=flow.grads[i],
+            output_grad_bytes=flow.grads[i + 1],
+            saved_bytes=flow.saved[i],
+            param_grad_bytes=param_grad[i],
+            checkpoint_bytes=buffers[i],
+            recomputable=si.recomputable,
+            joins_previous=si.joins_previous,
         )
+        for i, si in enumerate(info)
+    ]
     # Each region saves the RNG states at entry and forks them for its recompute; only the CPU generator's state is
     # a tensor in the measured memory (on CUDA the states are CPU tensors and do not count).
     rng_bytes = torch.get_rng_state().numel() if tr.device.type == "cpu" else 0
-    chain = Chain(stages=stages, skips=skips, base_bytes=0, segment_bytes=rng_bytes, recompute_bytes=rng_bytes)
+    chain = Chain(stages=stages, skips=flow.skips, segment_bytes=rng_bytes, recompute_bytes=rng_bytes)
+    _fit_working_memory(chain, fwd_peak, bwd_peak)
+    return chain, info
 
-    # Fit working memory: the predicted eager timeline must not be below the measured one at any moment.
-    sim = chain.simulate([(0, n, False)], timeline=True)
+
+def _fit_working_memory(chain: Chain, fwd_peak: List[int], bwd_peak: List[int]) -> None:
+    """Set each stage's transient bytes so that the predicted eager timeline is never below the measured one."""
+    sim = chain.simulate([(0, len(chain.stages), False)], timeline=True)
     for phase, stage, predicted in sim["timeline"]:
         if phase == "forward":
-            stages[stage].fwd_transient_bytes = max(0, fwd_peak[stage] - predicted)
+            chain.stages[stage].fwd_transient_bytes = max(0, fwd_peak[stage] - predicted)
         elif phase == "backward":
-            stages[stage].bwd_transient_bytes = max(0, bwd_peak[stage] - predicted)
-    return chain, info
+            chain.stages[stage].bwd_transient_bytes = max(0, bwd_peak[stage] - predicted)

@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ..selective import OPERATOR_CLASSES, operators_of
-from .chain import Chain, Piece
+from .chain import Chain, StageModules
 
 __all__ = [
     "ClassProfile",
@@ -95,7 +95,7 @@ class _ClassRecorder(TorchDispatchMode):
 def profile_operator_classes(
     forward: Callable[[], Any],
     model: nn.Module,
-    pieces: Sequence[Piece],
+    pieces: Sequence[StageModules],
     classes: Sequence[str],
     steps: int,
     sync: Callable[[], None],
@@ -239,7 +239,7 @@ def policy_classes(policy: str) -> Tuple[str, ...]:
 
 
 def selective_variants(
-    chain: Chain, pieces: Sequence[Piece], profile: OperatorProfile, overhead_per_operator: float = 0.0
+    chain: Chain, pieces: Sequence[StageModules], profile: OperatorProfile, overhead_per_operator: float = 0.0
 ) -> None:
     """Give ``chain`` its selective policies and each recomputable stage one variant per policy, in place.
 
@@ -257,13 +257,13 @@ def selective_variants(
         overhead_per_operator: :func:`selective_overhead_per_operator` on the plan's device (seconds).
 
     Example:
-        >>> selective_variants(chain, pieces, profile, 2e-5); chain.policies
+        >>> selective_variants(chain, pieces, profile, 2e-5); chain.operator_classes
         ['matmul+attention', 'matmul', 'attention']
     """
     classes = profile.classes
     present = [c for c in OPERATOR_CLASSES if any(c in p for p in classes)]
     policies = [combo for n in range(len(present), 0, -1) for combo in itertools.combinations(present, n)]
-    chain.policies = ["+".join(p) for p in policies]
+    chain.operator_classes = ["+".join(p) for p in policies]
     for st, pc, prof, n in zip(chain.stages, pieces, classes, profile.operators):
         if not (pc.kind == "module" and pc.recomputable) or not policies:
             st.selective_fwd_time, st.selective_kept_bytes = [], []

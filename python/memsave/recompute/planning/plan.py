@@ -21,7 +21,7 @@ from ...measurement.units import format_bytes
 from ..region import ModuleChain, run_region
 from ..selective import selective as selective_context
 from ..wrapping import CheckpointedForward, RegionPlan, WrappedRepr, all_or_nothing, is_wrapped, wrap_module
-from .chain import Chain, Piece
+from .chain import Chain, StageModules
 
 __all__ = ["Plan", "apply_plan", "apply_regions", "fingerprint"]
 
@@ -72,7 +72,7 @@ class Plan(RegionPlan):
     predicted_extra_seconds: float
     eager_step_seconds: float
     segments: List[Tuple[int, int, bool]]
-    pieces: List[Piece]
+    pieces: List[StageModules]
     chain: Chain
     model_class: str
     fingerprint: str
@@ -240,7 +240,7 @@ class Plan(RegionPlan):
                 predicted_extra_seconds=d["predicted_extra_seconds"],
                 eager_step_seconds=d["eager_step_seconds"],
                 segments=[(int(b), int(e), bool(r)) for b, e, r in d["segments"]],
-                pieces=[Piece(**pc) for pc in d["pieces"]],
+                pieces=[StageModules(**pc) for pc in d["pieces"]],
                 chain=Chain.from_dict(d["chain"]),
                 model_class=d["model_class"],
                 fingerprint=d["fingerprint"],

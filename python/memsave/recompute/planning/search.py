@@ -354,7 +354,7 @@ def plan(
             if policy is None:
                 return ()
             here = set().union(*found[segment[0] : segment[1]])
-            return tuple(c for c in policy_classes(ch.policies[policy]) if c in here)
+            return tuple(c for c in policy_classes(ch.operator_classes[policy]) if c in here)
 
         n = len(pieces)
         none_peak = chain.simulate([(0, n, False)])["peak_bytes"]
@@ -406,7 +406,7 @@ def plan(
         # selective region with a whole one that measures a few allocations smaller, and a search on the selective
         # chain then never tries the whole one. So a selective plan also searches the module-level chain before
         # anything is declared infeasible: selective=True never fits fewer budgets than selective=False.
-        chains = [chain, chain.module_level()] if chain.policies else [chain]
+        chains = [chain, chain.module_level()] if chain.operator_classes else [chain]
 
         def smallest_plan() -> Plan:
             """The minimum-memory plan, of each chain's, with the smallest measured peak (which it carries)."""

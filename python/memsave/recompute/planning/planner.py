@@ -1,0 +1,613 @@
+"""The driver, steps 1-4 together: :func:`plan` profiles the model (:mod:`.trace`), builds the chain of stages
+(:mod:`.chain`, :mod:`.operators`), searches it with the C++ planner (:mod:`.search`) while verifying each candidate
+by measuring it, and returns a :class:`~.plan.Plan`.
+
+How a plan is made:
+
+1. **Profile** (a few forward+backward steps on the example inputs, state restored afterwards). One step runs
+   under an allocation log (a ``TorchDispatchMode`` recording every new storage and, through a finalizer, its
+   death) with forward hooks on every module and gradient hooks on module inputs and outputs. This gives the module
+   call tree and, in order, every allocation and free of the step. Further steps time each module call.
+2. **Chain**: the candidate *stages* are the module calls one level below the model (plain ``nn.Sequential``
+   containers, and custom modules holding most of the memory, are opened up), in execution order, with the code
+   between them (residual adds, concatenations, the loss) as *glue* stages that are never recomputed. A module
+   working in place (``ReLU(inplace=True)``) joins the stage before it. From the allocation log, each tensor of the
+   forward is classified by which stage made it and which stages used it: kept for backward inside its stage
+   (``saved_bytes``), handed to the next stage (a boundary; *passing* when it is freed once read), or read further
+   on (a skip connection: counted for as long as it lives). Parameter gradients are the backward's allocations that
+   outlive the step. Working memory is fitted so that the model's predicted timeline of the eager step is never
+   below the allocator-level one measured in the same step, and a remaining difference between the eager peak
+   (measured again without the log) and the prediction, if positive, is added to all moments. What a checkpointed
+   region itself holds (the saved RNG state, snapshots of module buffers) is part of the model. With
+   ``selective`` (default), a few more forwards measure, per stage and operator class (matmul, conv, attention), the
+   bytes of the outputs a selective region would keep and the time of the operators it would not recompute, and a
+   few tiny runs measure what torch's selective-checkpoint dispatch mode costs per operator on the device, charged
+   to each selective variant for every operator of its stage (:mod:`.operators`).
+3. **Search** with the C++ planner (``memsave._C.planner_solve``): the least recompute time whose predicted peak
+   fits the budget (or a fixed solver such as ``sqrt``), each region recomputed whole or selectively. Several
+   consecutive stages can share one checkpointed region only when they are consecutive children of one plain
+   ``nn.Sequential``.
+4. **Verify** (default): apply each candidate plan, measure one step's peak with the allocator-level measure, and
+   move the solver's budget by the cost model's error (:func:`.search.search_optimal`). With ``compile=True`` the
+   step measured is ``torch.compile`` of the model with the plan applied, and eager's peak is the compiled plain
+   model's: the budget is a promise for the compiled step, and where compile's peak is below the cost model's the
+   search moves up into that room (less recompute).
+
+Budget = the peak memory of one training step (gradients set to None, forward, loss, backward) above what was
+allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation events on CPU.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+import torch
+from torch import nn
+
+from ...common.progress import progress_bar
+from ...errors import InfeasibleBudgetError
+from ...measurement.allocator import step_peak_bytes
+from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
+from ...measurement.units import Budget, format_bytes, parse_budget
+from ..selective import OPERATOR_CLASSES
+from ..wrapping import is_wrapped, unwrap_module
+from .chain import Chain, StageModules, build_chain
+from .operators import policy_classes, profile_operator_classes, selective_overhead_per_operator, selective_variants
+from .plan import Plan, apply_regions, fingerprint
+from .search import search_chains, smallest_plan
+from .trace import time_steps, trace_step
+
+__all__ = ["Profile", "plan", "profile", "search"]
+
+_SOLVERS = ("optimal", "sqrt", "none", "all", "min_memory")
+
+
+class _Stepper:
+    """Runs steps of the model with gradients cleared first, and measures a step's allocator-level peak."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Sequence[Any],
+        kwargs: Dict[str, Any],
+        loss_fn: LossFn,
+        device: torch.device,
+        state: SavedStepState,
+        compiled: bool = False,
+    ) -> None:
+        self.model, self.inputs, self.kwargs, self.loss_fn = model, inputs, kwargs, loss_fn
+        self.device, self.state, self.compiled = device, state, compiled
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def step(self, run: Optional[Callable[..., Any]] = None) -> None:
+        self.state.clear_grads()
+        out = (run or self.model)(*self.inputs, **self.kwargs)
+        loss = self.loss_fn(out)
+        _check_loss(out, loss)
+        loss.backward()
+
+    def peak(self) -> int:
+        """One step's peak: of the model as it is now, under a fresh ``torch.compile`` when planning for compile
+        (compiled, and its first step run, outside the measured step)."""
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"memsave.plan: device type {self.device.type!r} is not supported; use 'cpu' or 'cuda'")
+        run: Callable[..., Any] = self.model
+        if self.compiled:
+            torch._dynamo.reset()  # each candidate plan changes the modules' forwards: compile afresh
+            run = torch.compile(self.model)
+            self.step(run)
+        self.state.clear_grads()
+        return step_peak_bytes(lambda: self.step(run), self.device)
+
+
+def _check_loss(out: Any, loss: Any) -> None:
+    """Raise a TypeError saying what is wrong when ``loss`` is not a scalar tensor one can backpropagate."""
+    if loss is None and getattr(out, "loss", 0) is None:
+        raise TypeError(
+            f"memsave.plan: the loss is None: the model returned a {type(out).__name__} whose .loss is None (a Hugging "
+            f"Face model computes its loss only when called with labels=...); pass labels=... to memsave.plan, or a "
+            f"loss_fn that maps the output to a scalar loss"
+        )
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError(
+            f"memsave.plan: loss_fn must return a scalar tensor, got "
+            f"{type(loss).__name__ if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}"
+        )
+    if not loss.requires_grad:
+        raise TypeError(
+            "memsave.plan: the loss does not require grad (computed without autograd, or from nothing that requires "
+            "grad), so a training step has no backward to plan for"
+        )
+
+
+def _same_in_every_step(loss_fn: LossFn) -> LossFn:
+    """``loss_fn``, raising the documented ValueError (chained) when it fails in a profiling step after the first."""
+    calls = [1]  # the warm-up step has called it once
+
+    def every_step(out: Any) -> Any:
+        calls[0] += 1
+        try:
+            return loss_fn(out)
+        except Exception as e:
+            raise ValueError(
+                f"memsave.plan: loss_fn failed in profiling step {calls[0]} ({type(e).__name__}: {e}) after working in "
+                f"the first; plan runs several steps on the same example inputs, so loss_fn must give a loss every "
+                f"time (no iterator of targets or state that runs out between calls)"
+            ) from e
+
+    return every_step
+
+
+def _split_inputs(example_kwargs: Optional[Mapping[str, Any]], model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's keyword inputs: ``example_kwargs`` and the keywords :func:`plan` does not know, merged."""
+    if example_kwargs is None:
+        return dict(model_kwargs)
+    if not isinstance(example_kwargs, Mapping) or not all(isinstance(k, str) for k in example_kwargs):
+        raise TypeError(
+            f"memsave.plan: example_kwargs must be a dict of keyword name -> value for the model, got "
+            f"{type(example_kwargs).__name__}"
+        )
+    both = sorted(set(example_kwargs) & set(model_kwargs))
+    if both:
+        raise ValueError(
+            f"memsave.plan: keyword input(s) {', '.join(both)} given both in example_kwargs and as keywords; give "
+            f"each once"
+        )
+    return {**example_kwargs, **model_kwargs}
+
+
+def _selective_classes(selective: Union[bool, Sequence[str]]) -> Tuple[str, ...]:
+    """The operator classes :func:`plan` may keep in selective regions (empty: module-level plans only)."""
+    if selective is True:
+        return tuple(OPERATOR_CLASSES)
+    if selective is False:
+        return ()
+    if not isinstance(selective, (list, tuple)) or not all(isinstance(c, str) for c in selective):
+        raise TypeError(
+            f"memsave.plan: selective must be True, False or a list of operator classes such as ['matmul'], got "
+            f"{selective!r}"
+        )
+    unknown = [c for c in selective if c not in OPERATOR_CLASSES]
+    if unknown or not selective:
+        raise ValueError(
+            f"memsave.plan: selective names {'no operator class' if not selective else repr(unknown[0])}; use "
+            f"True, False or classes among {', '.join(OPERATOR_CLASSES)}"
+        )
+    return tuple(dict.fromkeys(selective))
+
+
+@dataclass
+class Profile:
+    """What profiling a model taught the planner: the chain of stages (the cost model the solver searches), what
+    each stage is in the model, the operator classes met in each, and eager's measured peak.
+
+    The search (:func:`search`) reads only this, so tests and tools can give it costs of their own (edit
+    ``chain``'s stage times) and get the plan those costs imply.
+
+    Attributes:
+        chain: the cost model (:class:`~.chain.Chain`), selective variants included when profiled.
+        stages: per stage, the modules it runs (:class:`~.chain.StageModules`).
+        classes_met: per stage, the operator classes its operators belong to.
+        eager_peak_bytes: the measured peak of one step of the plain model (compiled when ``compiled``).
+        model_class: the model's class name.
+        fingerprint: the model's fingerprint (:func:`~.plan.fingerprint`).
+        device: the device profiled on.
+        compiled: eager's peak (and every candidate's, when verified) is that of ``torch.compile``.
+    """
+
+    chain: Chain
+    stages: List[StageModules]
+    classes_met: List[Set[str]] = field(default_factory=list)
+    eager_peak_bytes: int = 0
+    model_class: str = ""
+    fingerprint: str = ""
+    device: str = "cpu"
+    compiled: bool = False
+
+    def make_plan(self, res: Dict[str, Any], chain: Chain, solver: str, budget_bytes: Optional[int]) -> Plan:
+        """The solver's answer ``res`` on ``chain`` (this profile's chain or its module-level one) as a
+        :class:`Plan`, not measured yet.
+
+        Example:
+            >>> prof.make_plan(prof.chain.solve(None, "sqrt", 2000), prof.chain, "sqrt", None)
+        """
+        return Plan(
+            strategy=solver,
+            budget_bytes=budget_bytes,
+            predicted_peak_bytes=int(res["predicted_peak_bytes"]),
+            measured_peak_bytes=None,
+            eager_peak_bytes=int(self.eager_peak_bytes),
+            min_feasible_bytes=int(res["min_feasible_bytes"]),
+            predicted_extra_seconds=float(res["predicted_extra_time"]),
+            eager_step_seconds=self.chain.eager_seconds(),
+            segments=[(int(s[0]), int(s[1]), bool(s[2])) for s in res["segments"]],
+            pieces=self.stages,
+            chain=chain,
+            selective=[self._keeps(seg, k, chain) for seg, k in zip(res["segments"], res["segment_policies"])],
+            model_class=self.model_class,
+            fingerprint=self.fingerprint,
+            device=self.device,
+            compiled=self.compiled,
+        )
+
+    def _keeps(self, segment: Sequence[Any], k: Optional[int], chain: Chain) -> Tuple[str, ...]:
+        """The classes a selective region keeps: its variant's, less those none of its stages runs."""
+        if k is None:
+            return ()
+        here: Set[str] = set().union(*self.classes_met[segment[0] : segment[1]]) if self.classes_met else set()
+        return tuple(c for c in policy_classes(chain.operator_classes[k]) if c in here)
+
+
+def _solver_argument(solver: Optional[str], strategy: Optional[str]) -> str:
+    """``solver``, or the deprecated ``strategy`` keyword's value (with a DeprecationWarning), checked."""
+    if strategy is not None:
+        if solver is not None:
+            raise ValueError("memsave.plan: give solver= only (strategy= is its deprecated old name), not both")
+        warnings.warn(
+            "memsave.plan: strategy= is deprecated; call it solver= (the same values)", DeprecationWarning, stacklevel=3
+        )
+        solver = strategy
+    solver = "optimal" if solver is None else solver
+    if not isinstance(solver, str) or not (solver in _SOLVERS or re.fullmatch(r"uniform:[1-9][0-9]*", solver)):
+        raise ValueError(
+            f"memsave.plan: unknown strategy {solver!r} for solver=; use one of optimal, sqrt, uniform:K (K >= 1), "
+            f"none, all, min_memory"
+        )
+    return solver
+
+
+def _check_arguments(model: nn.Module, timing_steps: int, everything: Tuple[Any, Dict[str, Any]]) -> None:
+    """Raise the documented errors for a model or input :func:`plan` cannot profile, before anything runs."""
+    if isinstance(timing_steps, bool) or not isinstance(timing_steps, int) or timing_steps < 1:
+        raise ValueError(
+            f"memsave.plan: timing_steps must be an int >= 1 (the steps timed to estimate each stage's forward and "
+            f"backward time), got {timing_steps!r}; leave it at its default 3, or pass 1 for the quickest plan"
+        )
+    wrapped = [n for n, m in model.named_modules() if is_wrapped(m)]
+    if wrapped:
+        raise ValueError(
+            f"memsave.plan: the model already has checkpointed modules ({', '.join(wrapped[:3]) or '(root)'}); plan "
+            f"profiles the plain model: call memsave.unwrap(model) first"
+        )
+    if not any(p.requires_grad for p in model.parameters()) and not any(
+        t.requires_grad for t in tensors_in(everything)
+    ):
+        raise ValueError(
+            f"memsave.plan: {type(model).__name__} has no parameter that requires grad and no example input "
+            f"requires grad, so a training step has no backward to plan for"
+        )
+
+
+def _warm_up(stepper: _Stepper) -> None:
+    """One step (lazy initialisation, allocator caches); a failure says what the model was given."""
+    try:
+        stepper.step()
+    except Exception as e:
+        kwargs = stepper.kwargs
+        given = f"{len(stepper.inputs)} positional input(s)" + (
+            f" and the keyword input(s) {', '.join(kwargs)} (every keyword memsave.plan does not know goes to the "
+            f"model)"
+            if kwargs
+            else ""
+        )
+        raise ValueError(
+            f"memsave.plan: one training step of {type(stepper.model).__name__} on the example inputs failed "
+            f"({type(e).__name__}: {e}); it was given {given}. Pass example inputs that "
+            f"model(*inputs, **kwargs) accepts and a loss_fn that maps its output to a scalar"
+        ) from e
+
+
+def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, tick: Callable[[int], None]) -> Profile:
+    """Steps 1 and 2: trace and time the eager step, measure eager's peak, build the chain (see the module
+    docstring)."""
+    model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
+    _warm_up(stepper)
+    tick(1)
+    stepper.loss_fn = _same_in_every_step(stepper.loss_fn)
+    stepper.state.clear_grads()
+    trace = trace_step(model, inputs, stepper.loss_fn, stepper.device, kwargs)
+    tick(1)
+    timing = time_steps(model, inputs, stepper.loss_fn, len(trace.calls), timing_steps, stepper.sync, kwargs)
+    tick(timing_steps)
+    eager_peak = stepper.peak()
+    tick(1)
+    chain, stages = build_chain(trace, model, timing)
+    met: List[Set[str]] = [set() for _ in stages]
+    if classes:
+        ops = profile_operator_classes(
+            lambda: model(*inputs, **kwargs), model, stages, classes, timing_steps, stepper.sync
+        )
+        selective_variants(chain, stages, ops, selective_overhead_per_operator(stepper.device, stepper.sync))
+        met = [set(prof) for prof in ops.classes]
+        tick(1)
+    # Allocator-level memory the log cannot see (eager's); under compile the search's measurements correct it.
+    none_peak = chain.simulate([(0, len(stages), False)])["peak_bytes"]
+    chain.base_bytes = max(0, eager_peak - none_peak)
+    return Profile(
+        chain=chain,
+        stages=stages,
+        classes_met=met,
+        eager_peak_bytes=int(eager_peak),
+        model_class=type(model).__name__,
+        fingerprint=fingerprint(model),
+        device=str(stepper.device),
+        compiled=stepper.compiled,
+    )
+
+
+class _Measure:
+    """A candidate plan's measured peak: applied in place, one step measured (compiled when planning for
+    compile), removed again; each distinct plan measured once."""
+
+    def __init__(self, model: nn.Module, stepper: _Stepper, eager_peak: int, tick: Callable[[int], None]) -> None:
+        self.model, self.stepper, self.eager_peak, self.tick = model, stepper, eager_peak, tick
+        self.cache: Dict[Tuple[Any, ...], int] = {}
+
+    def __call__(self, p: Plan) -> int:
+        key = (tuple(p.segments), tuple(p.selective))
+        if key not in self.cache:
+            if not any(r for _, _, r in p.segments):
+                self.cache[key] = self.eager_peak
+            else:
+                changed = apply_regions(self.model, p)
+                try:
+                    self.cache[key] = self.stepper.peak()
+                finally:
+                    for m in changed:
+                        unwrap_module(m)
+            self.tick(1)
+        return self.cache[key]
+
+
+def search(
+    prof: Profile,
+    budget_bytes: Optional[int],
+    solver: str = "optimal",
+    measure: Optional[Callable[[Plan], int]] = None,
+    slots: int = 2000,
+    verify: bool = True,
+) -> Plan:
+    """Steps 3 and 4: the plan of ``solver`` within ``budget_bytes`` on the profile's chain (then its module-level
+    chain), each candidate verified with ``measure`` when given.
+
+    Args:
+        prof: the :class:`Profile` (from :func:`profile`, its costs possibly replaced).
+        budget_bytes: the budget in bytes (None: none; not with ``solver="optimal"``).
+        solver: ``optimal``, ``sqrt``, ``uniform:K``, ``none``, ``all`` or ``min_memory``.
+        measure: a plan's measured peak (apply, measure, remove); None takes the cost model's peaks.
+        slots: memory slots of the solver's dynamic program.
+        verify: measure the optimal solver's candidates (fixed solvers' plans are measured when there is a budget
+            to check or ``verify``; the minimum-memory plans that say the smallest budget, always).
+
+    Returns:
+        the :class:`Plan`.
+
+    Raises:
+        InfeasibleBudgetError: nothing fits; ``.min_bytes`` is the smallest measured (or, without ``measure``,
+            predicted) peak of a minimum-memory plan: under compile, the compiled one.
+
+    Example:
+        >>> prof = memsave.recompute.planning.planner.profile(model, x)
+        >>> search(prof, budget_bytes=2**30).segments
+    """
+    chain = prof.chain
+    chains = [chain, chain.module_level()] if chain.operator_classes else [chain]
+
+    def make(res: Dict[str, Any], ch: Chain) -> Plan:
+        return prof.make_plan(res, ch, solver, budget_bytes)
+
+    if solver == "optimal" and budget_bytes is not None and budget_bytes >= prof.eager_peak_bytes:
+        p = make(chain.solve(None, "none", slots), chain)  # eager itself fits: nothing to recompute
+        p.measured_peak_bytes = prof.eager_peak_bytes if measure is not None else None
+        return p
+    checked = verify or (solver != "optimal" and budget_bytes is not None) or solver == "min_memory"
+    result = search_chains(chains, solver, budget_bytes, slots, make, measure if checked else None)
+    if result is not None:
+        return result
+    smallest = smallest_plan(chains, slots, make, measure)
+    min_bytes = int(smallest.measured_peak_bytes or 0)
+    if budget_bytes is not None and min_bytes <= budget_bytes and solver == "optimal":
+        return smallest
+    under = " under torch.compile" if prof.compiled else ""
+    how = "measured" if measure is not None else "predicted"
+    # Say only what the search saw: the smallest peak it reached, not that no plan at all could fit.
+    if solver != "optimal" and budget_bytes is not None and min_bytes <= budget_bytes:
+        fix = "use solver='optimal', which searches for a plan within the budget"
+    else:
+        fix = f"raise the budget to at least {min_bytes} bytes, lower the batch size, or use memory-efficient modules"
+        fix += " (memsave.convert)"
+    raise InfeasibleBudgetError(
+        f"memsave.plan: the search found no checkpoint plan of {prof.model_class} with solver '{solver}'{under} "
+        f"within a budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes); the smallest peak it reached is "
+        f"{format_bytes(min_bytes)} ({min_bytes} bytes, {how}{under} with the minimum-memory plan; eager peaks at "
+        f"{format_bytes(prof.eager_peak_bytes)}). To plan, {fix}.",
+        min_bytes=min_bytes,
+    )
+
+
+def profile(
+    model: nn.Module,
+    *example_inputs: Any,
+    loss_fn: Optional[LossFn] = None,
+    selective: Union[bool, Sequence[str]] = True,
+    timing_steps: int = 3,
+    compile: bool = False,
+    example_kwargs: Optional[Mapping[str, Any]] = None,
+    **model_kwargs: Any,
+) -> Profile:
+    """Steps 1 and 2 of :func:`plan` alone: the :class:`Profile` its search reads (the model's state restored).
+
+    Args:
+        model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs: as for
+            :func:`plan`.
+
+    Returns:
+        the :class:`Profile`.
+
+    Raises:
+        ValueError, TypeError: as :func:`plan` for these arguments.
+
+    Example:
+        >>> prof = profile(model, x)
+        >>> for st in prof.chain.stages: st.fwd_time, st.bwd_time = 1.0, 2.0    # injected costs
+        >>> search(prof, budget_bytes=prof.eager_peak_bytes // 2)
+    """
+    stepper, classes = _setup(
+        model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs
+    )
+    try:
+        return _profile(stepper, classes, timing_steps, lambda n: None)
+    finally:
+        stepper.state.restore()
+
+
+def _setup(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    loss_fn: Optional[LossFn],
+    selective: Union[bool, Sequence[str]],
+    timing_steps: int,
+    compile: bool,
+    example_kwargs: Optional[Mapping[str, Any]],
+    model_kwargs: Dict[str, Any],
+) -> Tuple[_Stepper, Tuple[str, ...]]:
+    """The checked arguments as a :class:`_Stepper` (the model's state saved in it) and the operator classes."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"memsave.plan: model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(compile, bool):
+        raise TypeError(f"memsave.plan: compile must be True or False, got {compile!r}")
+    classes = _selective_classes(selective)
+    kwargs = _split_inputs(example_kwargs, model_kwargs)
+    everything = (tuple(example_inputs), kwargs)
+    resolved = resolve_loss_fn(loss_fn, "memsave.plan")
+    _check_arguments(model, timing_steps, everything)
+    device = resolve_device(model, everything, None)
+    state = SavedStepState(model, everything)
+    return _Stepper(model, example_inputs, kwargs, resolved, device, state, compile), classes
+
+
+def plan(
+    model: nn.Module,
+    *example_inputs: Any,
+    budget: Optional[Budget] = None,
+    loss_fn: Optional[LossFn] = None,
+    solver: Optional[str] = None,
+    verbose: bool = False,
+    verify: bool = True,
+    slots: int = 2000,
+    timing_steps: int = 3,
+    selective: Union[bool, Sequence[str]] = True,
+    compile: bool = False,
+    example_kwargs: Optional[Mapping[str, Any]] = None,
+    strategy: Optional[str] = None,
+    **model_kwargs: Any,
+) -> Plan:
+    """Choose what to recompute in backward so that a training step fits ``budget``, with the least recompute.
+
+    Profiles a few steps of ``model`` on the example inputs (and puts back parameters' gradients, buffers such as
+    BatchNorm statistics and the RNG state afterwards), builds the chain of candidate stages from the module tree,
+    and searches it with memsave's C++ planner. Apply the result with ``memsave.wrap(model, plan)``.
+
+    One profiled step is ``loss_fn(model(*example_inputs, **model_kwargs)).backward()``: keyword inputs work as in
+    training code (a Hugging Face model's ``input_ids=..., attention_mask=..., labels=...``), and the output may be
+    anything ``loss_fn`` takes (a tensor, tuples, dicts, a Hugging Face ``ModelOutput``). A Hugging Face model called
+    with ``labels`` returns its loss first, which is what the default loss then takes. The model must make the same
+    module calls in every step (no data-dependent branches between them).
+
+    Args:
+        model: the model (not wrapped: call :func:`memsave.unwrap` first).
+        *example_inputs: positional arguments of ``model`` for one step, on the device to plan for.
+        budget: peak bytes of one training step above what was allocated before it: an int, a string such as
+            ``"512MiB"`` / ``"4GB"``, or a float fraction of the eager step's peak (the compiled eager step's with
+            ``compile=True``). Required for ``solver="optimal"``; optional otherwise (then checked when given).
+        loss_fn: maps the model's output to a scalar loss (``lambda out: out.loss``,
+            ``lambda out: F.cross_entropy(out, y)``); default: ``out.float().sum()`` of the first floating-point
+            tensor of the output that requires grad (:func:`memsave.measurement.default_loss`) -- for a Hugging
+            Face model called with ``labels``, its loss.
+        solver: the search method: ``"optimal"`` (default: least recompute within the budget), ``"sqrt"`` (Chen et
+            al.), ``"uniform:K"``, ``"none"``, ``"all"`` (every stage its own region) or ``"min_memory"``.
+        verbose: print the plan's summary and the planning time.
+        verify: measure one step with each candidate plan applied and solve again with the solver's budget moved
+            by the model's error (up to 4 plans measured): lower when the plan measured above the budget, higher
+            when the model was pessimistic, so the plan returned has a measured peak within the budget and is the
+            cheapest such plan found.
+        slots: memory slots of the solver's dynamic program (finer = closer to optimal, slower).
+        timing_steps: steps timed to estimate each stage's forward and backward time (an int >= 1).
+        selective: let the planner choose, per region, between recomputing it whole and *selective* recompute
+            (:func:`memsave.selective`: keep the outputs of its matrix products, convolutions and attention kernels,
+            recompute only the cheap operators), and which of those classes to keep, by the bytes and time each
+            class takes in each stage (profiled in a few extra forwards) and the per-operator cost of the selective
+            contexts' dispatch mode (measured on the device). ``True`` (default): all classes
+            (``"matmul"``, ``"conv"``, ``"attention"``); a sequence of class names: only those; ``False``:
+            module-level plans (every region recomputed whole). :meth:`Plan.summary` shows what each region keeps.
+            A selective plan is never worse placed than a module-level one: the module-level chain is searched
+            too before a budget is declared infeasible, so ``True`` fits every budget ``False`` fits.
+        compile: plan for ``torch.compile(memsave.wrap(model, plan))``: eager's peak and every candidate's are
+            measured under a fresh ``torch.compile`` (each candidate compiled once: planning takes a compile per
+            candidate, :attr:`Plan.planning_seconds`), so the budget holds for the compiled step and the room
+            compile leaves is used. Forces ``verify``.
+        example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
+            the way to pass a model keyword named like one of this function's own parameters.
+        strategy: deprecated name of ``solver`` (DeprecationWarning).
+        **model_kwargs: every other keyword is a keyword input of ``model`` for the step.
+
+    Returns:
+        a :class:`Plan`.
+
+    Raises:
+        InfeasibleBudgetError: no plan fits the budget; ``.min_bytes`` is the smallest budget that does (measured
+            under compile with ``compile=True``).
+        ValueError: bad budget, unknown solver, both ``solver`` and ``strategy``, ``timing_steps < 1``, a wrapped
+            model, no parameter or input needing gradients, the model or ``loss_fn`` failing on the example inputs
+            (the message names the error and the keyword inputs given to the model; ``loss_fn`` in any profiling
+            step), a keyword input given twice, or ``selective`` naming no or an unknown class.
+        TypeError: ``model`` is not an ``nn.Module``, the budget, ``compile``, ``example_kwargs`` or ``selective``
+            has a wrong type.
+
+    Example:
+        >>> p = memsave.plan(model, x, budget="2GiB")
+        >>> print(p.summary())
+        >>> memsave.wrap(model, p)
+        >>> p = memsave.plan(gpt2, input_ids=ids, attention_mask=mask, labels=ids, budget=0.5)   # Hugging Face
+        >>> p = memsave.plan(vit, images, budget="1GiB", loss_fn=lambda out: F.cross_entropy(out, targets))
+        >>> p = memsave.plan(model, x, budget=0.5, selective=False)       # module-level: regions recomputed whole
+        >>> p = memsave.plan(model, x, budget=0.5, compile=True); step = torch.compile(memsave.wrap(model, p))
+    """
+    start = time.perf_counter()
+    solver = _solver_argument(solver, strategy)
+    if budget is None and solver == "optimal":
+        raise ValueError("memsave.plan: solver='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
+    if budget is not None:
+        parse_budget(budget, eager_peak_bytes=1)  # fail early on a bad budget, before profiling
+    stepper, classes = _setup(
+        model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs
+    )
+    bar = progress_bar(5 + timing_steps + bool(classes), f"memsave.plan({type(model).__name__})")
+
+    def tick(n: int) -> None:
+        if bar is not None:
+            bar.update(n)
+
+    try:
+        prof = _profile(stepper, classes, timing_steps, tick)
+        budget_bytes = parse_budget(budget, prof.eager_peak_bytes) if budget is not None else None
+        measure = _Measure(model, stepper, prof.eager_peak_bytes, tick)
+        result = search(prof, budget_bytes, solver, measure, slots, verify=verify or compile)
+    finally:
+        if bar is not None:
+            bar.close()
+        if compile:
+            torch._dynamo.reset()  # drop the candidates' compiled code, which holds the model
+        stepper.state.restore()
+    result.planning_seconds = time.perf_counter() - start
+    if verbose:
+        print(result.summary())
+        print(f"planning took {result.planning_seconds:.1f} s{' (compiled candidates)' if compile else ''}")
+    return result
