@@ -61,6 +61,7 @@ def _fit(wrap: bool, every: int = 1) -> Dict[str, Any]:
     return {"losses": module.losses, "history": monitor.history, "metrics": dict(trainer.callback_metrics)}
 
 
+@pytest.mark.slow
 def test_memory_monitor_logs_each_probed_step_and_memsave_keeps_less():
     eager, wrapped = _fit(False), _fit(True)
     assert wrapped["losses"] == eager["losses"] and len(eager["losses"]) == 4  # bitwise: a lossless strategy

@@ -155,6 +155,7 @@ def test_wrap_turns_transformers_checkpointing_off_and_unwrap_gives_the_switch_b
     assert model.is_activation_checkpointing
 
 
+@pytest.mark.slow
 def test_a_plan_stays_in_force_when_the_switch_is_turned_on():
     model = _llama()
     ids = torch.randint(0, VOCAB, (2, SEQ))
@@ -166,6 +167,7 @@ def test_a_plan_stays_in_force_when_the_switch_is_turned_on():
     assert not model.is_activation_checkpointing
 
 
+@pytest.mark.slow
 def test_memory_callback_logs_peak_and_activation_bytes(tmp_path):
     model = memsave.wrap(_llama())
     trainer = Trainer(

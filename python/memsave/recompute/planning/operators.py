@@ -86,7 +86,7 @@ class _ClassRecorder(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
                 storages[(s.data_ptr(), t.device)] = s.nbytes()
-        key = (self.piece, cls)
+        key = (int(self.piece or 0), cls)
         self.bytes[key] = self.bytes.get(key, 0) + sum(storages.values())
         self.seconds[key] = self.seconds.get(key, 0.0) + dt
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ class Plan(RegionPlan):
     (module names, classes and parameter shapes); applying it to another raises :class:`PlanMismatchError`.
 
     Attributes:
-        strategy: the strategy asked for (``optimal``, ``sqrt``, ``uniform:K``, ``none``, ``all``, ``min_memory``).
+        strategy: the solver asked for (``optimal``, ``sqrt``, ``uniform:K``, ``none``, ``all``, ``min_memory``).
         budget_bytes: the budget in bytes (None when none was given).
         predicted_peak_bytes: the cost model's peak for one step with this plan.
         measured_peak_bytes: the peak measured with the plan applied (None when ``verify=False``).
@@ -61,6 +61,9 @@ class Plan(RegionPlan):
             segment's region keeps, recomputing only the other operators (:func:`memsave.selective`); empty for a
             region recomputed whole and for a kept segment. An empty list (plans made with ``selective=False`` or
             before selective plans existed): every region is recomputed whole.
+        compiled: made with ``compile=True``: the peaks (eager's included) are those of ``torch.compile`` running
+            the model, and the budget is a promise for ``torch.compile(memsave.wrap(model, plan))``.
+        planning_seconds: wall time :func:`memsave.plan` took to make the plan.
     """
 
     strategy: str
@@ -78,6 +81,8 @@ class Plan(RegionPlan):
     fingerprint: str
     device: str = "cpu"
     selective: List[Tuple[str, ...]] = field(default_factory=list)
+    compiled: bool = False
+    planning_seconds: float = 0.0
 
     def keeps(self, k: int) -> Tuple[str, ...]:
         """The operator classes whose outputs segment ``k``'s region keeps (empty: recomputed whole, or kept).
@@ -112,7 +117,7 @@ class Plan(RegionPlan):
         Example:
             >>> print(plan.summary())
         """
-        recomputed = set()
+        recomputed: Set[int] = set()
         for b, e, rec in self.segments:
             if rec:
                 recomputed.update(range(b, e))
@@ -200,6 +205,8 @@ class Plan(RegionPlan):
             "fingerprint": self.fingerprint,
             "device": self.device,
             "selective": [list(c) for c in self.selective],
+            "compiled": self.compiled,
+            "planning_seconds": self.planning_seconds,
         }
         return json.dumps(d, indent=1, sort_keys=True)
 
@@ -246,6 +253,8 @@ class Plan(RegionPlan):
                 fingerprint=d["fingerprint"],
                 device=d["device"],
                 selective=[tuple(str(c) for c in cs) for cs in d.get("selective", [])],
+                compiled=bool(d.get("compiled", False)),
+                planning_seconds=float(d.get("planning_seconds", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
@@ -272,8 +281,8 @@ class _GroupedForward(CheckpointedForward):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module
         if not torch.is_grad_enabled() or kwargs or len(args) != 1:
-            return nn.Sequential.forward(module, *args, **kwargs)
-        children = list(module)
+            return nn.Sequential.forward(module, *args, **kwargs)  # type: ignore[arg-type]
+        children = list(module)  # type: ignore[call-overload]
         x = args[0]
         i = 0
         for start, end in self.groups:
@@ -306,21 +315,34 @@ class _GroupedRepr(WrappedRepr):
 
 
 def _check_plan_matches(model: nn.Module, p: Plan) -> None:
-    fp = fingerprint(model)
-    if fp == p.fingerprint:
-        return
+    """Raise :class:`PlanMismatchError` saying what differs, before anything is wrapped, unless ``p`` fits ``model``."""
     names = set(dict(model.named_modules()))
-    wanted = {m for pc in p.pieces for m in pc.modules}
+    wanted = {m for pc in p.pieces for m in pc.modules} | {pc.parent for pc in p.pieces if pc.parent is not None}
     missing = sorted(wanted - names)
-    detail = (
-        f"; modules it names that this model lacks: {', '.join(missing[:5])}"
-        if missing
-        else "; module names match but classes or parameter shapes differ"
-    )
+    bad = [s for s in p.segments if not 0 <= s[0] < s[1] <= len(p.pieces)]
+    fp = fingerprint(model)
+    if fp == p.fingerprint and not missing and not bad:
+        return
+    if bad:
+        raise PlanMismatchError(
+            f"memsave: the plan's segments {bad[:3]} are outside its {len(p.pieces)} pieces; the plan is corrupt or "
+            f"was edited. Make a new one with memsave.plan(model, *example_inputs, budget=...)."
+        )
+    differences = []
+    if missing:
+        differences.append(f"modules it names that this model lacks: {', '.join(missing[:5])}")
+    # Modules of this model the plan's pieces neither name nor contain nor sit inside (a fourth block).
+    covered = wanted | {n.rsplit(".", k)[0] for n in wanted for k in range(1, n.count(".") + 1)}
+    extra = sorted(n for n in names - covered if n and not any(n.startswith(w + ".") for w in wanted if w))
+    extra = [n for n in extra if not any(n.startswith(e + ".") for e in extra)]
+    if extra:
+        differences.append(f"modules of this model the plan does not know: {', '.join(extra[:5])}")
+    if not differences:
+        differences.append("the same module names, but module classes or parameter shapes or dtypes differ")
     raise PlanMismatchError(
         f"memsave: this plan was made for a {p.model_class} (fingerprint {p.fingerprint}) but the model is a "
-        f"{type(model).__name__} (fingerprint {fp}){detail}. Make a plan for this model with memsave.plan(model, "
-        f"*example_inputs, budget=...)."
+        f"{type(model).__name__} (fingerprint {fp}): {'; '.join(differences)}. Make a plan for this model with "
+        f"memsave.plan(model, *example_inputs, budget=...)."
     )
 
 
