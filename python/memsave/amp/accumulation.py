@@ -26,6 +26,10 @@ from torch.nn.parallel import DistributedDataParallel
 __all__ = ["Accumulator", "accumulate"]
 
 
+# What the accumulator calls on a scaler (torch.amp.GradScaler and memsave.amp.GradScaler both have them).
+_SCALER_METHODS = ("scale", "unscale_", "step", "update")
+
+
 class Accumulator:
     """Runs ``steps`` micro-batch backward passes per optimizer step. Create it with :func:`accumulate`.
 
@@ -44,6 +48,19 @@ class Accumulator:
     ) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an int >= 1 (micro-batches per optimizer step), got {steps!r}")
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be the torch.nn.Module being trained, got {type(model).__name__}")
+        if clip_grad_norm is not None and (
+            isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
+        ):
+            raise TypeError(
+                f"clip_grad_norm must be a number (a max norm) or None, got {type(clip_grad_norm).__name__}"
+            )
+        if scaler is not None and not all(callable(getattr(scaler, m, None)) for m in _SCALER_METHODS):
+            raise TypeError(
+                f"scaler must be a memsave.amp.GradScaler or torch.amp.GradScaler (with {', '.join(_SCALER_METHODS)}), "
+                f"got {type(scaler).__name__}"
+            )
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm must be a positive max norm or None, got {clip_grad_norm!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -229,6 +246,8 @@ def accumulate(
 
     Raises:
         ValueError: for ``steps`` < 1 or a non-positive ``clip_grad_norm``.
+        TypeError: for a ``model`` that is not a Module, an ``optimizer`` that is not an Optimizer, a
+            ``clip_grad_norm`` that is not a number, or a ``scaler`` without scale/unscale_/step/update.
 
     Example:
         >>> acc = memsave.accumulate(model, optimizer, steps=8, scaler=memsave.amp.GradScaler("cuda"))

@@ -34,7 +34,7 @@ import functools
 import math
 import warnings
 from collections import defaultdict
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -98,8 +98,9 @@ class GradScaler:
             steps), and :attr:`last_overflow` names them after an overflow.
 
     Raises:
-        ValueError: for an init_scale that is not a finite number > 0, a growth factor <= 1, a backoff factor
-            outside (0, 1), or a growth interval or hysteresis below 1.
+        TypeError: for an init_scale that is not a number.
+        ValueError: for a device that is not a torch device type, an init_scale that is not a finite number > 0, a
+            growth factor <= 1, a backoff factor outside (0, 1), or a growth interval or hysteresis below 1.
 
     Example:
         >>> scaler = memsave.amp.GradScaler("cuda", hysteresis=2, overflow_diagnostics=model)
@@ -120,7 +121,12 @@ class GradScaler:
         *,
         overflow_diagnostics: Union[bool, torch.nn.Module] = False,
     ) -> None:
-        self._device = torch.device(device).type
+        try:
+            self._device = torch.device(device).type
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device must be a torch device type such as 'cuda' or 'cpu', got {device!r}") from exc
+        if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)):
+            raise TypeError(f"init_scale must be a number (e.g. 2.0**16), got {type(init_scale).__name__}")
         self._enabled = bool(enabled)
         if self._device == "cuda" and self._enabled and not torch.cuda.is_available():
             warnings.warn(
@@ -554,12 +560,17 @@ class GradScaler:
             state_dict: the state to load.
 
         Raises:
+            TypeError: when ``state_dict`` is not a mapping.
             RuntimeError: for an empty dict (saved from a disabled scaler).
             KeyError: when one of torch's five entries is missing.
 
         Example:
             >>> scaler.load_state_dict(torch_scaler.state_dict())
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"state_dict must be the dict GradScaler.state_dict() returned, got {type(state_dict).__name__}"
+            )
         if not self._enabled:
             return
         if len(state_dict) == 0:
