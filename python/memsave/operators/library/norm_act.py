@@ -8,7 +8,7 @@ overwrites its input), so their Autograd kernels are ``autograd.Function`` class
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -49,83 +49,87 @@ def bn_backward_fake(x: Tensor, weight: Optional[Tensor]) -> Tuple[Tensor, Tenso
     return empty_in_kernel_layout(x), grad_weight, torch.empty_like(grad_weight)
 
 
+def _bn_act_stats_fake(op: str, x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Fake per-channel (mean, invstd) of batch_norm_act and inplace_abn for the input ``x``."""
+    torch._check(x.dim() >= 2, lambda: f"memsave.{op}: expected [N, C, ...] input, got {x.dim()}-D")
+    mean = x.new_empty((x.shape[1],), dtype=stat_dtype(x))
+    return mean, torch.empty_like(mean)
+
+
+# batch_norm_act and inplace_abn take the same arguments (input, weight, bias, running_mean, running_var, training,
+# momentum, eps, act, act_param); their backwards take (grad_out, input or output, weight, bias, ...).
 @register_fake("memsave::batch_norm_act")
-def _batch_norm_act_fake(
-    input: Tensor,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    running_mean: Optional[Tensor],
-    running_var: Optional[Tensor],
-    training: bool,
-    momentum: float,
-    eps: float,
-    act: str,
-    act_param: float,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    torch._check(input.dim() >= 2, lambda: f"memsave.batch_norm_act: expected [N, C, ...] input, got {input.dim()}-D")
-    channels = input.shape[1]
-    mean = input.new_empty((channels,), dtype=stat_dtype(input))
-    return empty_in_kernel_layout(input), mean, torch.empty_like(mean)
+def _batch_norm_act_fake(input: Tensor, *args: Any) -> Tuple[Tensor, Tensor, Tensor]:
+    return (empty_in_kernel_layout(input), *_bn_act_stats_fake("batch_norm_act", input))
 
 
-@register_fake("memsave::batch_norm_act_backward")
-def _batch_norm_act_backward_fake(
-    grad_out: Tensor,
-    input: Tensor,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    mean: Tensor,
-    invstd: Tensor,
-    training: bool,
-    act: str,
-    act_param: float,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    return bn_backward_fake(input, weight)
+@register_fake("memsave::inplace_abn")
+def _inplace_abn_fake(self: Tensor, *args: Any) -> Tuple[Tensor, Tensor]:
+    return _bn_act_stats_fake("inplace_abn", self)
+
+
+def _bn_act_backward_fake(grad_out: Tensor, x: Tensor, weight: Optional[Tensor], *args: Any) -> Tuple[Tensor, ...]:
+    return bn_backward_fake(x, weight)
+
+
+register_fake("memsave::batch_norm_act_backward")(_bn_act_backward_fake)
+register_fake("memsave::inplace_abn_backward")(_bn_act_backward_fake)
+
+
+def _bn_act_forward(ctx: Any, redispatch: Any, args: Sequence[Any], inplace: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """Forward of batch_norm_act and inplace_abn (the same ten arguments: input, weight, bias, running_mean,
+    running_var, training, momentum, eps, act, act_param)."""
+    x, weight, bias = args[:3]
+    if inplace:
+        mean, invstd = redispatch(*args)
+        ctx.mark_dirty(x)
+        out = x
+        # The memory win: x now holds the output, which backward inverts; nothing else of full size is kept.
+        ctx.save_for_backward(x, weight, bias, invstd)
+    else:
+        out, mean, invstd = redispatch(*args)
+        # The memory win: the input and two per-channel vectors, not the normalized tensor or activation input.
+        ctx.save_for_backward(x, weight, bias, mean, invstd)
+    ctx.training, ctx.act, ctx.act_param = args[5], args[8], args[9]
+    ctx.mark_non_differentiable(mean, invstd)
+    return out, mean, invstd
+
+
+def _bn_act_backward(ctx: Any, grad_out: Optional[Tensor], inplace: bool) -> tuple:
+    """Backward of batch_norm_act and inplace_abn: gradients for input, weight and bias only."""
+    needs = ctx.needs_input_grad
+    if grad_out is None or not any(needs[1:4]):
+        return (None,) * 11
+    saved, tail = ctx.saved_tensors, (ctx.training, ctx.act, ctx.act_param)
+    if inplace:
+        grads = torch.ops.memsave.inplace_abn_backward(grad_out, *saved, *tail)
+    else:
+        grads = torch.ops.memsave.batch_norm_act_backward(grad_out, *saved, *tail)
+    return (None,) + grads_or_none(needs[1:4], grads) + (None,) * 7
 
 
 class _BatchNormActFunction(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx: Any,
-        redispatch: Any,
-        input: Tensor,
-        weight: Optional[Tensor],
-        bias: Optional[Tensor],
-        running_mean: Optional[Tensor],
-        running_var: Optional[Tensor],
-        training: bool,
-        momentum: float,
-        eps: float,
-        act: str,
-        act_param: float,
-    ) -> Tuple[Tensor, Tensor, Tensor]:
-        out, mean, invstd = redispatch(
-            input, weight, bias, running_mean, running_var, training, momentum, eps, act, act_param
-        )
-        # The memory win: the input and two per-channel vectors, not the normalized tensor or activation input.
-        ctx.save_for_backward(input, weight, bias, mean, invstd)
-        ctx.training, ctx.act, ctx.act_param = training, act, act_param
-        ctx.mark_non_differentiable(mean, invstd)
-        return out, mean, invstd
+    def forward(ctx: Any, redispatch: Any, *args: Any) -> Tuple[Tensor, Tensor, Tensor]:
+        return _bn_act_forward(ctx, redispatch, args, inplace=False)
 
     @staticmethod
     def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
-        input, weight, bias, mean, invstd = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        if grad_out is None or not any(needs[1:4]):
-            return (None,) * 11
-        grad_input, grad_weight, grad_bias = torch.ops.memsave.batch_norm_act_backward(
-            grad_out, input, weight, bias, mean, invstd, ctx.training, ctx.act, ctx.act_param
-        )
-        return (None,) + grads_or_none(needs[1:4], (grad_input, grad_weight, grad_bias)) + (None,) * 7
+        return _bn_act_backward(ctx, grad_out, inplace=False)
 
 
-register_mutating_autograd("memsave::batch_norm_act", _BatchNormActFunction)
-register_backward_op_autograd("memsave::batch_norm_act_backward")
+class _InPlaceABNFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, redispatch: Any, *args: Any) -> Tuple[Tensor, Tensor, Tensor]:
+        return _bn_act_forward(ctx, redispatch, args, inplace=True)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
+        return _bn_act_backward(ctx, grad_out, inplace=True)
 
 
 # ----------------------------------------------------------------------------------------------------
-# memsave::batch_norm_act_conv2d: BatchNorm2d -> activation -> Conv2d keeping only the batch-norm input and two
+# memsave::batch_norm_act_conv2d: BatchNorm2d -> activation -> Conv2d keeping the batch-norm input and 2 vectors.
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -205,47 +209,15 @@ def _batch_norm_act_conv2d_backward_fake(
 
 class _BatchNormActConv2dFunction(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx: Any,
-        redispatch: Any,
-        input: Tensor,
-        bn_weight: Optional[Tensor],
-        bn_bias: Optional[Tensor],
-        running_mean: Optional[Tensor],
-        running_var: Optional[Tensor],
-        training: bool,
-        momentum: float,
-        eps: float,
-        act: str,
-        act_param: float,
-        weight: Tensor,
-        bias: Optional[Tensor],
-        stride: List[int],
-        padding: List[int],
-        dilation: List[int],
-        groups: int,
-    ) -> Tuple[Tensor, Tensor, Tensor]:
-        out, mean, invstd = redispatch(
-            input,
-            bn_weight,
-            bn_bias,
-            running_mean,
-            running_var,
-            training,
-            momentum,
-            eps,
-            act,
-            act_param,
-            weight,
-            bias,
-            stride,
-            padding,
-            dilation,
-            groups,
-        )
+    def forward(ctx: Any, redispatch: Any, *args: Any) -> Tuple[Tensor, Tensor, Tensor]:
+        # args: input, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, act, act_param,
+        # weight, bias, stride, padding, dilation, groups (the schema's order)
+        out, mean, invstd = redispatch(*args)
+        input, bn_weight, bn_bias = args[:3]
+        weight, bias, stride, padding, dilation, groups = args[10:]
         # The memory win: the batch-norm input and two per-channel vectors; not the convolution's input.
         ctx.save_for_backward(input, bn_weight, bn_bias, mean, invstd, weight)
-        ctx.training, ctx.act, ctx.act_param = training, act, act_param
+        ctx.training, ctx.act, ctx.act_param = args[5], args[8], args[9]
         ctx.conv = (bias is not None, list(stride), list(padding), list(dilation), groups)
         ctx.mark_non_differentiable(mean, invstd)
         return out, mean, invstd
@@ -256,23 +228,8 @@ class _BatchNormActConv2dFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad
         if grad_out is None:
             return (None,) * 17
-        has_bias, stride, padding, dilation, groups = ctx.conv
         gi, gbw, gbb, gw, gb = torch.ops.memsave.batch_norm_act_conv2d_backward(
-            grad_out,
-            input,
-            bn_weight,
-            bn_bias,
-            mean,
-            invstd,
-            ctx.training,
-            ctx.act,
-            ctx.act_param,
-            weight,
-            has_bias,
-            stride,
-            padding,
-            dilation,
-            groups,
+            grad_out, input, bn_weight, bn_bias, mean, invstd, ctx.training, ctx.act, ctx.act_param, weight, *ctx.conv
         )
         head = grads_or_none(needs[1:4], (gi, gbw, gbb))
         tail = grads_or_none(needs[11:13], (gw, gb))
@@ -285,78 +242,14 @@ register_backward_op_autograd("memsave::batch_norm_act_apply")
 
 
 # ----------------------------------------------------------------------------------------------------
-# memsave::inplace_abn: In-Place Activated BatchNorm, keeping only its output (written over its input).
+# batch_norm_act and inplace_abn (In-Place Activated BatchNorm, keeping only its output, written over its input):
+# one registration for both.
 # ----------------------------------------------------------------------------------------------------
-
-
-@register_fake("memsave::inplace_abn")
-def _inplace_abn_fake(
-    self: Tensor,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    running_mean: Optional[Tensor],
-    running_var: Optional[Tensor],
-    training: bool,
-    momentum: float,
-    eps: float,
-    act: str,
-    act_param: float,
-) -> Tuple[Tensor, Tensor]:
-    torch._check(self.dim() >= 2, lambda: f"memsave.inplace_abn: expected [N, C, ...] input, got {self.dim()}-D")
-    mean = self.new_empty((self.shape[1],), dtype=stat_dtype(self))
-    return mean, torch.empty_like(mean)
-
-
-@register_fake("memsave::inplace_abn_backward")
-def _inplace_abn_backward_fake(
-    grad_out: Tensor,
-    output: Tensor,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    invstd: Tensor,
-    training: bool,
-    act: str,
-    act_param: float,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    return bn_backward_fake(output, weight)
-
-
-class _InPlaceABNFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        redispatch: Any,
-        x: Tensor,
-        weight: Optional[Tensor],
-        bias: Optional[Tensor],
-        running_mean: Optional[Tensor],
-        running_var: Optional[Tensor],
-        training: bool,
-        momentum: float,
-        eps: float,
-        act: str,
-        act_param: float,
-    ) -> Tuple[Tensor, Tensor, Tensor]:
-        mean, invstd = redispatch(x, weight, bias, running_mean, running_var, training, momentum, eps, act, act_param)
-        ctx.mark_dirty(x)
-        # The memory win: x now holds the output, which backward inverts; nothing else of full size is kept.
-        ctx.save_for_backward(x, weight, bias, invstd)
-        ctx.training, ctx.act, ctx.act_param = training, act, act_param
-        ctx.mark_non_differentiable(mean, invstd)
-        return x, mean, invstd
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
-        output, weight, bias, invstd = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        if grad_out is None or not any(needs[1:4]):
-            return (None,) * 11
-        grad_input, grad_weight, grad_bias = torch.ops.memsave.inplace_abn_backward(
-            grad_out, output, weight, bias, invstd, ctx.training, ctx.act, ctx.act_param
-        )
-        return (None,) + grads_or_none(needs[1:4], (grad_input, grad_weight, grad_bias)) + (None,) * 7
-
-
-# The schema returns (mean, invstd); the Function also returns the mutated input so autograd rebases its history.
-register_mutating_autograd("memsave::inplace_abn", _InPlaceABNFunction, unpack=lambda result: result[1:])
-register_backward_op_autograd("memsave::inplace_abn_backward")
+# inplace_abn's schema returns (mean, invstd); its Function also returns the mutated input
+# so that autograd rebases its history.
+for _name, _function, _unpack in (
+    ("batch_norm_act", _BatchNormActFunction, lambda result: result),
+    ("inplace_abn", _InPlaceABNFunction, lambda result: result[1:]),
+):
+    register_mutating_autograd(f"memsave::{_name}", _function, unpack=_unpack)
+    register_backward_op_autograd(f"memsave::{_name}_backward")

@@ -62,11 +62,12 @@ class _BatchNormActBase(nn.Module):
 
     _version = 2  # nn.BatchNorm2d's state_dict version (num_batches_tracked present)
     _invertible = False
+    _default_act = "relu"
 
     def __init__(
         self,
         num_features: int,
-        act: str = "relu",
+        act: Optional[str] = None,
         eps: float = 1e-5,
         momentum: Optional[float] = 0.1,
         affine: bool = True,
@@ -80,6 +81,7 @@ class _BatchNormActBase(nn.Module):
         check_eps(eps)
         check_momentum(momentum)
         factory = {"device": device, "dtype": dtype}
+        act = self._default_act if act is None else act
         self.act, self.act_param = F.resolve_activation(act, act_param, invertible=self._invertible)
         self.num_features = int(num_features)
         self.eps = eps
@@ -178,13 +180,21 @@ class _BatchNormActBase(nn.Module):
             self.running_var if use_stats else None,
         )
 
+    def _run(self, fn: Any, input: Tensor) -> Tensor:
+        """``fn`` (functional batch_norm_act or inplace_abn) on ``input`` with this module's state."""
+        self._check_input_dim(input)
+        bn_training, factor, running_mean, running_var = self._bn_arguments()
+        w, b = self.weight, self.bias
+        return fn(input, running_mean, running_var, w, b, bn_training, factor, self.eps, self.act, self.act_param)
+
     @classmethod
-    def from_batchnorm(cls, bn: nn.Module, act: str = "relu", act_param: Optional[float] = None) -> Any:
+    def from_batchnorm(cls, bn: nn.Module, act: Optional[str] = None, act_param: Optional[float] = None) -> Any:
         """A fused module sharing ``bn``'s parameters and buffers (the same tensors, so optimizers keep working).
 
         Args:
             bn: an ``nn.BatchNorm2d`` (exactly; not SyncBatchNorm).
-            act: the activation that follows it, one of the fused activations.
+            act: the activation that follows it, one of the fused activations (InPlaceABN2d: an invertible one);
+                None: the class's default (relu; InPlaceABN2d: leaky_relu).
             act_param: its parameter (leaky_relu's negative_slope, elu's alpha).
 
         Returns:
@@ -243,8 +253,8 @@ class BatchNormAct2d(_BatchNormActBase):
 
     Args:
         num_features: channels C of the ``[N, C, H, W]`` input.
-        act: ``"relu"`` (default), ``"leaky_relu"``, ``"elu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"`` or
-            ``"identity"``.
+        act: ``"relu"`` (default, also for None), ``"leaky_relu"``, ``"elu"``, ``"gelu"``, ``"gelu_tanh"``,
+            ``"silu"`` or ``"identity"``.
         eps, momentum, affine, track_running_stats, device, dtype: as for nn.BatchNorm2d (``momentum=None`` is the
             cumulative average; ``track_running_stats=False`` always uses batch statistics).
         act_param: leaky_relu's negative_slope (default 0.01) or elu's alpha (default 1.0).
@@ -255,20 +265,7 @@ class BatchNormAct2d(_BatchNormActBase):
     """
 
     def forward(self, input: Tensor) -> Tensor:
-        self._check_input_dim(input)
-        bn_training, factor, running_mean, running_var = self._bn_arguments()
-        return F.batch_norm_act(
-            input,
-            running_mean,
-            running_var,
-            self.weight,
-            self.bias,
-            bn_training,
-            factor,
-            self.eps,
-            self.act,
-            self.act_param,
-        )
+        return self._run(F.batch_norm_act, input)
 
 
 class InPlaceABN2d(_BatchNormActBase):
@@ -298,7 +295,7 @@ class InPlaceABN2d(_BatchNormActBase):
 
     Args:
         num_features: channels C of the ``[N, C, H, W]`` input.
-        act: ``"leaky_relu"`` (default), ``"elu"`` or ``"identity"``.
+        act: ``"leaky_relu"`` (default, also for None), ``"elu"`` or ``"identity"``.
         eps, momentum, affine, track_running_stats, device, dtype: as for nn.BatchNorm2d.
         act_param: negative_slope (default 0.01) or alpha (default 1.0); must be positive.
 
@@ -311,50 +308,18 @@ class InPlaceABN2d(_BatchNormActBase):
     """
 
     _invertible = True
-
-    def __init__(
-        self,
-        num_features: int,
-        act: str = "leaky_relu",
-        eps: float = 1e-5,
-        momentum: Optional[float] = 0.1,
-        affine: bool = True,
-        track_running_stats: bool = True,
-        device: Any = None,
-        dtype: Any = None,
-        act_param: Optional[float] = None,
-    ) -> None:
-        super().__init__(num_features, act, eps, momentum, affine, track_running_stats, device, dtype, act_param)
+    _default_act = "leaky_relu"
 
     def forward(self, input: Tensor) -> Tensor:
-        self._check_input_dim(input)
-        bn_training, factor, running_mean, running_var = self._bn_arguments()
-        return F.inplace_abn(
-            input,
-            running_mean,
-            running_var,
-            self.weight,
-            self.bias,
-            bn_training,
-            factor,
-            self.eps,
-            self.act,
-            self.act_param,
-        )
-
-    @classmethod
-    def from_batchnorm(cls, bn: nn.Module, act: str = "leaky_relu", act_param: Optional[float] = None) -> Any:
-        """Like :meth:`BatchNormAct2d.from_batchnorm`; ``act`` must be invertible (default leaky_relu)."""
-        return super().from_batchnorm(bn, act=act, act_param=act_param)
+        return self._run(F.inplace_abn, input)
 
 
 class DeferredBatchNormAct2d(_BatchNormActBase):
     """A BatchNorm2d's parameters, buffers and settings (plus an activation) applied by the next module.
 
     Made by :func:`fuse_batch_norm_act_conv2d` and ``memsave.convert``: it stays where the BatchNorm2d was (same
-    state_dict
-    keys, same running-statistics policy) while the following :class:`BatchNormActConv2d` applies the norm and the
-    activation inside its fused operator. Its forward returns its input unchanged, which is right only there.
+    state_dict keys, same running-statistics policy) while the following :class:`BatchNormActConv2d` applies the norm
+    and the activation inside its fused operator. Its forward returns its input unchanged, which is right only there.
 
     Args: as :class:`BatchNormAct2d`.
     """
