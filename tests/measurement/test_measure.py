@@ -239,7 +239,8 @@ def test_measure_custom_loss_and_nested_output():
         return out["y"].pow(2).mean()
 
     m = measure(Two(), torch.randn(5, 8), loss_fn=loss_fn, steps=2, warmup=0)
-    assert len(calls) == 2 + 1 + 1  # timed steps + peak step + tracker step
+    # 2 timed rounds (each at least one step; cheap steps repeat within a round) + the peak step + the tracker step
+    assert len(calls) >= 2 + 1 + 1 and m.steps == 2
     assert m.activation_bytes > 0
     assert default_loss((torch.zeros(2, dtype=torch.long), torch.ones(3, requires_grad=True))).item() == 3.0
 
