@@ -28,6 +28,19 @@ INVERTIBLE_ACTIVATIONS: Tuple[str, ...] = ("identity", "leaky_relu", "elu")
 _DEFAULT_PARAM = {"leaky_relu": 0.01, "elu": 1.0}
 
 
+def check_number(where: str, name: str, value: object) -> float:
+    """``value`` as a float when it is a real number (not a bool), else TypeError naming the argument.
+
+    Example:
+        >>> check_number("memsave.functional.leaky_relu", "negative_slope", "a")
+        Traceback (most recent call last):
+        TypeError: memsave.functional.leaky_relu: negative_slope must be a number, got 'a'
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where}: {name} must be a number, got {value!r}")
+    return float(value)
+
+
 def resolve_activation(act: str, act_param: Optional[float], invertible: bool = False) -> Tuple[str, float]:
     """Validate an activation name and fill in its default parameter.
 

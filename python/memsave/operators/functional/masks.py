@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import check_tensor
+from .common import check_number, check_tensor
 
 
 def relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
@@ -51,7 +51,7 @@ def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool 
         >>> y = memsave.functional.leaky_relu(torch.randn(4, 8, requires_grad=True), 0.2)
     """
     check_tensor("leaky_relu", input)
-    slope = float(negative_slope)
+    slope = check_number("memsave.functional.leaky_relu", "negative_slope", negative_slope)
     if inplace:
         torch.ops.memsave.leaky_relu_(input, slope)
         return input

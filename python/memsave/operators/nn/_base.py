@@ -52,7 +52,11 @@ def check_eps(eps: Optional[float], allow_none: bool = False) -> None:
     """
     if eps is None and allow_none:
         return
-    if eps is None or not (math.isfinite(float(eps)) and float(eps) >= 0.0):
+    try:
+        value = float(eps)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ..functional.common import check_number
 from ._base import MemsaveModuleMixin
 
 __all__ = ["ReLU", "LeakyReLU", "activation_spec"]
@@ -49,6 +50,10 @@ class LeakyReLU(MemsaveModuleMixin, nn.LeakyReLU):
         >>> act = memsave.nn.LeakyReLU(0.2)
         >>> y = act(torch.randn(4, 8, requires_grad=True))
     """
+
+    def __init__(self, negative_slope: float = 1e-2, inplace: bool = False) -> None:
+        check_number("memsave.nn.LeakyReLU", "negative_slope", negative_slope)  # fail at construction
+        super().__init__(negative_slope, inplace)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.leaky_relu(input, self.negative_slope, self.inplace)

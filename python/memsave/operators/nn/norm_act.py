@@ -373,6 +373,9 @@ class BatchNormActConv2d(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
+        sizes = [kernel_size] * 2 if isinstance(kernel_size, int) else list(kernel_size)
+        if any(not isinstance(k, int) or k < 1 for k in sizes):
+            raise ValueError(f"BatchNormActConv2d: kernel_size must be positive ints, got {kernel_size!r}")
         self.bn = DeferredBatchNormAct2d(
             in_channels, act, eps, momentum, affine, track_running_stats, device, dtype, act_param
         )
