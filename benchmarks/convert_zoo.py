@@ -62,6 +62,7 @@ from benchmarks.harness import (
     write_results,
 )
 from memsave.measurement.allocator import step_peak_bytes
+from memsave.models import hub
 from memsave.operators.convert import plan_convert
 
 VARIANTS = ("eager", "convert", "wrap", "convert+wrap")
@@ -76,36 +77,13 @@ def _transformers():
 
 
 def build_llama(vocab: int, hidden: int, layers: int) -> nn.Module:
-    tf = _transformers()
-    cfg = tf.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=int(hidden * 2.6875),
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=1024,
-        use_cache=False,
-    )
-    return tf.LlamaForCausalLM(cfg)
+    _transformers()
+    return hub.llama(layers, hidden, int(hidden * 2.6875), heads=4, kv_heads=4, vocab=vocab, positions=1024)
 
 
 def build_gpt2(vocab: int, hidden: int, layers: int) -> nn.Module:
-    tf = _transformers()
-    cfg = tf.GPT2Config(
-        vocab_size=vocab,
-        n_embd=hidden,
-        n_layer=layers,
-        n_head=4,
-        n_positions=1024,
-        use_cache=False,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return tf.GPT2LMHeadModel(cfg)
+    _transformers()
+    return hub.gpt2(layers, hidden, heads=4, vocab=vocab, positions=1024, dropout=0.0)
 
 
 #: name -> (builder(vocab, hidden, layers), vocabulary at the CPU size)

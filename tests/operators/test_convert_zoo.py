@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import memsave
+from memsave.models import hub
 from memsave.operators.convert import CausalLMHead, plan_convert
 
 transformers = pytest.importorskip("transformers")
@@ -50,20 +51,7 @@ def _llama_family(name: str) -> Callable[[], nn.Module]:
 
 
 def _gpt2() -> nn.Module:
-    cfg = transformers.GPT2Config(
-        vocab_size=VOCAB,
-        n_embd=32,
-        n_layer=2,
-        n_head=4,
-        n_positions=64,
-        use_cache=False,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return transformers.GPT2LMHeadModel(cfg)
+    return hub.gpt2(layers=2, hidden=32, heads=4, vocab=VOCAB, positions=64, dropout=0.0)
 
 
 CAUSAL_LMS: Dict[str, Tuple[Callable[[], nn.Module], Dict[str, str]]] = {
@@ -399,17 +387,8 @@ def test_llama_anchor_peak_is_at_most_half_of_eager():
     peak of one training step; benchmarks/convert_zoo.py measures 0.33)."""
     from memsave.measurement.allocator import step_peak_bytes
 
-    cfg = transformers.LlamaConfig(
-        vocab_size=32000,
-        hidden_size=256,
-        intermediate_size=688,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        use_cache=False,
-    )
     torch.manual_seed(0)
-    eager = transformers.LlamaForCausalLM(cfg)
+    eager = hub.llama(layers=2, hidden=256, intermediate=688, heads=4, kv_heads=4, vocab=32000, positions=2048)
     ours = memsave.convert(copy.deepcopy(eager), fuse=True)
     ids = torch.randint(0, 32000, (2, 256), generator=torch.Generator().manual_seed(1))
     peaks, losses = {}, {}
