@@ -22,9 +22,7 @@ for arg in "$@"; do
   esac
 done
 LOG_DIR="${LOG_DIR:-benchmarks/results/gpu_check}"
-mkdir -p "$LOG_DIR"
 SUMMARY="$LOG_DIR/summary.txt"
-: > "$SUMMARY"
 STATUS=0
 
 # stage NAME COMMAND...: run it with its output in $LOG_DIR/NAME.log, record its time and exit status.
@@ -47,6 +45,8 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "[gpu_check] no NVIDIA GPU visible (nvidia-smi -L failed): this script is for a GPU machine" >&2
   exit 3
 fi
+mkdir -p "$LOG_DIR"
+: > "$SUMMARY"
 nvidia-smi -L | tee "$LOG_DIR/device.txt"
 
 # torch first (the pinned one when missing), so that the arch list can come from the GPU itself unless given; then
