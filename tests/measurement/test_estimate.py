@@ -281,6 +281,8 @@ def test_estimate_command_line(tmp_path, capsys):
                 "gpt2",
                 "--size",
                 "tiny",
+                "--device",
+                "cuda",  # predicted without a GPU (the default is cuda only when one is visible)
                 "--strategies",
                 "eager,checkpoint:blocks",
                 "--memory",
