@@ -7,10 +7,13 @@ Variants (budgets ``B(f)`` at a fraction ``f`` of the way from ``wrap``'s measur
 
 * ``eager``; ``torch blocks`` (``torch.utils.checkpoint`` around every ``memsave.find_blocks`` block);
   ``wrap`` (``memsave.wrap(model)``, the same blocks as memsave regions); ``sqrt`` (``memsave.plan(...,
-  strategy="sqrt")``, Chen et al.'s sqrt(N) segments of the planner's pieces).
+  solver="sqrt")``, Chen et al.'s sqrt(N) segments of the planner's stages).
 * ``module f``: ``memsave.plan(..., budget=B(f), selective=False)`` -- every region recomputed whole.
 * ``selective f``: ``memsave.plan(..., budget=B(f))`` -- the planner may also recompute a region selectively
   (keep its matmul / conv / attention outputs, recompute the cheap operators).
+* ``torch blocks + compile``, ``wrap + compile``: ``torch.compile`` of the ``torch blocks`` and ``wrap`` models.
+* ``plan + compile f``: ``torch.compile(memsave.wrap(model, memsave.plan(..., budget=B(f), compile=True)))`` -- the
+  plan made for the compiled step (its candidates measured as compile runs them; planning time in the note).
 * ``compile f``: ``torch.compile(model)`` under ``torch._functorch.config.activation_memory_budget = a(f)``, the
   budget matched as the fraction of eager's activation bytes that ``B(f)`` leaves room for:
   ``a(f) = (B(f) - (eager peak - eager activations)) / eager activations``, clamped to [0, 1]. Each compiled row
@@ -29,6 +32,7 @@ time.
     python3 benchmarks/frontier.py                          # the committed CPU run (~25 minutes on 2 cores)
     python3 benchmarks/frontier.py --models gpt2 --no-compile --no-save
     python3 benchmarks/frontier.py --quick                  # tiny configs, no compile, not saved: a smoke run
+    python3 benchmarks/frontier.py --compile-only           # only the compiled rows, merged into the JSON
     python3 benchmarks/frontier.py --markdown-from benchmarks/results/frontier_cpu.json   # .md and .png again
 
 Writes ``benchmarks/results/frontier_<device>.json``, ``.md`` and ``.png`` (peak against time and against recompute
@@ -71,7 +75,8 @@ from benchmarks.real_models import (
 )
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75)
-KINDS = ("module", "selective", "compile")
+KINDS = ("module", "selective", "compile", "plan + compile")
+COMPILED = ("torch blocks + compile", "wrap + compile")
 
 
 def _pct(f: float) -> str:
@@ -125,6 +130,7 @@ def bench_model(
     fractions: Sequence[float],
     run_compile: bool,
     log: Callable[[str], None],
+    compile_only: bool = False,
 ) -> dict:
     """Every variant of one model at every budget.
 
@@ -140,7 +146,7 @@ def bench_model(
 
     def add(runner: Runner, kind: str, **extra: Any) -> None:
         row = measure_variant(runner, reference, device, log, kind=kind, **extra)
-        if kind != "compile":
+        if "compile" not in kind:  # compiled kernels do not dispatch: no FLOP count
             row["backward_flops"] = step_flops(runner)[1]
         rows[runner.name], runners[runner.name] = row, runner
 
@@ -170,53 +176,30 @@ def bench_model(
         memsave.wrap(model, p)
         add(Runner(key, model, model, case), kind, **extra)
 
-    add_plan("sqrt", "sqrt", None, strategy="sqrt", selective=False)
     eager_peak, wrap_peak = rows["eager"]["peak_bytes"], rows["wrap"]["peak_bytes"]
     eager_acts = rows["eager"]["activation_bytes"]
     budgets = {f: int(wrap_peak + f * (eager_peak - wrap_peak)) for f in fractions}
-    for f, budget in budgets.items():
-        add_plan(f"module {_pct(f)}", "module", budget, selective=False)
-        add_plan(f"selective {_pct(f)}", "selective", budget)
+    if not compile_only:
+        add_plan("sqrt", "sqrt", None, solver="sqrt", selective=False)
+        for f, budget in budgets.items():
+            add_plan(f"module {_pct(f)}", "module", budget, selective=False)
+            add_plan(f"selective {_pct(f)}", "selective", budget)
 
     times = interleaved_times(runners, repeats, device)
     eager_s = statistics.median(times["eager"])
     for v, ts in times.items():
         rows[v].update(step_s=statistics.median(ts), times_s=ts, time_ratio=statistics.median(ts) / eager_s)
 
-    for f, budget in budgets.items():
-        key = f"compile {_pct(f)}"
-        amb = matched_activation_budget(budget, eager_peak, eager_acts)
-        if not run_compile:
-            rows[key] = dict(
+    if run_compile:
+        compiled_rows(case, base, budgets, eager, rows, add, log, repeats, device, eager_peak, eager_acts)
+    else:
+        for f, budget in budgets.items():
+            rows[f"compile {_pct(f)}"] = dict(
                 kind="compile",
                 budget_bytes=budget,
-                activation_memory_budget=amb,
+                activation_memory_budget=matched_activation_budget(budget, eager_peak, eager_acts),
                 skipped="not run (--no-compile or --quick)",
             )
-            continue
-        torch._dynamo.reset()  # compile afresh under this budget, not from the last row's cached graphs
-        model = copy.deepcopy(base)
-        runner = Runner(key, model, torch.compile(model), case, context=lambda amb=amb: compile_context(amb))  # type: ignore[misc]
-        try:
-            add(runner, "compile", budget_bytes=budget, activation_memory_budget=amb)
-        except Exception as e:
-            rows[key] = dict(
-                kind="compile",
-                budget_bytes=budget,
-                activation_memory_budget=amb,
-                skipped=f"torch.compile failed on this machine ({failure_reason(e)})",
-            )
-            log(f"  {key}: {rows[key]['skipped']}")
-            continue
-        rows[key]["compile_seconds"] = rows[key]["first_step_s"]
-        block = interleaved_times({"eager": eager, key: runner}, repeats, device)
-        rows[key].update(
-            step_s=statistics.median(block[key]),
-            times_s=block[key],
-            eager_times_s=block["eager"],
-            time_ratio=statistics.median(block[key]) / statistics.median(block["eager"]),
-        )
-        del runner, model
     torch._dynamo.reset()
 
     eager_flops = forward_flops + backward_flops
@@ -230,7 +213,8 @@ def bench_model(
             r["recompute_flops"] = r["backward_flops"] - backward_flops
             r["recompute_ratio"] = r["recompute_flops"] / eager_flops
     mark_frontier(rows)
-    order = ["eager", "torch blocks", "wrap", "sqrt", *(f"{kind} {_pct(f)}" for kind in KINDS for f in fractions)]
+    order = ["eager", "torch blocks", "wrap", "sqrt", *COMPILED]
+    order += [f"{kind} {_pct(f)}" for kind in KINDS for f in fractions]
     return dict(
         model=name,
         description=case.description,
@@ -239,6 +223,88 @@ def bench_model(
         budgets={_pct(f): b for f, b in budgets.items()},
         variants={v: rows[v] for v in order if v in rows},
     )
+
+
+def compiled_rows(
+    case: Case,
+    base: torch.nn.Module,
+    budgets: Dict[float, int],
+    eager: Runner,
+    rows: Dict[str, dict],
+    add: Callable[..., None],
+    log: Callable[[str], None],
+    repeats: int,
+    device: torch.device,
+    eager_peak: int,
+    eager_acts: int,
+) -> None:
+    """The rows run under ``torch.compile``, each compiled from a reset dynamo and timed interleaved with eager in
+    a block of its own: torch's per-block checkpoint and ``memsave.wrap`` compiled, torch's
+    ``activation_memory_budget`` matched to each budget, and ``memsave.plan(..., compile=True)`` at each budget."""
+
+    def run(key: str, kind: str, model: torch.nn.Module, amb: float = 1.0, **extra: Any) -> None:
+        torch._dynamo.reset()  # compile afresh, not from the last row's cached graphs
+        runner = Runner(key, model, torch.compile(model), case, context=lambda: compile_context(amb))
+        try:
+            add(runner, kind, **extra)
+        except Exception as e:
+            rows[key] = dict(kind=kind, **extra, skipped=f"torch.compile failed here ({failure_reason(e)})")
+            log(f"  {key}: {rows[key]['skipped']}")
+            return
+        rows[key]["compile_seconds"] = rows[key]["first_step_s"]
+        block = interleaved_times({"eager": eager, key: runner}, repeats, device)
+        rows[key].update(
+            step_s=statistics.median(block[key]),
+            times_s=block[key],
+            eager_times_s=block["eager"],
+            time_ratio=statistics.median(block[key]) / statistics.median(block["eager"]),
+        )
+
+    blocks = copy.deepcopy(base)
+    torch_checkpoint_blocks(blocks)
+    run("torch blocks + compile", "blocks + compile", blocks)
+    run("wrap + compile", "blocks + compile", memsave.wrap(copy.deepcopy(base)))
+    for f, budget in budgets.items():
+        amb = matched_activation_budget(budget, eager_peak, eager_acts)
+        run(
+            f"compile {_pct(f)}", "compile", copy.deepcopy(base), amb, budget_bytes=budget, activation_memory_budget=amb
+        )
+    for f, budget in budgets.items():
+        key, model = f"plan + compile {_pct(f)}", copy.deepcopy(base)
+        t0 = time.perf_counter()
+        try:
+            p = memsave.plan(
+                model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs, compile=True
+            )
+        except memsave.InfeasibleBudgetError as e:
+            rows[key] = dict(kind="plan + compile", budget_bytes=budget, skipped=f"no plan fits ({e.min_bytes:,})")
+            log(f"  {key}: {rows[key]['skipped']}")
+            continue
+        run(key, "plan + compile", memsave.wrap(model, p), **_plan_row_extra(p, budget, time.perf_counter() - t0))
+
+
+def merge_compiled(path: str, meta: dict, results: List[dict]) -> Tuple[dict, List[dict]]:
+    """The results JSON at ``path`` with its compiled rows replaced by (or added from) ``results``, a
+    ``--compile-only`` run; the frontier marked again. Its meta stays, with this run's under ``compiled_rows_run``.
+    Models not in ``results`` keep their rows."""
+    with open(path) as f:
+        old = json.load(f)
+    by_model = {res["model"]: res for res in results}
+    for res in old["results"]:
+        new = by_model.get(res["model"])
+        if new is None:
+            continue
+        compiled = {v: r for v, r in new["variants"].items() if "compile" in r.get("kind", "")}
+        rows = {v: r for v, r in res["variants"].items() if "compile" not in r.get("kind", "")}
+        rows.update(compiled)
+        for r in rows.values():
+            r.pop("on_frontier", None)
+        mark_frontier(rows)
+        order = ["eager", "torch blocks", "wrap", "sqrt", *COMPILED]
+        order += [f"{kind} {pct}" for kind in KINDS for pct in res["budgets"]]
+        res["variants"] = {v: rows[v] for v in order + [v for v in rows if v not in order] if v in rows}
+    old["meta"]["compiled_rows_run"] = meta
+    return old["meta"], old["results"]
 
 
 def mark_frontier(rows: Dict[str, dict]) -> None:
@@ -314,10 +380,9 @@ def _note(r: dict) -> str:
         predicted = f", predicted time {r['predicted_time_ratio']:.2f}" if "predicted_time_ratio" in r else ""
         parts.append(f"{r['regions']} regions{sel}{predicted}; planned in {r['plan_seconds']:.0f} s")
     if "activation_memory_budget" in r:
-        parts.append(
-            f"activation_memory_budget {r['activation_memory_budget']:.2f}; first step (compiling) "
-            f"{r['compile_seconds']:.0f} s"
-        )
+        parts.append(f"activation_memory_budget {r['activation_memory_budget']:.2f}")
+    if "compile_seconds" in r:
+        parts.append(f"first step (compiling) {r['compile_seconds']:.0f} s")
     return "; ".join(parts)
 
 
@@ -359,7 +424,9 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
         "One training step (gradients set to None, forward with the loss, backward), float32, random weights, "
         "dropout off; the models, sizes and losses of `real_models.py`. Budgets: 0 / 25 / 50 / 75% of the way from "
         "`wrap`'s peak to eager's (0% = per-block checkpoint's memory). `module`: `memsave.plan(..., "
-        "selective=False)`; `selective`: `memsave.plan(...)` (selective regions allowed); `compile`: "
+        "selective=False)`; `selective`: `memsave.plan(...)` (selective regions allowed); `... + compile`: "
+        "`torch.compile` of that model; `plan + compile`: `memsave.plan(..., compile=True)` applied, compiled; "
+        "`compile`: "
         "`torch.compile` under `activation_memory_budget` matched to the budget (the fraction of eager's activation "
         "bytes the budget leaves room for). Peak: allocator-level, above the step's start. Time: median of "
         f"{meta['repeats']} interleaved steps as a ratio to eager's median in the same interleaved block (the "
@@ -399,6 +466,8 @@ STYLE = {  # variant kind -> (marker, colour, label)
     "module": ("o", "tab:blue", "module-level plans"),
     "selective": ("D", "tab:red", "selective plans"),
     "compile": ("^", "tab:green", "torch.compile, matched budget"),
+    "blocks + compile": ("P", "tab:olive", "per-block checkpoint + compile (torch, memsave)"),
+    "plan + compile": ("v", "tab:orange", "memsave.plan(compile=True) + compile"),
 }
 
 
@@ -428,7 +497,7 @@ def plot(results: List[dict], path: str) -> bool:
                 if not pts:
                     continue
                 xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-                line = "-" if kind in ("module", "selective") else ""
+                line = "-" if kind in ("module", "selective", "plan + compile") else ""
                 ax.plot(xs, ys, marker=marker, linestyle=line, color=colour, label=name, alpha=0.85)
             ax.set_xlabel("peak / eager")
             ax.set_ylabel(label)
@@ -461,6 +530,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         type=float,
         default=list(FRACTIONS),
         help="budgets as fractions of the way from wrap's peak to eager's (default 0 0.25 0.5 0.75)",
+    )
+    p.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="run only the compiled rows (and eager, torch blocks, wrap for the budgets) and merge them into the "
+        "existing results JSON (--out or the default), leaving its other rows as they are",
     )
     args = p.parse_args(argv)
     if args.markdown_from:
@@ -497,6 +572,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 sorted(set(args.fractions)),
                 run_compile,
                 log=lambda s: print(s, flush=True),
+                compile_only=args.compile_only,
             )
         )
     print(HEADER)
@@ -517,6 +593,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             quick=args.quick,
             fractions=sorted(set(args.fractions)),
         )
+        if args.compile_only:
+            meta, results = merge_compiled(out, meta, results)
         with open(out, "w") as f:
             json.dump(dict(meta=meta, results=results), f, indent=2)
         write_outputs(meta, results, out)
