@@ -88,7 +88,7 @@ class _Stepper:
 
     def step(self, run: Optional[Callable[..., Any]] = None) -> None:
         self.state.clear_grads()
-        out = (run or self.model)(*self.inputs, **self.kwargs)
+        out = (self.model if run is None else run)(*self.inputs, **self.kwargs)  # compiled modules have no bool()
         loss = self.loss_fn(out)
         _check_loss(out, loss)
         loss.backward()
