@@ -1,4 +1,4 @@
-"""The benchmark harness (benchmarks/): models, strategy registry, result files, and issue 2's memory claims."""
+"""The benchmark harness (benchmarks/): models, strategy registry, result files, and the per-block memory claims."""
 
 import json
 
@@ -7,7 +7,7 @@ import torch
 from benchmarks import run as bench_run
 from benchmarks import strategies as bench_strategies
 
-from memsave.measurement import models as bench_models
+from memsave import models as bench_models
 from memsave.measurement.allocator import cpu_memory_stats
 from memsave.measurement.strategies import StrategyContext, parse_strategy, register_strategy, unregister_strategy
 from memsave.measurement.tracker import LiveTensorTracker
@@ -124,7 +124,7 @@ def test_plan_rows_run_within_the_feasible_range_and_stay_exact():
 
 @pytest.mark.parametrize("name", ["vgg16", "unet"])
 def test_per_block_checkpoint_halves_activations_at_cpu_size(name):
-    """Issue 2 acceptance, at the committed CPU sizes: per-block checkpointing keeps at most 50% of eager's
+    """At the committed CPU sizes: per-block checkpointing keeps at most 50% of eager's
     activation bytes, and memsave keeps no more than torch.utils.checkpoint with the same blocks.
 
     Both measures are taken: the live-tensor tracker, and the allocator level (CPU allocation events: bytes

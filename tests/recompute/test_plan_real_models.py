@@ -18,7 +18,7 @@ slower, and bitwise comparisons never mix thread counts.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import pytest
 import torch
@@ -26,25 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import memsave
-from memsave.measurement.allocator import step_peak_bytes
+from helpers.steps import Args, Kwargs, LossFn, one_thread
+from helpers.steps import generator as _g
+from helpers.steps import step_peak as _peak
+from helpers.steps import train_step as _step
 
-Args = Tuple[Any, ...]
-Kwargs = Dict[str, Any]
-LossFn = Callable[[Any], torch.Tensor]
+__all__ = ["one_thread"]  # the module's autouse fixture (one intra-op thread)
 
 VOCAB, SEQ, BATCH, CLASSES = 96, 64, 2, 10
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _g(seed: int = 1) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ----------------------------------------------------------------------------------------------------- models
@@ -175,29 +164,6 @@ def _loss_of(loss_fn: Any) -> LossFn:
     return loss_fn if loss_fn is not None else (lambda out: out.loss)
 
 
-def _step(model: nn.Module, args: Args, kwargs: Kwargs, loss_fn: LossFn) -> Dict[str, torch.Tensor]:
-    """One training step from a fixed RNG seed; the parameter gradients."""
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(1234)
-    loss_fn(model(*args, **kwargs)).backward()
-    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _peak(model: nn.Module, args: Args, kwargs: Kwargs, loss_fn: LossFn) -> int:
-    """memsave's allocator-level peak of one step (CPU: the profiler's allocation events), gradients cleared; the
-    output stays alive during backward, as in a training loop, memsave.measure and memsave.plan."""
-    model.zero_grad(set_to_none=True)
-
-    def step() -> None:
-        out = model(*args, **kwargs)
-        loss_fn(out).backward()
-        del out
-
-    peak = step_peak_bytes(step, torch.device("cpu"))
-    model.zero_grad(set_to_none=True)
-    return peak
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_plan_meets_budget_and_is_exact(name: str) -> None:
     build, make_args, make_kwargs, loss_fn, blocks = CASES[name]
@@ -243,14 +209,14 @@ def test_example_kwargs_dict_and_strategy(gpt2: nn.Module) -> None:
     """A batch dict as ``example_kwargs``, mixed with keyword inputs, and a baseline strategy."""
     batch = _lm_inputs()
     labels = batch.pop("labels")
-    plan = memsave.plan(gpt2, example_kwargs=batch, labels=labels, strategy="all", timing_steps=1)
+    plan = memsave.plan(gpt2, example_kwargs=batch, labels=labels, solver="all", timing_steps=1)
     assert plan.regions()
     assert plan.measured_peak_bytes < plan.eager_peak_bytes
 
 
 def test_positional_input_ids_with_keyword_labels(gpt2: nn.Module) -> None:
     batch = _lm_inputs()
-    plan = memsave.plan(gpt2, batch["input_ids"], labels=batch["labels"], strategy="sqrt", timing_steps=1)
+    plan = memsave.plan(gpt2, batch["input_ids"], labels=batch["labels"], solver="sqrt", timing_steps=1)
     assert plan.regions()
 
 
