@@ -113,7 +113,7 @@ def _plan_row_extra(p: memsave.Plan, budget: Optional[int], plan_s: float) -> Di
         budget_bytes=budget,
         plan_seconds=plan_s,
         regions=len(p.regions()),
-        pieces=len(p.pieces),
+        stages=len(p.stage_modules),
         selective_regions=len(selective),
         keeps=kept,
         predicted_extra_seconds=p.predicted_extra_seconds,

@@ -2,8 +2,8 @@
 
 For each model:
 
-1. ``plan(strategy="sqrt")``, applied with ``memsave.wrap``; its peak measured with ``memsave.measure``.
-2. ``plan(strategy="optimal", budget=<that measured peak>)``, applied and measured the same way.
+1. ``plan(solver="sqrt")``, applied with ``memsave.wrap``; its peak measured with ``memsave.measure``.
+2. ``plan(solver="optimal", budget=<that measured peak>)``, applied and measured the same way.
 3. torch's ``checkpoint_sequential(use_reentrant=False)`` on the model's ``as_sequential()`` view, with the segment
    count whose measured peak is closest to the sqrt plan's (the closest one not above it, when there is one).
 4. Step times: eager, sqrt, optimal and torch stepped in turn, round after round, in the same run (so load that
@@ -91,7 +91,7 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
 
     sqrt_model = copy.deepcopy(case.model)
     t0 = time.perf_counter()
-    p_sqrt = plan(sqrt_model, *case.inputs, loss_fn=case.loss_fn, strategy="sqrt")
+    p_sqrt = plan(sqrt_model, *case.inputs, loss_fn=case.loss_fn, solver="sqrt")
     sqrt_plan_s = time.perf_counter() - t0
     wrap(sqrt_model, p_sqrt)
     sqrt_peak = _peak(sqrt_model, case)
@@ -102,7 +102,7 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
 
     opt_model = copy.deepcopy(case.model)
     t0 = time.perf_counter()
-    p_opt = plan(opt_model, *case.inputs, loss_fn=case.loss_fn, strategy="optimal", budget=int(sqrt_peak))
+    p_opt = plan(opt_model, *case.inputs, loss_fn=case.loss_fn, solver="optimal", budget=int(sqrt_peak))
     opt_plan_s = time.perf_counter() - t0
     wrap(opt_model, p_opt)
     opt_peak = _peak(opt_model, case)

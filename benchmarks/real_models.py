@@ -448,7 +448,7 @@ def bench_model(
             budget_bytes=budget,
             plan_seconds=plan_s,
             regions=len(p.regions()),
-            pieces=len(p.pieces),
+            stages=len(p.stage_modules),
             plan_measured_peak_bytes=p.measured_peak_bytes,
             predicted_overhead=p.predicted_overhead,
         )
@@ -495,7 +495,8 @@ def _note(v: str, r: dict) -> str:
     if v.startswith("plan"):
         ok = "within" if r["within_budget"] else "ABOVE"
         return (
-            f"budget {r['budget_bytes'] / mib:.1f} MiB: {ok}; {r['regions']} regions of {r['pieces']} pieces; "
+            f"budget {r['budget_bytes'] / mib:.1f} MiB: {ok}; {r['regions']} regions of "
+            f"{r.get('stages', r.get('pieces'))} stages; "
             f"planned in {r['plan_seconds']:.0f} s"
         )
     if v.startswith("compile"):

@@ -7,9 +7,9 @@
 
 Rows (:data:`PLAN_STRATEGIES`):
 
-* ``plan:sqrt`` — memsave's own strategy: ``memsave.plan(model, *inputs, strategy="sqrt")`` applied with
+* ``plan:sqrt`` — memsave's own strategy: ``memsave.plan(model, *inputs, solver="sqrt")`` applied with
   ``memsave.wrap``.
-* ``plan_range:25%``, ``50%``, ``75%`` — ``strategy="optimal"`` with the budget that far along the feasible
+* ``plan_range:25%``, ``50%``, ``75%`` — ``solver="optimal"`` with the budget that far along the feasible
   range: ``smallest + f * (eager - smallest)``, where ``smallest`` is the measured peak of the minimum-memory plan
   and ``eager`` the eager step's peak, both as ``plan()`` measures them. The feasible range, not a fraction of
   eager's peak, because how low a model can go differs widely: at the CPU sizes the UNet's smallest feasible peak
@@ -53,16 +53,15 @@ def _apply_plan_range(model: nn.Module, arg: Optional[str], ctx: StrategyContext
     if not text.endswith("%"):
         raise ValueError(f"plan_range:{arg}: give a percentage of the feasible range, e.g. plan_range:50%")
     point = float(text[:-1]) / 100.0
-    least = plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, strategy="min_memory")
+    least = plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, solver="min_memory")
     assert least.measured_peak_bytes is not None  # plan() measures every plan it returns by default
     budget = range_budget(least.measured_peak_bytes, least.eager_peak_bytes, point)
-    return wrap(model, plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, strategy="optimal", budget=budget))
+    return wrap(model, plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, solver="optimal", budget=budget))
 
 
 register_strategy(
     "plan_range",
-    "memsave.plan(strategy='optimal') at <percent> of the way from the smallest "
-    "feasible peak to eager's, + memsave.wrap",
+    "memsave.plan(solver='optimal') at <percent> of the way from the smallest feasible peak to eager's, + memsave.wrap",
     arg="<percent>",
     apply=_apply_plan_range,
     replace=True,

@@ -66,7 +66,7 @@ def main() -> None:
 
     memsave.convert(model, fuse=True)
     ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), device=device)
-    smallest = memsave.plan(model, ids, labels=ids, strategy="min_memory", selective=False)
+    smallest = memsave.plan(model, ids, labels=ids, solver="min_memory", selective=False)
     budget = (smallest.measured_peak_bytes + smallest.eager_peak_bytes) // 2
     plan = memsave.plan(model, ids, labels=ids, budget=budget, selective=False)
     print(plan.summary())

@@ -26,7 +26,7 @@ def _plan_json() -> str:
     with torch.random.fork_rng(devices=[]):  # made inside a case's call: the case's RNG check must not see it
         model = tiny_model()
         x = torch.randn(4, 8)
-        return memsave.plan(model, x, strategy="all", verify=False, selective=False, timing_steps=1).to_json()
+        return memsave.plan(model, x, solver="all", verify=False, selective=False, timing_steps=1).to_json()
 
 
 def _edited_plan(edit: Any) -> memsave.Plan:
@@ -36,17 +36,17 @@ def _edited_plan(edit: Any) -> memsave.Plan:
 
 
 def _rename(d: Dict[str, Any], old: str, new: str) -> None:
-    for piece in d["pieces"]:
+    for piece in d["stage_modules"]:
         piece["modules"] = [new if m == old else m for m in piece["modules"]]
 
 
 def _group_across_parents(d: Dict[str, Any]) -> None:
     # Regions 0:1 and 1:3: the second groups block 0's ReLU with block 1's Linear (two Sequential parents), so
     # applying fails after the first region is installed.
-    pieces = d["pieces"]
-    names = [p["modules"] for p in pieces]
+    stages = d["stage_modules"]
+    names = [p["modules"] for p in stages]
     i = names.index(["0.2"])
-    d["segments"] = [[0, 1, True], [i, i + 2, True], [i + 2, len(pieces), False]]
+    d["segments"] = [[0, 1, True], [i, i + 2, True], [i + 2, len(stages), False]]
 
 
 def _raise_on_third_block() -> Any:
@@ -243,7 +243,7 @@ CASES = [
         "wrap-plan-segments-out-of-range",
         lambda w: memsave.wrap(w.model, _edited_plan(lambda d: d.update(segments=[[0, 99, True]]))),
         PlanMismatchError,
-        r"segments .*outside its \d+ pieces",
+        r"segments .*outside its \d+ stages",
     ),
     Case(
         "wrap-plan-region-across-parents",
@@ -268,8 +268,8 @@ CASES = [
     Case(
         "plan-model-str", lambda w: memsave.plan("m", w.x, budget=0.5), TypeError, r"plan: model must be an nn\.Module"
     ),
-    Case("plan-strategy", lambda w: memsave.plan(w.model, w.x, strategy="bogus"), ValueError, r"unknown strategy"),
-    Case("plan-uniform-0", lambda w: memsave.plan(w.model, w.x, strategy="uniform:0"), ValueError, r"uniform:K"),
+    Case("plan-solver", lambda w: memsave.plan(w.model, w.x, solver="bogus"), ValueError, r"solver"),
+    Case("plan-uniform-0", lambda w: memsave.plan(w.model, w.x, solver="uniform:0"), ValueError, r"uniform:K"),
     Case("plan-no-budget", lambda w: memsave.plan(w.model, w.x), ValueError, r"needs a budget"),
     Case("plan-budget-text", lambda w: memsave.plan(w.model, w.x, budget="lots"), ValueError, r"budget: cannot pars"),
     Case("plan-budget-negative", lambda w: memsave.plan(w.model, w.x, budget=-1), ValueError, r"budget: must be > 0"),
@@ -354,7 +354,7 @@ CASES = [
     ),
     Case(
         "plan-loss_fn-fails-in-a-later-step",
-        lambda w: memsave.plan(w.model, w.x, strategy="all", loss_fn=_later_failing_loss(), timing_steps=1),
+        lambda w: memsave.plan(w.model, w.x, solver="all", loss_fn=_later_failing_loss(), timing_steps=1),
         ValueError,
         r"loss_fn failed in profiling step 2 \(AttributeError",
     ),

@@ -37,7 +37,7 @@ def batch(b: int) -> torch.Tensor:
 
 def _plan(world: World) -> memsave.Plan:
     with torch.random.fork_rng(devices=[]):  # made inside the call: the RNG check must not see it
-        return memsave.plan(tiny_model(), r(4, 8), strategy="all", verify=False, selective=False, timing_steps=1)
+        return memsave.plan(tiny_model(), r(4, 8), solver="all", verify=False, selective=False, timing_steps=1)
 
 
 def scaler(**kwargs: Any) -> Any:
@@ -62,12 +62,22 @@ CASES = [
     Case("scaler-init_scale-negative", scaler(init_scale=-1.0), ValueError, r"init_scale must be a finite"),
     Case("scaler-init_scale-nan", scaler(init_scale=float("nan")), ValueError, r"init_scale must be a finite"),
     Case("scaler-init_scale-inf", scaler(init_scale=float("inf")), ValueError, r"init_scale must be a finite"),
-    Case("scaler-init_scale-str", scaler(init_scale="big"), TypeError, r"init_scale", ),
+    Case(
+        "scaler-init_scale-str",
+        scaler(init_scale="big"),
+        TypeError,
+        r"init_scale",
+    ),
     Case("scaler-growth_factor", scaler(growth_factor=1.0), ValueError, r"growth_factor must be > 1\.0"),
     Case("scaler-backoff_factor", scaler(backoff_factor=1.5), ValueError, r"backoff_factor must be in \(0, 1\)"),
     Case("scaler-growth_interval", scaler(growth_interval=0), ValueError, r"growth_interval must be >= 1"),
     Case("scaler-hysteresis", scaler(hysteresis=0), ValueError, r"hysteresis must be an int"),
-    Case("scaler-device", lambda w: memsave.amp.GradScaler("tpu"), ValueError, r"device", ),
+    Case(
+        "scaler-device",
+        lambda w: memsave.amp.GradScaler("tpu"),
+        ValueError,
+        r"device",
+    ),
     Case("scaler-scale-int", lambda w: w.scaler.scale([1]), ValueError, r"outputs must be a Tensor .* got int"),
     Case(
         "scaler-step-before-scale",
@@ -81,16 +91,36 @@ CASES = [
         KeyError,
         r"state_dict lacks .*growth_factor",
     ),
-    Case("scaler-load_state_dict-int", lambda w: w.scaler.load_state_dict(3), TypeError, r"state_dict", ),
+    Case(
+        "scaler-load_state_dict-int",
+        lambda w: w.scaler.load_state_dict(3),
+        TypeError,
+        r"state_dict",
+    ),
     # ---- accumulate
     Case("accumulate-steps-0", acc(0), ValueError, r"steps must be an int >= 1 .*got 0"),
     Case("accumulate-steps-str", acc("4"), ValueError, r"steps must be an int >= 1 .*'4'"),
     Case("accumulate-steps-float", acc(2.5), ValueError, r"steps must be an int >= 1 .*2\.5"),
     Case("accumulate-optimizer-str", lambda w: memsave.accumulate(w.model, "sgd", 2), TypeError, r"optimizer must"),
     Case("accumulate-clip-negative", acc(2, clip_grad_norm=-1.0), ValueError, r"clip_grad_norm must be a positive"),
-    Case("accumulate-clip-str", acc(2, clip_grad_norm="1"), TypeError, r"clip_grad_norm", ),
-    Case("accumulate-model-str", lambda w: memsave.accumulate("m", w.optimizer, 2), TypeError, r"model", ),
-    Case("accumulate-scaler-int", acc(2, scaler=3), TypeError, r"scaler", ),
+    Case(
+        "accumulate-clip-str",
+        acc(2, clip_grad_norm="1"),
+        TypeError,
+        r"clip_grad_norm",
+    ),
+    Case(
+        "accumulate-model-str",
+        lambda w: memsave.accumulate("m", w.optimizer, 2),
+        TypeError,
+        r"model",
+    ),
+    Case(
+        "accumulate-scaler-int",
+        acc(2, scaler=3),
+        TypeError,
+        r"scaler",
+    ),
     # ---- convert
     Case("convert-model-str", lambda w: memsave.convert("m"), TypeError, r"convert expects an nn\.Module, got str"),
     Case("convert-mlp_chunks-0", lambda w: memsave.convert(w.model, mlp_chunks=0), ValueError, r"mlp_chunks: chunks"),

@@ -159,7 +159,7 @@ def test_wrap_turns_transformers_checkpointing_off_and_unwrap_gives_the_switch_b
 def test_a_plan_stays_in_force_when_the_switch_is_turned_on():
     model = _llama()
     ids = torch.randint(0, VOCAB, (2, SEQ))
-    plan = memsave.plan(model, ids, labels=ids, strategy="sqrt", selective=False, verify=False)
+    plan = memsave.plan(model, ids, labels=ids, solver="sqrt", selective=False, verify=False)
     memsave.wrap(model, plan)
     wrapped = [n for n, m in model.named_modules() if is_wrapped(m)]
     model.activation_checkpointing_enable()

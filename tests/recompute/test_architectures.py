@@ -187,7 +187,7 @@ def test_plan_at_wrap_peak_fits_and_is_exact(name: str) -> None:
     plan = memsave.plan(model, *args, **kwargs, budget=budget, loss_fn=loss, timing_steps=1)
 
     # Every block is a stage of the chain, or a plain Sequential opened into stages that one region may group.
-    stages = {m for stage in plan.pieces for m in stage.modules}
+    stages = {m for stage in plan.stage_modules for m in stage.modules}
     for b in blocks:
         children = [f"{b}.{c}" for c, _ in model.get_submodule(b).named_children()]
         assert b in stages or set(children) <= stages, (b, sorted(stages))

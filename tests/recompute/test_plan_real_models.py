@@ -135,7 +135,7 @@ def _lm_loss_from_logits(out: Any) -> torch.Tensor:
 
 
 #: name -> (model builder, positional inputs, keyword inputs, loss_fn (None: the default, the model's .loss),
-#: the per-layer blocks the plan must have as candidate pieces)
+#: the per-layer blocks the plan must have as candidate stages)
 Case = Tuple[Callable[[], nn.Module], Callable[[], Args], Callable[[], Kwargs], Any, list]
 CASES: Dict[str, Case] = {
     "hf-gpt2": (_gpt2, lambda: (), _lm_inputs, None, [f"transformer.h.{i}" for i in range(4)]),
@@ -178,7 +178,7 @@ def test_plan_meets_budget_and_is_exact(name: str) -> None:
 
     plan = memsave.plan(model, *args, **kwargs, budget=budget, loss_fn=loss_fn, timing_steps=1)
 
-    candidates = {m for piece in plan.pieces for m in piece.modules}
+    candidates = {m for piece in plan.stage_modules for m in piece.modules}
     assert set(blocks) <= candidates, sorted(candidates)  # the plan sees the per-layer blocks
     assert plan.regions(), plan.summary()
     assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes <= budget, plan.summary()

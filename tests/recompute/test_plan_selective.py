@@ -273,16 +273,16 @@ def test_selective_plans_fit_every_budget_module_level_plans_fit() -> None:
 
 
 def test_selective_variants_price_the_dispatch_overhead_of_every_operator() -> None:
-    """A selective variant costs its piece's forward time less the kept classes' time, plus the selective contexts'
-    per-operator overhead for every operator the piece dispatches; pieces that cannot be recomputed get none."""
+    """A selective variant costs its stage's forward time less the kept classes' time, plus the selective contexts'
+    per-operator overhead for every operator the stage dispatches; stages that cannot be recomputed get none."""
     from memsave.recompute.planning.chain import Chain, Stage, StageModules
     from memsave.recompute.planning.operators import OperatorProfile, selective_variants
 
     stages = [Stage(name=f"s{i}", fwd_time=1.0, bwd_time=2.0, input_bytes=8, output_bytes=8) for i in range(2)]
-    pieces = [StageModules(kind="module", modules=["a"], recomputable=True), StageModules(kind="glue", modules=[])]
+    modules = [StageModules(kind="module", modules=["a"], recomputable=True), StageModules(kind="glue", modules=[])]
     chain = Chain(stages=stages)
     profile = OperatorProfile(classes=[{"matmul": (100, 0.4)}, {}], operators=[10, 3])
-    selective_variants(chain, pieces, profile, overhead_per_operator=0.01)
+    selective_variants(chain, modules, profile, overhead_per_operator=0.01)
     assert chain.operator_classes == ["matmul"]
     assert stages[0].selective_kept_bytes == [100]
     assert stages[0].selective_fwd_time == [pytest.approx(0.6 + 10 * 0.01)]

@@ -324,7 +324,7 @@ def test_plan_from_another_model_raises(unet_sqrt) -> None:
     with pytest.raises(ValueError, match="lacks"):
         memsave.wrap(other, memsave.Plan.from_json(p.to_json()))
     wider = models.SmallUNet(base=8)  # same module names, other parameter shapes
-    with pytest.raises(memsave.PlanMismatchError, match="shapes differ"):
+    with pytest.raises(memsave.PlanMismatchError, match="shapes or dtypes differ"):
         memsave.wrap(wider, p)
     for text in ("not json", json.dumps({"format": 99}), json.dumps([1, 2])):
         with pytest.raises(ValueError):
@@ -381,7 +381,7 @@ def test_parse_budget_units() -> None:
 
 def test_other_bad_arguments() -> None:
     model, x = models.build("mlp")
-    with pytest.raises(ValueError, match="unknown strategy"):
+    with pytest.raises(ValueError, match="unknown solver"):
         memsave.plan(model, x, budget=10**6, solver="fastest")
     with pytest.raises(ValueError, match="uniform"):
         memsave.plan(model, x, budget=10**6, solver="uniform:0")

@@ -15,14 +15,16 @@
 =================  ==============================================================================================
 """
 
-from . import strategies  # noqa: F401  (registers the checkpoint:* and plan:* strategies)
-from . import switch  # noqa: F401  (wrap claims a Hugging Face model's own checkpointing switch)
+from . import (
+    strategies,  # noqa: F401  (registers the checkpoint:* and plan:* strategies)
+    switch,  # noqa: F401  (wrap claims a Hugging Face model's own checkpointing switch)
+)
 from .blocks import find_blocks
 from .chunked import chunked, is_chunked
 from .planning import Plan, plan
+from .policies import resolve_checkpoint_policy
 from .region import checkpoint, checkpoint_sequential, checkpointed
 from .selective import OPERATOR_CLASSES, selective
-from .policies import resolve_checkpoint_policy
 from .wrapping import RegionPlan, is_wrapped, unwrap, wrap
 
 __all__ = [

@@ -54,8 +54,8 @@ class Plan(RegionPlan):
         min_feasible_bytes: the cost model's smallest peak over all plans.
         predicted_extra_seconds: predicted recompute time per step.
         eager_step_seconds: the sum of the profiled forward and backward time of one step.
-        segments: ``(begin, end, recompute)`` over the pieces (end exclusive).
-        pieces: per piece: kind (module or glue), module names, the ``nn.Sequential`` parent when it has one.
+        segments: ``(begin, end, recompute)`` over the stages (end exclusive).
+        stage_modules: per stage: kind (module or glue), module names, the ``nn.Sequential`` parent when it has one.
         chain: the cost model the solver used (:class:`memsave.recompute.planning.chain.Chain`).
         selective: per segment, the operator classes (``"matmul"``, ``"conv"``, ``"attention"``) whose outputs the
             segment's region keeps, recomputing only the other operators (:func:`memsave.selective`); empty for a
@@ -75,7 +75,7 @@ class Plan(RegionPlan):
     predicted_extra_seconds: float
     eager_step_seconds: float
     segments: List[Tuple[int, int, bool]]
-    pieces: List[StageModules]
+    stage_modules: List[StageModules]
     chain: Chain
     model_class: str
     fingerprint: str
@@ -108,11 +108,11 @@ class Plan(RegionPlan):
         out = []
         for b, e, rec in self.segments:
             if rec:
-                out.append([m for i in range(b, e) for m in self.pieces[i].modules])
+                out.append([m for i in range(b, e) for m in self.stage_modules[i].modules])
         return out
 
     def summary(self) -> str:
-        """A table of the pieces (module names, kept / recomputed / glue, bytes, time) and the totals.
+        """A table of the stages (module names, kept / recomputed / glue, bytes, time) and the totals.
 
         Example:
             >>> print(plan.summary())
@@ -131,7 +131,7 @@ class Plan(RegionPlan):
                     keeps[i] = self.keeps(k)
                 r += 1
         rows = []
-        for i, (pc, st) in enumerate(zip(self.pieces, self.chain.stages)):
+        for i, (pc, st) in enumerate(zip(self.stage_modules, self.chain.stages)):
             if pc.kind == "glue":
                 what = "glue"
             elif i in recomputed and keeps[i]:
@@ -157,7 +157,7 @@ class Plan(RegionPlan):
         lines = [
             f"memsave plan for {self.model_class} ({self.strategy}) on {self.device}: "
             f"{len(self.regions())} checkpointed region(s) ({sum(1 for c in self.selective if c)} selective) over "
-            f"{len(self.pieces)} pieces",
+            f"{len(self.stage_modules)} stages",
             f"  budget {format_bytes(self.budget_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}, "
             f"measured peak {format_bytes(self.measured_peak_bytes)}, eager peak "
             f"{format_bytes(self.eager_peak_bytes)}, smallest feasible {format_bytes(self.min_feasible_bytes)}",
@@ -199,7 +199,7 @@ class Plan(RegionPlan):
             "predicted_extra_seconds": self.predicted_extra_seconds,
             "eager_step_seconds": self.eager_step_seconds,
             "segments": [list(s) for s in self.segments],
-            "pieces": [asdict(pc) for pc in self.pieces],
+            "stage_modules": [asdict(pc) for pc in self.stage_modules],
             "chain": self.chain.to_dict(),
             "model_class": self.model_class,
             "fingerprint": self.fingerprint,
@@ -247,7 +247,7 @@ class Plan(RegionPlan):
                 predicted_extra_seconds=d["predicted_extra_seconds"],
                 eager_step_seconds=d["eager_step_seconds"],
                 segments=[(int(b), int(e), bool(r)) for b, e, r in d["segments"]],
-                pieces=[StageModules(**pc) for pc in d["pieces"]],
+                stage_modules=[StageModules(**pc) for pc in d.get("stage_modules") or d.get("pieces") or []],
                 chain=Chain.from_dict(d["chain"]),
                 model_class=d["model_class"],
                 fingerprint=d["fingerprint"],
@@ -317,21 +317,23 @@ class _GroupedRepr(WrappedRepr):
 def _check_plan_matches(model: nn.Module, p: Plan) -> None:
     """Raise :class:`PlanMismatchError` saying what differs, before anything is wrapped, unless ``p`` fits ``model``."""
     names = set(dict(model.named_modules()))
-    wanted = {m for pc in p.pieces for m in pc.modules} | {pc.parent for pc in p.pieces if pc.parent is not None}
+    wanted = {m for pc in p.stage_modules for m in pc.modules} | {
+        pc.parent for pc in p.stage_modules if pc.parent is not None
+    }
     missing = sorted(wanted - names)
-    bad = [s for s in p.segments if not 0 <= s[0] < s[1] <= len(p.pieces)]
+    bad = [s for s in p.segments if not 0 <= s[0] < s[1] <= len(p.stage_modules)]
     fp = fingerprint(model)
     if fp == p.fingerprint and not missing and not bad:
         return
     if bad:
         raise PlanMismatchError(
-            f"memsave: the plan's segments {bad[:3]} are outside its {len(p.pieces)} pieces; the plan is corrupt or "
-            f"was edited. Make a new one with memsave.plan(model, *example_inputs, budget=...)."
+            f"memsave: the plan's segments {bad[:3]} are outside its {len(p.stage_modules)} stages; the plan is "
+            f"corrupt or was edited. Make a new one with memsave.plan(model, *example_inputs, budget=...)."
         )
     differences = []
     if missing:
         differences.append(f"modules it names that this model lacks: {', '.join(missing[:5])}")
-    # Modules of this model the plan's pieces neither name nor contain nor sit inside (a fourth block).
+    # Modules of this model the plan's stages neither name nor contain nor sit inside (a fourth block).
     covered = wanted | {n.rsplit(".", k)[0] for n in wanted for k in range(1, n.count(".") + 1)}
     extra = sorted(n for n in names - covered if n and not any(n.startswith(w + ".") for w in wanted if w))
     extra = [n for n in extra if not any(n.startswith(e + ".") for e in extra)]
@@ -379,7 +381,7 @@ def apply_regions(
     for k, (b, e, rec) in enumerate(p.segments):
         if not rec:
             continue
-        pcs = p.pieces[b:e]
+        pcs = p.stage_modules[b:e]
         names = [m for pc in pcs for m in pc.modules]
         keeps = p.keeps(k)
         context_fn = selective_context(*keeps) if keeps else None

@@ -228,7 +228,7 @@ class Profile:
             predicted_extra_seconds=float(res["predicted_extra_time"]),
             eager_step_seconds=self.chain.eager_seconds(),
             segments=[(int(s[0]), int(s[1]), bool(s[2])) for s in res["segments"]],
-            pieces=self.stages,
+            stage_modules=self.stages,
             chain=chain,
             selective=[self._keeps(seg, k, chain) for seg, k in zip(res["segments"], res["segment_policies"])],
             model_class=self.model_class,
@@ -257,7 +257,7 @@ def _solver_argument(solver: Optional[str], strategy: Optional[str]) -> str:
     solver = "optimal" if solver is None else solver
     if not isinstance(solver, str) or not (solver in _SOLVERS or re.fullmatch(r"uniform:[1-9][0-9]*", solver)):
         raise ValueError(
-            f"memsave.plan: unknown strategy {solver!r} for solver=; use one of optimal, sqrt, uniform:K (K >= 1), "
+            f"memsave.plan: unknown solver {solver!r}; use one of optimal, sqrt, uniform:K (K >= 1), "
             f"none, all, min_memory"
         )
     return solver
