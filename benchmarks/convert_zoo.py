@@ -53,13 +53,10 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
 import memsave
 from benchmarks.harness import (
     RunClock,
-    default_out,
-    load_average,
+    finish_run,
     load_text,
     rel_diff,
-    run_record,
     sync,
-    write_results,
 )
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.models import hub
@@ -301,12 +298,9 @@ def main(argv=None) -> int:
     print(HEADER)
     for res in results:
         print("\n".join(format_rows(res)))
-    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
-    if not args.no_save:
-        out = args.out or default_out("convert_zoo", args.device)
-        meta = run_record("convert_zoo", args.device, argv, clock, repeats=args.repeats)
-        write_results(out, meta, dict(results=results), markdown(meta, results))
-        print(f"wrote {out} and its .md")
+    finish_run(
+        "convert_zoo", args, argv, clock, dict(results=results), lambda m: markdown(m, results), repeats=args.repeats
+    )
     return 0
 
 

@@ -228,3 +228,39 @@ def write_results(
             f.write(markdown_text)
     if extra is not None:
         extra(out)
+
+
+def finish_run(
+    script: str,
+    args: Any,
+    argv: Optional[Sequence[str]],
+    clock: RunClock,
+    payload: Mapping[str, Any],
+    markdown_of: Optional[Callable[[Dict[str, Any]], str]] = None,
+    save: Optional[bool] = None,
+    **extra: Any,
+) -> Optional[str]:
+    """The end every benchmark's ``main`` shares: print the load, then write the results unless told not to.
+
+    Args:
+        script: the benchmark's file name without ``.py``.
+        args: its parsed arguments (``device``, ``out``, ``no_save`` are read; ``device`` defaults to ``"cpu"``).
+        argv: its command-line arguments (None: ``sys.argv[1:]``).
+        clock: the :class:`RunClock` made when the run started.
+        payload: the results, merged into the JSON's top level.
+        markdown_of: makes the markdown page from the run record (None: JSON only).
+        save: whether to write (None: unless ``args.no_save``).
+        **extra: further run-record fields (repeats, sizes, ...).
+
+    Returns:
+        The JSON path written, or None.
+    """
+    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
+    device = getattr(args, "device", "cpu")
+    if not (save if save is not None else not getattr(args, "no_save", False)):
+        return None
+    out = getattr(args, "out", None) or default_out(script, device)
+    meta = run_record(script, device, argv, clock, **extra)
+    write_results(out, meta, payload, markdown_of(meta) if markdown_of is not None else None)
+    print(f"wrote {out}" + (" and its .md" if markdown_of is not None else ""))
+    return out

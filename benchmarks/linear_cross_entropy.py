@@ -43,7 +43,7 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave.functional as MF
-from benchmarks.harness import RunClock, default_out, load_average, load_text, rel_diff, run_record, sync, write_results
+from benchmarks.harness import RunClock, finish_run, rel_diff, sync
 from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
 
 Step = Callable[[], None]
@@ -239,12 +239,9 @@ def main(argv=None) -> int:
     print(HEADER)
     for r in rows:
         print(format_row(r))
-    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
-    if not args.no_save:
-        out = args.out or default_out("linear_cross_entropy", args.device)
-        meta = run_record("linear_cross_entropy", args.device, argv, clock, repeats=args.repeats)
-        write_results(out, meta, dict(rows=rows), markdown(meta, rows))
-        print(f"wrote {out}")
+    finish_run(
+        "linear_cross_entropy", args, argv, clock, dict(rows=rows), lambda m: markdown(m, rows), repeats=args.repeats
+    )
     return 0
 
 

@@ -74,7 +74,7 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave
-from benchmarks.harness import RunClock, default_out, load_average, load_text, run_record, write_results
+from benchmarks.harness import RunClock, finish_run, load_text
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.measurement.tracker import LiveTensorTracker
 
@@ -636,20 +636,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(HEADER)
     for res in results:
         print("\n".join(format_rows(res)))
-    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
-    if save:
-        out = args.out or default_out("real_models", args.device)
-        meta = run_record(
-            "real_models",
-            args.device,
-            argv,
-            clock,
-            repeats=repeats,
-            quick=args.quick,
-            compile_activation_memory_budget=COMPILE_BUDGET,
-        )
-        write_results(out, meta, dict(results=results), markdown(meta, results))
-        print(f"wrote {out} and its .md")
+    finish_run(
+        "real_models",
+        args,
+        argv,
+        clock,
+        dict(results=results),
+        lambda m: markdown(m, results),
+        save=save,
+        repeats=repeats,
+        quick=args.quick,
+        compile_activation_memory_budget=COMPILE_BUDGET,
+    )
     return 0
 
 

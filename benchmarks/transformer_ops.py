@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.harness import RunClock, default_out, load_average, load_text, run_record, sync, write_results
+from benchmarks.harness import RunClock, finish_run, sync
 from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
 from memsave.nn import GatedMLP, RMSNorm, fuse_rms_norm_linear
 
@@ -241,12 +241,7 @@ def main(argv=None) -> int:
             f"{r['kept_ratio']:>6.2f} {1e3 * r['eager_s']:>9.1f} {1e3 * r['memsave_s']:>8.1f} {r['time_ratio']:>6.2f}",
             flush=True,
         )
-    print(f"load average at the start: {load_text(clock.load_start)}, at the end: {load_text(load_average())}")
-    if not args.no_save:
-        out = args.out or default_out("transformer_ops", args.device)
-        meta = run_record("transformer_ops", args.device, argv, clock, repeats=args.repeats)
-        write_results(out, meta, dict(rows=rows), None)
-        print(f"wrote {out}")
+    finish_run("transformer_ops", args, argv, clock, dict(rows=rows), repeats=args.repeats)
     return 0
 
 
