@@ -5,6 +5,8 @@
 - ``device``: a fixture over ``"cpu"`` and ``"cuda"``; a test that takes it runs once per device. The ``"cuda"``
   variant carries the ``cuda`` marker.
 - ``@pytest.mark.cuda`` (declared in pyproject.toml): the test needs a CUDA GPU and is skipped without one.
+- ``slow``: besides the tests marked in their files, the ones listed in ``tests/slow_tests.txt`` (measured durations)
+  are marked here, so that ``pytest -m "not slow"`` stays a fast loop.
 - ``HF_HUB_OFFLINE=1``: the tests build transformers, timm and peft models from configs with random weights; an
   accidental download (``from_pretrained``, ``pretrained=True``) fails loudly instead of reaching the network.
 """
@@ -32,7 +34,17 @@ def device(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+SLOW_TESTS = {
+    line.strip()
+    for line in (Path(__file__).parent / "slow_tests.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    for item in items:
+        if item.nodeid in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import memsave
+from memsave.models import hub
 from memsave.nn import GatedMLP, RMSNorm, fuse_rms_norm_linear
 
 transformers = pytest.importorskip("transformers")
@@ -29,17 +30,8 @@ def _swap(model) -> None:
 
 
 def test_llama_with_memsave_modules_matches_eager_and_keeps_less():
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
     torch.manual_seed(0)
-    eager = transformers.LlamaForCausalLM(cfg)
+    eager = hub.llama(2, 64, 176, heads=4, kv_heads=2, vocab=128, positions=64, use_cache=True)
     ours = copy.deepcopy(eager)
     _swap(ours)
     assert list(ours.state_dict()) == list(eager.state_dict())

@@ -111,8 +111,10 @@ def test_no_private_name_crosses_parts() -> None:
     bad = []
     for name, path in modules.items():
         for target, imported, line in _imports(name, path, modules):
-            if target == "memsave._C":
-                continue  # the compiled extension (like torch._C), loaded once by memsave/extension.py
+            if target in ("memsave._C", "memsave._version"):
+                # The compiled extension (like torch._C), loaded once by memsave/extension.py; the version, read by
+                # the build (pyproject) and re-exported as memsave.__version__.
+                continue
             crosses = _part(target) != _part(name)
             private_module = any(p.startswith("_") and not p.startswith("__") for p in target.split(".")[1:])
             private_name = imported.startswith("_")

@@ -15,46 +15,20 @@ import torch
 from torch import nn
 
 import memsave
+from memsave.models import hub
 from memsave.recompute.chunked import ChunkedForward, auto_chunks
 
 transformers = pytest.importorskip("transformers")
 
 
 def _llama(layers: int = 2, hidden: int = 64, intermediate: int = 172) -> nn.Module:
-    config = transformers.LlamaConfig(
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        bos_token_id=0,
-        eos_token_id=1,
-        max_position_embeddings=512,
-    )
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).train()
-    model.loss_type = "ForCausalLM"
-    return model
+    return hub.llama(layers, hidden, intermediate, heads=4, kv_heads=2, vocab=128, positions=512, use_cache=True)
 
 
 def _gpt2(layers: int = 2, width: int = 64) -> nn.Module:
-    config = transformers.GPT2Config(
-        n_layer=layers,
-        n_embd=width,
-        n_head=4,
-        n_positions=512,
-        vocab_size=128,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=1,
-    )
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).train()
-    model.loss_type = "ForCausalLM"
-    return model
+    return hub.gpt2(layers, width, heads=4, vocab=128, positions=512, dropout=0.0, use_cache=True)
 
 
 def _grads(module: nn.Module, x: torch.Tensor) -> Dict[str, torch.Tensor]:

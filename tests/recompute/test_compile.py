@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import memsave
+from memsave.models import hub
 
 REL = 1e-4  # normwise: inductor reorders float32 reductions; per-element errors are relative to the tensor's scale
 
@@ -53,21 +54,9 @@ def _assert_same_step(got: Dict[str, Any], want: Dict[str, Any]) -> None:
 
 
 def _gpt2(layers: int, width: int) -> nn.Module:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        n_layer=layers,
-        n_embd=width,
-        n_head=4,
-        n_positions=128,
-        vocab_size=128,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).train()
-    model.loss_type = "ForCausalLM"  # unset, transformers logs a warning on each loss: dynamo cannot graph a log call
-    return model
+    return hub.gpt2(layers, width, heads=4, vocab=128, positions=128, dropout=0.0, use_cache=True)
 
 
 class _LMLoss(nn.Module):

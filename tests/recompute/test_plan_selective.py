@@ -100,9 +100,9 @@ def planned(request: pytest.FixtureRequest) -> Dict[str, Any]:
     from memsave.recompute.planning import profile, search
 
     model, x, loss_fn = MODELS[request.param]()
-    eager_peak = memsave.measure(model, x, loss_fn=loss_fn).peak_bytes
+    eager_peak = memsave.measure(model, x, loss_fn=loss_fn, steps=1, warmup=0).peak_bytes
     memsave.wrap(model)
-    block_peak = memsave.measure(model, x, loss_fn=loss_fn).peak_bytes
+    block_peak = memsave.measure(model, x, loss_fn=loss_fn, steps=1, warmup=0).peak_bytes
     memsave.unwrap(model)
     assert block_peak < 0.7 * eager_peak  # activations dominate at these sizes
     budget = (eager_peak + block_peak) // 2
@@ -110,7 +110,7 @@ def planned(request: pytest.FixtureRequest) -> Dict[str, Any]:
     def measure(p: memsave.Plan) -> int:
         memsave.wrap(model, p)
         try:
-            return memsave.measure(model, x, loss_fn=loss_fn).peak_bytes
+            return memsave.measure(model, x, loss_fn=loss_fn, steps=1, warmup=0).peak_bytes
         finally:
             memsave.unwrap(model)
 
@@ -141,7 +141,7 @@ def test_selective_plan_meets_the_budget_with_at_most_half_the_recompute_flops(p
         assert p.measured_peak_bytes is not None and p.measured_peak_bytes <= budget, (kind, p.summary())
         memsave.wrap(model, p)
         try:
-            measured = memsave.measure(model, x, loss_fn=loss_fn).peak_bytes
+            measured = memsave.measure(model, x, loss_fn=loss_fn, steps=1, warmup=0).peak_bytes
             recompute_flops[kind] = _backward_flops(model, x, loss_fn) - planned["eager_flops"]
             grads = _step(model, x, loss_fn)
         finally:

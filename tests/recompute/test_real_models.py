@@ -162,7 +162,8 @@ TIMM_CASES: Dict[str, Case] = {
     "timm-efficientnet": (
         _timm("efficientnet_b0", drop_path_rate=0.1),
         _image,
-        [f"blocks.{s}.{i}" for s, n in enumerate((1, 2, 2, 3, 3, 4, 1)) for i in range(n) if s > 0],
+        # Every block of every stage: the first (DepthwiseSeparableConv) and the rest (InvertedResidual) alike.
+        [f"blocks.{s}.{i}" for s, n in enumerate((1, 2, 2, 3, 3, 4, 1)) for i in range(n)],
     ),
     "timm-resnet": (
         _timm("resnet18", drop_path_rate=0.1),

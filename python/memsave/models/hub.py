@@ -24,6 +24,12 @@ def _transformers() -> Any:
     return transformers
 
 
+def _with_causal_lm_loss(model: nn.Module) -> nn.Module:
+    # Unset, transformers logs a warning on every loss (and dynamo cannot graph the log call).
+    setattr(model, "loss_type", "ForCausalLM")  # noqa: B010  (a transformers attribute nn.Module does not declare)
+    return model.train()
+
+
 def gpt2(
     layers: int = 2,
     hidden: int = 64,
@@ -64,7 +70,7 @@ def gpt2(
         n_positions=positions,
         **{"use_cache": False, "bos_token_id": 0, "eos_token_id": 0, **rates, **config},
     )
-    return tf.GPT2LMHeadModel(cfg).train()
+    return _with_causal_lm_loss(tf.GPT2LMHeadModel(cfg))
 
 
 def llama(
@@ -110,4 +116,4 @@ def llama(
         max_position_embeddings=positions,
         **{"use_cache": False, **config},
     )
-    return tf.LlamaForCausalLM(cfg).train()
+    return _with_causal_lm_loss(tf.LlamaForCausalLM(cfg))
