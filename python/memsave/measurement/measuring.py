@@ -127,7 +127,7 @@ def resolve_device(
     """The one device ``model`` and ``inputs`` live on (checked against ``device`` when given).
 
     Raises:
-        ValueError: they are on several devices, or not on ``device``.
+        ValueError: they are on several devices, or not on ``device``, or ``device`` is not a torch device.
 
     Example:
         >>> resolve_device(torch.nn.Linear(2, 2), (torch.ones(2),), None)
@@ -136,7 +136,12 @@ def resolve_device(
     devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
     devices |= {t.device for t in tensors_in(inputs)}
     if device is not None:
-        want = torch.device(device)
+        try:
+            want = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(
+                f"measure: device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}"
+            ) from exc
         if want.type == "cuda" and want.index is None:
             want = torch.device("cuda", torch.cuda.current_device())
         wrong = sorted(str(d) for d in devices if d != want)

@@ -149,6 +149,23 @@ def _as_selectors(arg: object, what: str) -> Optional[List[Selector]]:
     return items
 
 
+def _check_patterns_match(model: nn.Module, selectors: Optional[List[Selector]], what: str) -> None:
+    """A name pattern that matches no module of the model is a typo (or a class name written as a string)."""
+    names = [n for n, _ in model.named_modules() if n]
+    for s in selectors or ():
+        if isinstance(s, str) and not any(fnmatch.fnmatchcase(n, s) for n in names):
+            raise ValueError(
+                f"memsave.convert: the {what} pattern {s!r} matches no module of this model (patterns match qualified "
+                f"names such as {names[:3]}; for a module class pass the class itself, e.g. torch.nn.ReLU)"
+            )
+
+
+def _matching(model: nn.Module, arg: object, what: str) -> Optional[List[Selector]]:
+    selectors = _as_selectors(arg, what)
+    _check_patterns_match(model, selectors, what)
+    return selectors
+
+
 def _selected(selectors: Optional[List[Selector]], name: str, module: nn.Module) -> bool:
     for s in selectors or ():
         if isinstance(s, str):
@@ -443,7 +460,7 @@ def plan_convert(
         raise TypeError(f"memsave.plan_convert expects an nn.Module, got {type(model).__name__}")
     _, report, _ = _plan(
         model,
-        _as_selectors(include, "include"),
+        _matching(model, include, "include"),
         _as_selectors(exclude, "exclude"),
         build=False,
         fuse=fuse,
@@ -522,7 +539,8 @@ def convert(
 
     Raises:
         TypeError: ``model`` is not an nn.Module, or include/exclude hold something else than classes and strings.
-        ValueError: a registered pattern broke the state_dict keys.
+        ValueError: an include pattern matches no module of the model, or a registered pattern broke the state_dict
+            keys.
 
         Whatever fails (a rule, a pattern, an install), the model is left exactly as it was: module tree, forwards,
         parameters, buffers and hooks.
@@ -535,7 +553,7 @@ def convert(
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.convert expects an nn.Module, got {type(model).__name__}")
     chunks = check_chunks(mlp_chunks, "convert: mlp_chunks") if mlp_chunks is not None else None
-    selectors = _as_selectors(include, "include"), _as_selectors(exclude, "exclude")
+    selectors = _matching(model, include, "include"), _as_selectors(exclude, "exclude")
     state = _ModelState(model)
     try:
         report = _convert(model, *selectors, fuse=fuse, dropout=dropout, chunks=chunks)
