@@ -46,7 +46,7 @@ def _apply_plan(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> n
         )
     text = (arg or "").strip()
     if text in _PLAN_BASELINES or re.fullmatch(r"uniform:[1-9][0-9]*", text):
-        kwargs: Dict[str, Any] = {"strategy": text}
+        kwargs: Dict[str, Any] = {"solver": text}
     else:
         kwargs = {"budget": text}  # bytes with a unit, "50%" or "0.5" (memsave.measurement.units)
     rng = RngState()

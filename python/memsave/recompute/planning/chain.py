@@ -113,9 +113,9 @@ class Chain:
             operator_classes=list(d.get("policies", d.get("operator_classes", []))),
         )
 
-    def solve(self, budget_bytes: Optional[int], strategy: str, slots: int) -> Dict[str, Any]:
-        """``memsave._C.planner_solve`` on this chain: the schedule of ``strategy`` within ``budget_bytes``."""
-        return planner_solve(self.to_dict(), budget_bytes, strategy, slots)
+    def solve(self, budget_bytes: Optional[int], solver: str, slots: int) -> Dict[str, Any]:
+        """``memsave._C.planner_solve`` on this chain: the schedule of ``solver`` within ``budget_bytes``."""
+        return planner_solve(self.to_dict(), budget_bytes, solver, slots)
 
     def simulate(self, segments: Sequence[Tuple[Any, ...]], timeline: bool = False) -> Dict[str, Any]:
         """``memsave._C.planner_simulate`` on this chain: the predicted peak (and timeline) of a schedule.

@@ -1,12 +1,12 @@
-"""Step 2b of a plan: what selective recompute would keep and skip in each piece, per operator class.
+"""Step 2b of a plan: what selective recompute would keep and skip in each stage, per operator class.
 
 A selective region (:func:`memsave.selective`) keeps, in forward, the outputs of the operators of its classes
 (``matmul``, ``conv``, ``attention``: :data:`memsave.recompute.selective.OPERATOR_CLASSES`) and recomputes only the
-other operators in backward. To plan with it, each piece of the chain needs, per class, the bytes of those outputs
+other operators in backward. To plan with it, each stage of the chain needs, per class, the bytes of those outputs
 (held from the forward until the recompute reads them back) and the forward time of those operators (the recompute
 time a selective region saves). :func:`profile_operator_classes` measures both in a few forward passes under a
 ``TorchDispatchMode`` that times every operator of a class and sums the storage bytes it returns, attributed to the
-piece whose modules are running, and counts every operator each piece dispatches; :func:`selective_variants` turns
+stage whose modules are running, and counts every operator each stage dispatches; :func:`selective_variants` turns
 them into the chain's policies and per-stage variants (``planner::Stage::selective_fwd_time`` /
 ``selective_kept_bytes``).
 
@@ -14,7 +14,7 @@ A selective region also costs what the recompute saves nothing on: torch's selec
 operator of the region through a Python dispatch mode, in forward and again in the recompute (tens of microseconds
 an operator on a CPU: a GPT-2 block's forward takes 1.15 of eager's time in a selective region, 1.06 in a whole one;
 ``benchmarks/selective_region.py``). :func:`selective_overhead_per_operator` measures that cost on the plan's device,
-and each variant's time includes it for every operator of its piece, so that the planner does not choose a
+and each variant's time includes it for every operator of its stage, so that the planner does not choose a
 selective region whose saving that overhead eats.
 """
 
@@ -44,36 +44,36 @@ __all__ = [
     "selective_variants",
 ]
 
-# Per piece: operator class -> (bytes of the outputs its operators return, median seconds of those operators).
+# Per stage: operator class -> (bytes of the outputs its operators return, median seconds of those operators).
 ClassProfile = List[Dict[str, Tuple[int, float]]]
 
 
 @dataclass
 class OperatorProfile:
-    """What :func:`profile_operator_classes` measured: per piece, the classes' bytes and seconds (``classes``) and
-    the number of operators the piece dispatches in one forward (``operators``)."""
+    """What :func:`profile_operator_classes` measured: per stage, the classes' bytes and seconds (``classes``) and
+    the number of operators the stage dispatches in one forward (``operators``)."""
 
     classes: ClassProfile
     operators: List[int]
 
 
 class _ClassRecorder(TorchDispatchMode):
-    """Times the operators of the given classes and sums the bytes of the storages they return, per piece."""
+    """Times the operators of the given classes and sums the bytes of the storages they return, per stage."""
 
     def __init__(self, op_class: Dict[Any, str], sync: Callable[[], None]) -> None:
         super().__init__()
         self.op_class = op_class
         self.sync = sync
-        self.piece: Optional[int] = None
+        self.stage: Optional[int] = None
         self.bytes: Dict[Tuple[int, str], int] = {}
         self.seconds: Dict[Tuple[int, str], float] = {}
         self.operators: Dict[int, int] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self.piece is not None:
-            self.operators[self.piece] = self.operators.get(self.piece, 0) + 1
-        cls = self.op_class.get(func) if self.piece is not None else None
+        if self.stage is not None:
+            self.operators[self.stage] = self.operators.get(self.stage, 0) + 1
+        cls = self.op_class.get(func) if self.stage is not None else None
         if cls is None:
             return func(*args, **kwargs)
         self.sync()
@@ -86,7 +86,7 @@ class _ClassRecorder(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
                 storages[(s.data_ptr(), t.device)] = s.nbytes()
-        key = (int(self.piece or 0), cls)
+        key = (int(self.stage or 0), cls)
         self.bytes[key] = self.bytes.get(key, 0) + sum(storages.values())
         self.seconds[key] = self.seconds.get(key, 0.0) + dt
         return out
@@ -95,36 +95,36 @@ class _ClassRecorder(TorchDispatchMode):
 def profile_operator_classes(
     forward: Callable[[], Any],
     model: nn.Module,
-    pieces: Sequence[StageModules],
+    stage_modules: Sequence[StageModules],
     classes: Sequence[str],
     steps: int,
     sync: Callable[[], None],
 ) -> OperatorProfile:
-    """Bytes returned and time taken by each operator class in each recomputable piece, over ``steps`` forwards, and
-    the number of operators each such piece dispatches.
+    """Bytes returned and time taken by each operator class in each recomputable stage, over ``steps`` forwards, and
+    the number of operators each such stage dispatches.
 
     Args:
         forward: runs the model's forward on the example inputs (with autograd on, as in training); its output is
             dropped.
-        model: the model; ``pieces`` name its modules.
-        pieces: the chain's pieces (:func:`memsave.recompute.planning.chain.build_chain`); only recomputable
-            module pieces are profiled.
+        model: the model; ``stage_modules`` name its modules.
+        stage_modules: the modules of the chain's stages (:func:`memsave.recompute.planning.chain.build_chain`);
+            only recomputable module stages are profiled.
         classes: operator class names from :data:`OPERATOR_CLASSES`.
         steps: forward passes timed (>= 1); times are medians, bytes those of the last pass.
         sync: waits for the device (``torch.cuda.synchronize`` on CUDA, a no-op on CPU).
 
     Returns:
-        An :class:`OperatorProfile`: ``classes``, one dict per piece: class -> (bytes, seconds), classes without an
-        operator in the piece left out; ``operators``, per piece, the operators of one forward (0 for pieces not
+        An :class:`OperatorProfile`: ``classes``, one dict per stage: class -> (bytes, seconds), classes without an
+        operator in the stage left out; ``operators``, per stage, the operators of one forward (0 for stages not
         profiled).
 
     Raises:
         ValueError: an unknown class or ``steps < 1``.
 
     Example:
-        >>> prof = profile_operator_classes(lambda: model(x), model, pieces, ["matmul"], 3, lambda: None)
-        >>> prof.classes[3]["matmul"]   # (bytes of the outputs of piece 3's matrix products, their seconds)
-        >>> prof.operators[3]           # operators piece 3 dispatches in one forward
+        >>> prof = profile_operator_classes(lambda: model(x), model, stage_modules, ["matmul"], 3, lambda: None)
+        >>> prof.classes[3]["matmul"]   # (bytes of the outputs of stage 3's matrix products, their seconds)
+        >>> prof.operators[3]           # operators stage 3 dispatches in one forward
     """
     unknown = [c for c in classes if c not in OPERATOR_CLASSES]
     if unknown or steps < 1:
@@ -137,16 +137,16 @@ def profile_operator_classes(
 
     def enter(i: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any) -> None:
-            stack.append(rec.piece)
-            rec.piece = i
+            stack.append(rec.stage)
+            rec.stage = i
 
         return hook
 
     def leave(module: nn.Module, args: Any, output: Any) -> None:
         if stack:
-            rec.piece = stack.pop()
+            rec.stage = stack.pop()
 
-    for i, pc in enumerate(pieces):
+    for i, pc in enumerate(stage_modules):
         if pc.kind != "module" or not pc.recomputable:
             continue
         for name in pc.modules:
@@ -163,10 +163,10 @@ def profile_operator_classes(
     finally:
         for h in handles:
             h.remove()
-    result: ClassProfile = [{} for _ in pieces]
+    result: ClassProfile = [{} for _ in stage_modules]
     for (i, c), b in rec.bytes.items():
         result[i][c] = (b, statistics.median(r.get((i, c), 0.0) for r in runs))
-    return OperatorProfile(classes=result, operators=[rec.operators.get(i, 0) for i in range(len(pieces))])
+    return OperatorProfile(classes=result, operators=[rec.operators.get(i, 0) for i in range(len(stage_modules))])
 
 
 def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
@@ -239,32 +239,32 @@ def policy_classes(policy: str) -> Tuple[str, ...]:
 
 
 def selective_variants(
-    chain: Chain, pieces: Sequence[StageModules], profile: OperatorProfile, overhead_per_operator: float = 0.0
+    chain: Chain, stage_modules: Sequence[StageModules], profile: OperatorProfile, overhead_per_operator: float = 0.0
 ) -> None:
     """Give ``chain`` its selective policies and each recomputable stage one variant per policy, in place.
 
-    The policies are the non-empty sets of the operator classes found in some recomputable piece, largest first
+    The policies are the non-empty sets of the operator classes found in some recomputable stage, largest first
     (``"matmul+attention"``, ``"matmul"``, ``"attention"``): a selective region may keep every class or only some.
     A stage's variant for a policy keeps the bytes of its classes' outputs and costs its forward time less their
-    time, plus ``overhead_per_operator`` for every operator the piece dispatches (the selective contexts' dispatch
+    time, plus ``overhead_per_operator`` for every operator the stage dispatches (the selective contexts' dispatch
     mode, in forward and recompute). Stages that cannot be recomputed get no variant. A chain without any such
     operator gets no policy.
 
     Args:
-        chain: the chain of the pieces (its stages in the same order).
-        pieces: the pieces.
-        profile: :func:`profile_operator_classes` of these pieces.
+        chain: the chain.
+        stage_modules: the modules of its stages (in the same order).
+        profile: :func:`profile_operator_classes` of these stages.
         overhead_per_operator: :func:`selective_overhead_per_operator` on the plan's device (seconds).
 
     Example:
-        >>> selective_variants(chain, pieces, profile, 2e-5); chain.operator_classes
+        >>> selective_variants(chain, stage_modules, profile, 2e-5); chain.operator_classes
         ['matmul+attention', 'matmul', 'attention']
     """
     classes = profile.classes
     present = [c for c in OPERATOR_CLASSES if any(c in p for p in classes)]
     policies = [combo for n in range(len(present), 0, -1) for combo in itertools.combinations(present, n)]
     chain.operator_classes = ["+".join(p) for p in policies]
-    for st, pc, prof, n in zip(chain.stages, pieces, classes, profile.operators):
+    for st, pc, prof, n in zip(chain.stages, stage_modules, classes, profile.operators):
         if not (pc.kind == "module" and pc.recomputable) or not policies:
             st.selective_fwd_time, st.selective_kept_bytes = [], []
             continue

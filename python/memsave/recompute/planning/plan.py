@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -46,7 +47,7 @@ class Plan(RegionPlan):
     (module names, classes and parameter shapes); applying it to another raises :class:`PlanMismatchError`.
 
     Attributes:
-        strategy: the solver asked for (``optimal``, ``sqrt``, ``uniform:K``, ``none``, ``all``, ``min_memory``).
+        solver: the solver asked for (``optimal``, ``sqrt``, ``uniform:K``, ``none``, ``all``, ``min_memory``).
         budget_bytes: the budget in bytes (None when none was given).
         predicted_peak_bytes: the cost model's peak for one step with this plan.
         measured_peak_bytes: the peak measured with the plan applied (None when ``verify=False``).
@@ -66,7 +67,7 @@ class Plan(RegionPlan):
         planning_seconds: wall time :func:`memsave.plan` took to make the plan.
     """
 
-    strategy: str
+    solver: str
     budget_bytes: Optional[int]
     predicted_peak_bytes: int
     measured_peak_bytes: Optional[int]
@@ -92,6 +93,12 @@ class Plan(RegionPlan):
             [(), ('matmul', 'attention'), ()]
         """
         return tuple(self.selective[k]) if k < len(self.selective) else ()
+
+    @property
+    def strategy(self) -> str:
+        """Deprecated old name of :attr:`solver` (DeprecationWarning)."""
+        warnings.warn("Plan.strategy is deprecated; read Plan.solver (the same)", DeprecationWarning, stacklevel=2)
+        return self.solver
 
     @property
     def predicted_overhead(self) -> float:
@@ -155,7 +162,7 @@ class Plan(RegionPlan):
         widths = [max(len(h), *(len(row[k]) for row in rows)) for k, h in enumerate(head)]
         fmt = "  ".join("{:<%d}" % w for w in widths)
         lines = [
-            f"memsave plan for {self.model_class} ({self.strategy}) on {self.device}: "
+            f"memsave plan for {self.model_class} ({self.solver}) on {self.device}: "
             f"{len(self.regions())} checkpointed region(s) ({sum(1 for c in self.selective if c)} selective) over "
             f"{len(self.stage_modules)} stages",
             f"  budget {format_bytes(self.budget_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}, "
@@ -190,7 +197,7 @@ class Plan(RegionPlan):
         """
         d = {
             "format": _PLAN_FORMAT,
-            "strategy": self.strategy,
+            "solver": self.solver,
             "budget_bytes": self.budget_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
@@ -238,7 +245,7 @@ class Plan(RegionPlan):
             )
         try:
             return cls(
-                strategy=d["strategy"],
+                solver=d["solver"] if "solver" in d else d["strategy"],  # "strategy": plans of earlier versions
                 budget_bytes=d["budget_bytes"],
                 predicted_peak_bytes=d["predicted_peak_bytes"],
                 measured_peak_bytes=d["measured_peak_bytes"],

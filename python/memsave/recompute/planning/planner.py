@@ -219,7 +219,7 @@ class Profile:
             >>> prof.make_plan(prof.chain.solve(None, "sqrt", 2000), prof.chain, "sqrt", None)
         """
         return Plan(
-            strategy=solver,
+            solver=solver,
             budget_bytes=budget_bytes,
             predicted_peak_bytes=int(res["predicted_peak_bytes"]),
             measured_peak_bytes=None,

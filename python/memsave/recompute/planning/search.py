@@ -111,7 +111,7 @@ def search_chains(
         raise ValueError("memsave.plan: solver='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
     for ch in chains:
         result = search_optimal(
-            solve=functools.partial(ch.solve, strategy="optimal", slots=slots),
+            solve=functools.partial(ch.solve, solver="optimal", slots=slots),
             solve_min_memory=functools.partial(ch.solve, None, "min_memory", slots),
             make=functools.partial(_make_on, make, ch),
             measure=measure,
