@@ -118,6 +118,51 @@ def register_fake(qualname: str) -> Callable[[Callable[..., Any]], Callable[...,
     return decorate
 
 
+def linear_output_fake(op: str, input: torch.Tensor, weight: torch.Tensor, input_name: str = "input") -> torch.Tensor:
+    """The fake output of an operator ending in ``linear(..., weight)`` over ``input``'s last dimension: checks that
+    ``weight`` is ``[out_features, input.shape[-1]]`` and returns an empty ``[..., out_features]`` tensor in
+    ``weight``'s dtype.
+
+    Args:
+        op: the operator's name, for the message.
+        input: the tensor whose last dimension the Linear reads; input_name: its name in the message.
+        weight: the Linear's weight.
+
+    Returns:
+        The empty output tensor.
+
+    Raises:
+        RuntimeError: ``weight`` does not fit ``input`` (``torch._check``).
+
+    Example:
+        >>> linear_output_fake("act_linear", torch.empty(2, 8, device="meta"), torch.empty(4, 8)).shape
+        torch.Size([2, 4])
+    """
+    torch._check(
+        weight.dim() == 2 and input.dim() >= 1 and weight.shape[1] == input.shape[-1],
+        lambda: f"memsave.{op}: weight {tuple(weight.shape)} does not fit {input_name} {tuple(input.shape)}",
+    )
+    return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=weight.dtype)
+
+
+def register_no_output_fakes(*qualnames: str) -> None:
+    """Register the fake kernel of operators that only write into their arguments (schemas returning ``()``): it
+    checks the devices (:func:`register_fake`) and returns None.
+
+    Args:
+        qualnames: ``"memsave::name"`` of each such operator.
+
+    Example:
+        >>> register_no_output_fakes("memsave::amp_update_scale_")  # doctest: +SKIP
+    """
+
+    def no_output(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    for qualname in qualnames:
+        register_fake(qualname)(no_output)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Autograd plumbing shared by the fused operators (batch_norm_act, inplace_abn, layer_norm_linear, act_linear).
 # ----------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from .autograd import grads_or_none, register_backward_op_autograd, register_fake
+from .autograd import grads_or_none, linear_output_fake, register_backward_op_autograd, register_fake
 
 Tensor = torch.Tensor
 
@@ -60,11 +60,7 @@ register_backward_op_autograd("memsave::gated_act_backward")
 @register_fake("memsave::gated_act_linear")
 def _gated_act_linear_fake(gate: Tensor, up: Tensor, weight: Tensor, bias: Optional[Tensor], act: str) -> Tensor:
     _check_gate_up("gated_act_linear", gate, up)
-    torch._check(
-        weight.dim() == 2 and gate.dim() >= 1 and weight.shape[1] == gate.shape[-1],
-        lambda: f"memsave.gated_act_linear: weight {tuple(weight.shape)} does not fit gate {tuple(gate.shape)}",
-    )
-    return gate.new_empty((*gate.shape[:-1], weight.shape[0]), dtype=weight.dtype)
+    return linear_output_fake("gated_act_linear", gate, weight, "gate")
 
 
 @register_fake("memsave::gated_act_linear_backward")

@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .autograd import grads_or_none, register_backward_op_autograd, register_fake
+from .autograd import grads_or_none, linear_output_fake, register_backward_op_autograd, register_fake
 
 # ----------------------------------------------------------------------------------------------------
 # memsave::layer_norm_linear: LayerNorm -> Linear keeping the LayerNorm input plus per-row mean/rstd.
@@ -117,11 +117,7 @@ register_backward_op_autograd("memsave::layer_norm_apply")
 
 @register_fake("memsave::act_linear")
 def _act_linear_fake(input: Tensor, weight: Tensor, bias: Optional[Tensor], act: str, act_param: float) -> Tensor:
-    torch._check(
-        weight.dim() == 2 and input.dim() >= 1 and weight.shape[1] == input.shape[-1],
-        lambda: f"memsave.act_linear: weight {tuple(weight.shape)} does not fit input {tuple(input.shape)}",
-    )
-    return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=weight.dtype)
+    return linear_output_fake("act_linear", input, weight)
 
 
 @register_fake("memsave::act_linear_backward")

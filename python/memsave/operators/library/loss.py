@@ -13,7 +13,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .autograd import grads_or_none, register_backward_op_autograd, register_fake
+from .autograd import grads_or_none, register_backward_op_autograd, register_fake, register_no_output_fakes
 
 Tensor = torch.Tensor
 
@@ -91,31 +91,7 @@ def _linear_cross_entropy_backward_fake(
     return grad_hidden, grad_weight, grad_bias
 
 
-@register_fake("memsave::cross_entropy_tile_lse_")
-def _cross_entropy_tile_lse_fake(
-    logits: Tensor,
-    target: Tensor,
-    state: Tensor,
-    class_start: int,
-    num_classes: int,
-    ignore_index: int,
-    label_smoothing: float,
-) -> None:
-    return None
-
-
-@register_fake("memsave::cross_entropy_tile_grad_")
-def _cross_entropy_tile_grad_fake(
-    logits: Tensor,
-    target: Tensor,
-    lse: Tensor,
-    scale: Tensor,
-    class_start: int,
-    num_classes: int,
-    ignore_index: int,
-    label_smoothing: float,
-) -> None:
-    return None
+register_no_output_fakes("memsave::cross_entropy_tile_lse_", "memsave::cross_entropy_tile_grad_")
 
 
 def _linear_cross_entropy_setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, Tensor]) -> None:

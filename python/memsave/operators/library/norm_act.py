@@ -8,7 +8,7 @@ overwrites its input), so their Autograd kernels are ``autograd.Function`` class
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Type
 
 import torch
 
@@ -108,24 +108,20 @@ def _bn_act_backward(ctx: Any, grad_out: Optional[Tensor], inplace: bool) -> tup
     return (None,) + grads_or_none(needs[1:4], grads) + (None,) * 7
 
 
-class _BatchNormActFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, redispatch: Any, *args: Any) -> Tuple[Tensor, Tensor, Tensor]:
-        return _bn_act_forward(ctx, redispatch, args, inplace=False)
+def _bn_act_function(inplace: bool) -> Type[torch.autograd.Function]:
+    """The ``autograd.Function`` of batch_norm_act (``inplace=False``) or inplace_abn (``inplace=True``)."""
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
-        return _bn_act_backward(ctx, grad_out, inplace=False)
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, redispatch: Any, *args: Any) -> Tuple[Tensor, Tensor, Tensor]:
+            return _bn_act_forward(ctx, redispatch, args, inplace=inplace)
 
+        @staticmethod
+        def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
+            return _bn_act_backward(ctx, grad_out, inplace=inplace)
 
-class _InPlaceABNFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, redispatch: Any, *args: Any) -> Tuple[Tensor, Tensor, Tensor]:
-        return _bn_act_forward(ctx, redispatch, args, inplace=True)
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
-        return _bn_act_backward(ctx, grad_out, inplace=True)
+    Function.__name__ = Function.__qualname__ = "_InPlaceABNFunction" if inplace else "_BatchNormActFunction"
+    return Function
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -247,9 +243,9 @@ register_backward_op_autograd("memsave::batch_norm_act_apply")
 # ----------------------------------------------------------------------------------------------------
 # inplace_abn's schema returns (mean, invstd); its Function also returns the mutated input
 # so that autograd rebases its history.
-for _name, _function, _unpack in (
-    ("batch_norm_act", _BatchNormActFunction, lambda result: result),
-    ("inplace_abn", _InPlaceABNFunction, lambda result: result[1:]),
+for _name, _inplace, _unpack in (
+    ("batch_norm_act", False, lambda result: result),
+    ("inplace_abn", True, lambda result: result[1:]),
 ):
-    register_mutating_autograd(f"memsave::{_name}", _function, unpack=_unpack)
+    register_mutating_autograd(f"memsave::{_name}", _bn_act_function(_inplace), unpack=_unpack)
     register_backward_op_autograd(f"memsave::{_name}_backward")
