@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar, Optional, Tuple
 
-from torch import nn
+from torch import Tensor, nn
 
 
 class MemsaveModuleMixin:
@@ -42,6 +42,43 @@ def check_size(name: str, value: Any) -> int:
     return value
 
 
+def check_sizes(**sizes: Any) -> None:
+    """:func:`check_size` for each keyword argument, in order.
+
+    Example:
+        >>> check_sizes(in_features=768, out_features=0)
+        Traceback (most recent call last):
+        ValueError: out_features must be a positive int, got 0
+    """
+    for name, value in sizes.items():
+        check_size(name, value)
+
+
+class LinearParamsBase(nn.Module):
+    """A module holding one Linear's parameters as its own ``weight``/``bias`` (the fused Linear modules and
+    LinearCrossEntropy), and :meth:`take_linear`, which adopts them from an nn.Linear.
+
+    Example:
+        >>> class MyActLinear(LinearParamsBase): ...  # doctest: +SKIP
+    """
+
+    in_features: int
+    weight: Tensor
+    bias: Optional[Tensor]
+
+    def take_linear(self, linear: nn.Linear, out_name: str = "out_features") -> None:
+        """Take ``linear``'s sizes (``in_features`` and ``out_name``) and its ``weight`` and ``bias`` (the same
+        Parameters: nothing is copied, a tied weight stays tied).
+
+        Example:
+            >>> head.take_linear(model.lm_head, out_name="num_classes")  # doctest: +SKIP
+        """
+        self.in_features = linear.in_features
+        setattr(self, out_name, linear.out_features)
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+
 def check_eps(eps: Optional[float], allow_none: bool = False) -> None:
     """A norm's eps: a finite number >= 0 (None too when ``allow_none``), or ValueError naming it.
 
@@ -66,7 +103,7 @@ def check_momentum(momentum: Optional[float]) -> None:
         raise ValueError(f"momentum must be None or a number in [0, 1], got {momentum!r}")
 
 
-class NormLinearBase(nn.Module):
+class NormLinearBase(LinearParamsBase):
     """What the norm -> Linear fused modules (:class:`~memsave.nn.LayerNormLinear`, :class:`~memsave.nn.RMSNormLinear`)
     share: the Linear's ``weight``/``bias``, the norm held as the submodule ``norm`` or only referenced (when a
     preceding Deferred norm keeps its parameters where they were), building from existing modules, and the repr.
@@ -80,7 +117,6 @@ class NormLinearBase(nn.Module):
     """
 
     deferred_name: ClassVar[str] = ""
-    in_features: int
     out_features: int
 
     @classmethod
@@ -94,9 +130,7 @@ class NormLinearBase(nn.Module):
             fused.norm = norm
         else:
             fused.__dict__["_external_norm"] = norm  # referenced, not registered: its keys stay where they are
-        fused.in_features, fused.out_features = linear.in_features, linear.out_features
-        fused.weight = linear.weight
-        fused.bias = linear.bias
+        fused.take_linear(linear)
         return fused
 
     def _norm(self) -> Any:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import check_size
+from ._base import check_sizes
 
 Tensor = torch.Tensor
 
@@ -64,8 +64,7 @@ class GatedMLP(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        check_size("hidden_size", hidden_size)
-        check_size("intermediate_size", intermediate_size)
+        check_sizes(hidden_size=hidden_size, intermediate_size=intermediate_size)
         factory = {"device": device, "dtype": dtype}
         self.act = F.resolve_gated_activation("GatedMLP", act)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size

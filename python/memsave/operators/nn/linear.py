@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import NormLinearBase, check_eps, check_size
+from ._base import LinearParamsBase, NormLinearBase, check_eps, check_size, check_sizes
 
 Tensor = torch.Tensor
 
@@ -112,10 +112,7 @@ class LayerNormLinear(NormLinearBase):
         self.norm = nn.LayerNorm(
             cast(Any, normalized_shape), eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias, **factory
         )
-        linear = nn.Linear(self.norm.normalized_shape[-1], out_features, bias=bias, **factory)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight
-        self.bias = linear.bias
+        self.take_linear(nn.Linear(self.norm.normalized_shape[-1], out_features, bias=bias, **factory))
 
     @classmethod
     def from_modules(cls, norm: nn.LayerNorm, linear: nn.Linear, register_norm: bool = True) -> "LayerNormLinear":
@@ -177,7 +174,7 @@ def fuse_layer_norm_linear(norm: nn.LayerNorm, linear: nn.Linear) -> Tuple[Defer
     return deferred, LayerNormLinear.from_modules(cast(nn.LayerNorm, deferred), linear, register_norm=False)
 
 
-class ActLinear(nn.Module):
+class ActLinear(LinearParamsBase):
     """``Linear(act(x))`` keeping only ``x`` for backward.
 
     torch keeps the activation's input and its output (gelu, silu, leaky_relu, elu: two full tensors); this keeps
@@ -196,6 +193,8 @@ class ActLinear(nn.Module):
         >>> mlp = torch.nn.Sequential(torch.nn.Linear(768, 3072), memsave.nn.ActLinear(3072, 768, act="gelu"))
     """
 
+    out_features: int
+
     def __init__(
         self,
         in_features: int,
@@ -207,14 +206,10 @@ class ActLinear(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        check_size("in_features", in_features)
-        check_size("out_features", out_features)
+        check_sizes(in_features=in_features, out_features=out_features)
         self.act, self.act_param = F.resolve_activation(act, act_param)
-        linear = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.in_features, self.out_features = in_features, out_features
         self.weight_transposed = False
-        self.weight = linear.weight
-        self.bias = linear.bias
+        self.take_linear(nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, act: str = "gelu", act_param: Optional[float] = None) -> "ActLinear":
@@ -235,10 +230,8 @@ class ActLinear(nn.Module):
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused.act, fused.act_param = F.resolve_activation(act, act_param)
-        fused.in_features, fused.out_features = linear.in_features, linear.out_features
         fused.weight_transposed = False
-        fused.weight = linear.weight
-        fused.bias = linear.bias
+        fused.take_linear(linear)
         return fused
 
     @classmethod

@@ -20,14 +20,14 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import check_size
+from ._base import LinearParamsBase, check_sizes
 
 Tensor = torch.Tensor
 
 __all__ = ["LinearCrossEntropy"]
 
 
-class LinearCrossEntropy(nn.Module):
+class LinearCrossEntropy(LinearParamsBase):
     """A Linear head and cross-entropy loss in one: ``forward(hidden, target)`` returns the loss, never the logits.
 
     Equal to ``nn.CrossEntropyLoss(...)(nn.Linear(in_features, num_classes)(hidden), target)`` (class dimension
@@ -54,6 +54,8 @@ class LinearCrossEntropy(nn.Module):
         >>> loss.backward()
     """
 
+    num_classes: int
+
     def __init__(
         self,
         in_features: int,
@@ -66,13 +68,10 @@ class LinearCrossEntropy(nn.Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        check_size("in_features", in_features)
-        check_size("num_classes", num_classes)
+        check_sizes(in_features=in_features, num_classes=num_classes)
         self._set_loss_options(ignore_index, label_smoothing, reduction)  # before drawing the initial weights
         linear = nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
-        self.in_features, self.num_classes = in_features, num_classes
-        self.weight = linear.weight
-        self.bias = linear.bias
+        self.take_linear(linear, out_name="num_classes")
 
     def _set_loss_options(self, ignore_index: int, label_smoothing: float, reduction: str) -> None:
         if reduction not in ("mean", "sum", "none"):
@@ -106,9 +105,7 @@ class LinearCrossEntropy(nn.Module):
             raise TypeError(f"LinearCrossEntropy.from_linear expects an nn.Linear, got {type(linear).__name__}")
         head = cls.__new__(cls)
         nn.Module.__init__(head)
-        head.in_features, head.num_classes = linear.in_features, linear.out_features
-        head.weight = linear.weight
-        head.bias = linear.bias
+        head.take_linear(linear, out_name="num_classes")
         head._set_loss_options(ignore_index, label_smoothing, reduction)
         return head
 

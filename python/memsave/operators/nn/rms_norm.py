@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import NormLinearBase, check_eps, check_size
+from ._base import NormLinearBase, check_eps, check_size, check_sizes
 
 Tensor = torch.Tensor
 
@@ -222,14 +222,10 @@ class RMSNormLinear(NormLinearBase):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        check_size("in_features", in_features)
-        check_size("out_features", out_features)
+        check_sizes(in_features=in_features, out_features=out_features)
         factory = {"device": device, "dtype": dtype}
         self.norm = RMSNorm(in_features, eps=eps, elementwise_affine=elementwise_affine, **factory)
-        linear = nn.Linear(in_features, out_features, bias=bias, **factory)
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = linear.weight
-        self.bias = linear.bias
+        self.take_linear(nn.Linear(in_features, out_features, bias=bias, **factory))
 
     @classmethod
     def from_modules(cls, norm: nn.Module, linear: nn.Linear, register_norm: bool = True) -> "RMSNormLinear":
