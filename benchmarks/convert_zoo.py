@@ -35,11 +35,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
@@ -51,13 +48,8 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave
-from benchmarks.harness import (
-    RunClock,
-    finish_run,
-    load_text,
-    rel_diff,
-    sync,
-)
+from benchmarks import harness
+from benchmarks.harness import RunClock, early_exit, finish_run, load_text, output_arguments, rel_diff
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.models import hub
 from memsave.operators.convert import plan_convert
@@ -154,15 +146,7 @@ def bench_model(
         rows[k]["loss_rel_err"] = abs(losses[k].item() - losses["eager"].item()) / abs(losses["eager"].item())
         rows[k]["grad_rel_err"] = max(rel_diff(g, e) for g, e in zip(grads[k], grads["eager"]))
     del grads
-    times: Dict[str, List[float]] = {k: [] for k in models}
-    for i in range(repeats):
-        order = VARIANTS if i % 2 == 0 else tuple(reversed(VARIANTS))  # A B C D D C B A ...
-        for k in order:
-            sync(device)
-            t0 = time.perf_counter()
-            steps[k]()
-            sync(device)
-            times[k].append(time.perf_counter() - t0)
+    times = harness.interleaved_times({k: steps[k] for k in VARIANTS}, repeats, device)  # A B C D D C B A ...
     for k in models:
         models[k].zero_grad(set_to_none=True)
         r = rows[k]
@@ -256,19 +240,11 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=None, help="default: each model's (32,000 Llama, 50,257 GPT-2)")
     p.add_argument("--repeats", type=int, default=12)
     p.add_argument("--tiny", action="store_true", help="hidden 32, vocabulary 512, 2 x 16 tokens: a smoke test")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/convert_zoo_<device>.json)")
-    p.add_argument("--no-save", action="store_true")
-    p.add_argument("--markdown-from", default=None, help="only write the .md of this results JSON again")
+    output_arguments(p, "convert_zoo")
     args = p.parse_args(argv)
-    if args.markdown_from:
-        with open(args.markdown_from) as f:
-            data = json.load(f)
-        with open(os.path.splitext(args.markdown_from)[0] + ".md", "w") as f:
-            f.write(markdown(data["meta"], data["results"]))
-        return 0
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("convert_zoo: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
-        return 2
+    status = early_exit("convert_zoo", args, markdown)
+    if status is not None:
+        return status
     if args.tiny:
         args.hidden, args.seq, args.vocab = 32, 16, args.vocab or 512
     device = torch.device(args.device)

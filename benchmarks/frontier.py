@@ -59,7 +59,7 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave
-from benchmarks.harness import RunClock, default_out, load_average, load_text, run_record
+from benchmarks.harness import cuda_missing, default_out, load_average, load_text, run_record
 from benchmarks.real_models import (
     Case,
     Runner,
@@ -71,6 +71,7 @@ from benchmarks.real_models import (
     measure_variant,
     prepare,
     provenance,
+    start_run,
     torch_checkpoint_blocks,
 )
 
@@ -545,21 +546,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if any(not 0.0 <= f <= 1.0 for f in args.fractions):
         p.error("--fractions: each must be within [0, 1] (0 = wrap's peak, 1 = eager's)")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("frontier: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
+    if cuda_missing("frontier", args.device):
         return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    repeats = args.repeats or (2 if args.quick else 9)
+    repeats, save, device, clock = start_run(args)
     run_compile = not (args.no_compile or args.quick)
-    save = not args.no_save and (args.out is not None or not args.quick)
-    device = torch.device(args.device)
-    clock = RunClock()
-    print(
-        f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
-        f"steps; ratios to eager",
-        flush=True,
-    )
     results = []
     for name in args.models:
         print(f"{name} ...", flush=True)

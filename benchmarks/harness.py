@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -39,13 +40,18 @@ __all__ = [
     "RunClock",
     "cpu_model",
     "default_out",
+    "cuda_missing",
+    "early_exit",
     "environment",
     "git",
+    "interleaved_times",
     "library_versions",
     "load_average",
     "load_text",
     "max_grad_diff",
+    "output_arguments",
     "rel_diff",
+    "rewrite_markdown",
     "run_record",
     "sync",
     "write_results",
@@ -178,6 +184,59 @@ def sync(device: Any) -> None:
     """Wait for the device's queued kernels (a no-op on CPU), so that a wall-clock time covers them."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def interleaved_times(steps: Mapping[str, Callable[[], Any]], repeats: int, device: Any) -> Dict[str, List[float]]:
+    """Call every step ``repeats`` times, interleaved: A B C ... then ... C B A, so that load changing during the run
+    hits all alike; the device is synced around each call. Returns each step's wall-clock seconds."""
+    order = list(steps)
+    times: Dict[str, List[float]] = {name: [] for name in order}
+    for i in range(repeats):
+        for name in order if i % 2 == 0 else order[::-1]:
+            sync(device)
+            t0 = time.perf_counter()
+            steps[name]()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def cuda_missing(script: str, device: str) -> bool:
+    """Whether a ``--device cuda`` run has no CUDA GPU here (then said on stderr; the script's ``main`` returns 2)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"{script}: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
+        return True
+    return False
+
+
+def output_arguments(p: argparse.ArgumentParser, script: str, rewritten: Optional[str] = "the .md") -> None:
+    """Add the output options the benchmarks share: ``--out`` (default ``benchmarks/results/<script>_<device>.json``),
+    ``--no-save`` and, unless ``rewritten`` is None, ``--markdown-from`` (only write ``rewritten`` again)."""
+    p.add_argument("--out", default=None, help=f"JSON path (default benchmarks/results/{script}_<device>.json)")
+    p.add_argument("--no-save", action="store_true")
+    if rewritten is not None:
+        p.add_argument("--markdown-from", default=None, help=f"only write {rewritten} of this results JSON again")
+
+
+def rewrite_markdown(path: str, markdown_of: Callable[[Any, Any], str], key: str = "results") -> None:
+    """``--markdown-from``: write the markdown page of the results JSON at ``path`` again (beside it, ``.md``), from
+    its ``meta`` and its ``key`` entry."""
+    with open(path) as f:
+        data = json.load(f)
+    with open(os.path.splitext(path)[0] + ".md", "w") as f:
+        f.write(markdown_of(data["meta"], data[key]))
+
+
+def early_exit(
+    script: str, args: argparse.Namespace, markdown_of: Optional[Callable[[Any, Any], str]] = None, key: str = "results"
+) -> Optional[int]:
+    """What a benchmark's ``main`` does before running, as an exit status: 0 after ``--markdown-from`` wrote its page
+    again (:func:`rewrite_markdown` with ``markdown_of`` and ``key``), 2 for ``--device cuda`` without a GPU
+    (:func:`cuda_missing`), None to run."""
+    if markdown_of is not None and args.markdown_from:
+        rewrite_markdown(args.markdown_from, markdown_of, key)
+        return 0
+    return 2 if cuda_missing(script, args.device) else None
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:

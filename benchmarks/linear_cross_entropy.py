@@ -27,13 +27,10 @@ thread count and load average (``--markdown-from`` writes the ``.md`` of an exis
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 import torch.nn.functional as TF
@@ -43,7 +40,7 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave.functional as MF
-from benchmarks.harness import RunClock, finish_run, rel_diff, sync
+from benchmarks.harness import RunClock, early_exit, finish_run, interleaved_times, output_arguments, rel_diff
 from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
 
 Step = Callable[[], None]
@@ -139,15 +136,7 @@ def bench_case(
     row["grad_hidden_rel_diff"] = rel_diff(results["memsave"][1], results["eager"][1])
     row["grad_weight_rel_diff"] = rel_diff(results["memsave"][2], results["eager"][2])
     del results
-    times: Dict[str, List[float]] = {"eager": [], "memsave": []}
-    for i in range(repeats):
-        order = ("eager", "memsave") if i % 2 == 0 else ("memsave", "eager")  # A B B A ...
-        for name in order:
-            sync(device)
-            t0 = time.perf_counter()
-            steps[name]()
-            sync(device)
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved_times(steps, repeats, device)  # A B B A ...
     h.grad = w.grad = None
     for name in ("eager", "memsave"):
         row[f"{name}_s"] = statistics.median(times[name])
@@ -207,22 +196,12 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--cases", nargs="+", default=None, help="ROWSxHIDDENxCLASSES:DTYPE ... (default: DEFAULT_CASES)")
     p.add_argument("--repeats", type=int, default=6)
-    p.add_argument(
-        "--out", default=None, help="JSON path (default benchmarks/results/linear_cross_entropy_<device>.json)"
-    )
-    p.add_argument("--no-save", action="store_true")
-    p.add_argument("--markdown-from", default=None, help="only write the .md of this results JSON again")
+    output_arguments(p, "linear_cross_entropy")
     args = p.parse_args(argv)
     clock = RunClock()
-    if args.markdown_from:
-        with open(args.markdown_from) as f:
-            data = json.load(f)
-        with open(os.path.splitext(args.markdown_from)[0] + ".md", "w") as f:
-            f.write(markdown(data["meta"], data["rows"]))
-        return 0
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("linear_cross_entropy: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
-        return 2
+    status = early_exit("linear_cross_entropy", args, markdown, "rows")
+    if status is not None:
+        return status
     device = torch.device(args.device)
     specs = args.cases or DEFAULT_CASES[args.device]
     print(

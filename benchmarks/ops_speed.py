@@ -28,7 +28,7 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave.functional as MF
-from benchmarks.harness import RunClock, default_out, run_record, sync, write_results
+from benchmarks.harness import RunClock, cuda_missing, default_out, output_arguments, run_record, sync, write_results
 
 Step = Callable[[], None]
 
@@ -125,12 +125,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--elements", type=int, default=None, help="default: 16M on CPU, 256M on CUDA")
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/ops_speed_<device>.json)")
-    p.add_argument("--no-save", action="store_true")
+    output_arguments(p, "ops_speed", None)
     args = p.parse_args(argv)
     clock = RunClock()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("ops_speed: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
+    if cuda_missing("ops_speed", args.device):
         return 2
     n = args.elements or (16 * 2**20 if args.device == "cpu" else 256 * 2**20)
     rows = bench_cpu(n, args.repeats) if args.device == "cpu" else bench_cuda(n, args.repeats)

@@ -53,8 +53,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
-import os
 import statistics
 import sys
 import time
@@ -74,9 +72,11 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave
-from benchmarks.harness import RunClock, finish_run, load_text
+from benchmarks import harness
+from benchmarks.harness import RunClock, early_exit, finish_run, load_text, output_arguments
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.measurement.tracker import LiveTensorTracker
+from memsave.models import hub
 
 MODELS = ("gpt2", "llama", "vit", "resnet50")
 PLAN_FRACTIONS = (0.25, 0.5, 0.75)
@@ -153,67 +153,34 @@ def build(name: str, quick: bool = False) -> Case:
     """
     torch.manual_seed(0)
     if name == "gpt2":
-        tf = _transformers()
+        _transformers()
         layers, d, vocab, batch, seq = (2, 32, 128, 2, 16) if quick else (6, 256, 8192, 4, 256)
-        cfg = tf.GPT2Config(
-            n_layer=layers,
-            n_embd=d,
-            n_head=4,
-            vocab_size=vocab,
-            n_positions=seq,
-            use_cache=False,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
+        model = hub.gpt2(layers, d, heads=4, vocab=vocab, positions=seq)
+        model.loss_type = None  # as the committed runs: transformers picks the causal-LM loss itself (and says so)
         return _lm_case(
-            tf.GPT2LMHeadModel(cfg).train(),
+            model,
             vocab,
             batch,
             seq,
             f"GPT2LMHeadModel, {layers} layers, d {d}, vocab {vocab:,}, {batch} x {seq} tokens",
         )
     if name == "llama":
-        tf = _transformers()
+        _transformers()
         layers, d, vocab, batch, seq = (2, 32, 128, 2, 16) if quick else (6, 256, 8192, 4, 256)
-        cfg = tf.LlamaConfig(
-            num_hidden_layers=layers,
-            hidden_size=d,
-            intermediate_size=int(d * 2.6875),
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            vocab_size=vocab,
-            max_position_embeddings=seq,
-            use_cache=False,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
+        tokens = {"bos_token_id": 0, "eos_token_id": 0}
         return _lm_case(
-            tf.LlamaForCausalLM(cfg).train(),
+            hub.llama(layers, d, int(d * 2.6875), heads=4, kv_heads=4, vocab=vocab, positions=seq, **tokens),
             vocab,
             batch,
             seq,
             f"LlamaForCausalLM, {layers} layers, hidden {d}, vocab {vocab:,}, {batch} x {seq} tokens",
         )
     if name == "vit":
-        import timm
-
         depth, dim, heads, size, batch = (2, 32, 2, 32, 2) if quick else (12, 192, 3, 64, 32)
-        model = timm.create_model(
-            "vit_tiny_patch16_224",
-            pretrained=False,
-            num_classes=CLASSES,
-            img_size=size,
-            patch_size=8,
-            embed_dim=dim,
-            depth=depth,
-            num_heads=heads,
-        )
+        model = hub.timm_vit(size=size, patch=8, dim=dim, depth=depth, heads=heads, classes=CLASSES)
         tokens = (size // 8) ** 2 + 1
         return _classification_case(
-            model.train(),
+            model,
             batch,
             size,
             f"timm ViT-tiny, {depth} blocks, d {dim}, {size}x{size} / patch 8 ({tokens} tokens), batch {batch}",
@@ -384,17 +351,7 @@ def failure_reason(e: BaseException) -> str:
 def interleaved_times(runners: Dict[str, Runner], repeats: int, device: torch.device) -> Dict[str, List[float]]:
     """Step every runner ``repeats`` times, interleaved: A B C ... then ... C B A, so that load changing during the
     run hits all alike. Returns each runner's step times in seconds."""
-    order = list(runners)
-    times: Dict[str, List[float]] = {v: [] for v in order}
-    for i in range(repeats):
-        for v in order if i % 2 == 0 else list(reversed(order)):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            runners[v].step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times[v].append(time.perf_counter() - t0)
+    times = harness.interleaved_times({v: runner.step for v, runner in runners.items()}, repeats, device)
     for runner in runners.values():
         runner.model.zero_grad(set_to_none=True)
     return times
@@ -597,36 +554,38 @@ def argument_parser(doc: Optional[str], script: str, rewritten: str) -> argparse
     p.add_argument("--quick", action="store_true", help="tiny configs, 2 repeats, not saved unless --out: a smoke run")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (minutes of compiling)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--out", default=None, help=f"JSON path (default benchmarks/results/{script}_<device>.json)")
-    p.add_argument("--no-save", action="store_true")
-    p.add_argument("--markdown-from", default=None, help=f"only write {rewritten} of this results JSON again")
+    output_arguments(p, script, rewritten)
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the benchmark (see the module docstring); returns the exit status."""
-    p = argument_parser(__doc__, "real_models", "the .md")
-    args = p.parse_args(argv)
-    if args.markdown_from:
-        with open(args.markdown_from) as f:
-            data = json.load(f)
-        with open(os.path.splitext(args.markdown_from)[0] + ".md", "w") as f:
-            f.write(markdown(data["meta"], data["results"]))
-        return 0
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("real_models: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
-        return 2
+def start_run(args: argparse.Namespace) -> Tuple[int, bool, torch.device, RunClock]:
+    """The start of a run this benchmark and ``frontier.py`` share: ``--threads`` set, and the run line printed.
+
+    Returns:
+        The timed steps per variant (``--repeats``; default 9, ``--quick`` 2), whether to save (not ``--no-save``, and
+        a ``--quick`` run only with ``--out``), the device and the run's clock.
+    """
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 9)
     save = not args.no_save and (args.out is not None or not args.quick)
-    device = torch.device(args.device)
     clock = RunClock()
     print(
         f"one training step on {args.device} ({torch.get_num_threads()} threads), median of {repeats} interleaved "
         f"steps; ratios to eager",
         flush=True,
     )
+    return repeats, save, torch.device(args.device), clock
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the benchmark (see the module docstring); returns the exit status."""
+    p = argument_parser(__doc__, "real_models", "the .md")
+    args = p.parse_args(argv)
+    status = early_exit("real_models", args, markdown)
+    if status is not None:
+        return status
+    repeats, save, device, clock = start_run(args)
     results = []
     for name in args.models:
         print(f"{name} ...", flush=True)

@@ -32,9 +32,8 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Callable, ClassVar, Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -43,47 +42,12 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.harness import RunClock, finish_run, sync
+from benchmarks.harness import RunClock, cuda_missing, finish_run, interleaved_times, output_arguments
 from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
+from memsave.models.eager import LlamaMLP, LlamaRMSNorm
 from memsave.nn import GatedMLP, RMSNorm, fuse_rms_norm_linear
 
 Step = Callable[[], None]
-
-
-class LlamaRMSNorm(nn.Module):
-    """Hugging Face's LlamaRMSNorm (transformers/models/llama/modeling_llama.py)."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
-
-
-class LlamaMLP(nn.Module):
-    """Hugging Face's LlamaMLP with the activation as an argument."""
-
-    ACTS: ClassVar[Dict[str, nn.Module]] = {
-        "silu": nn.SiLU(),
-        "gelu": nn.GELU(),
-        "gelu_tanh": nn.GELU(approximate="tanh"),
-    }
-
-    def __init__(self, hidden: int, intermediate: int, act: str = "silu") -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.act_fn = self.ACTS[act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class QKV(nn.Module):
@@ -182,15 +146,7 @@ def bench_case(build, shape, dtype: torch.dtype, device: torch.device, repeats: 
         steps[name]()  # warm-up (and first-call allocations)
         row[f"{name}_peak_bytes"] = step_peak_bytes(steps[name], device)
         row[f"{name}_kept_bytes"] = kept_bytes(models[name], x, device)
-    times: Dict[str, List[float]] = {"eager": [], "memsave": []}
-    for i in range(repeats):
-        order = ("eager", "memsave") if i % 2 == 0 else ("memsave", "eager")  # A B B A ...
-        for name in order:
-            sync(device)
-            t0 = time.perf_counter()
-            steps[name]()
-            sync(device)
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved_times(steps, repeats, device)  # A B B A ...
     for name in ("eager", "memsave"):
         row[f"{name}_s"] = statistics.median(times[name])
     row["peak_ratio"] = row["memsave_peak_bytes"] / row["eager_peak_bytes"]
@@ -207,12 +163,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--dtypes", nargs="+", default=None, help="default: float32 on CPU, float32 bfloat16 on CUDA")
     p.add_argument("--cases", nargs="+", default=None, help="substrings of case names to run (default: all)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/transformer_ops_<device>.json)")
-    p.add_argument("--no-save", action="store_true")
+    output_arguments(p, "transformer_ops", None)
     args = p.parse_args(argv)
     clock = RunClock()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("transformer_ops: no CUDA GPU here; run the CPU benchmark or on a GPU machine", file=sys.stderr)
+    if cuda_missing("transformer_ops", args.device):
         return 2
     device = torch.device(args.device)
     dtypes = args.dtypes or (["float32"] if args.device == "cpu" else ["float32", "bfloat16"])

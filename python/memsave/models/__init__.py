@@ -4,6 +4,8 @@ synthetic data: what ``python -m memsave bench/estimate --model NAME``, the exam
 =============  ===================================================================================================
 ``zoo.py``     the models, :data:`SIZES`, :func:`build` (a :class:`BenchCase`: model, inputs, loss) and
                :class:`ShapeCrossEntropy` (cross-entropy against targets shaped from the output)
+``hub.py``     Hugging Face transformers, timm and torchvision models at small configs with random weights
+``eager.py``   Hugging Face's Llama RMSNorm and MLP in plain torch: what memsave's transformer operators replace
 =============  ===================================================================================================
 
 These are test and benchmark subjects, not part of measuring: :mod:`memsave.measurement` never imports them.

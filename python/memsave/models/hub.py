@@ -1,6 +1,6 @@
-"""Real model definitions from Hugging Face transformers at small configs with random weights: the language models the
-tests, the benchmarks and the examples train (nothing is downloaded; transformers is imported when a builder is
-called, and a missing install raises an ImportError that says how to get it).
+"""Real model definitions from Hugging Face transformers, timm and torchvision at small configs with random weights: the
+models the tests, the benchmarks and the examples train (nothing is downloaded; the library is imported when a builder
+is called, and a missing install raises an ImportError that says how to get it).
 
 Each builder spells out the few numbers that size the model and leaves the rest of the architecture to transformers'
 defaults; ``dropout=0.0`` turns every dropout off (deterministic comparisons), ``dropout=None`` keeps the config's own
@@ -9,19 +9,23 @@ rates, and any other config field passes through ``**config``.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Optional
 
 from torch import nn
 
 
-def _transformers() -> Any:
+def _library(name: str, tested: str) -> Any:
     try:
-        import transformers
+        return importlib.import_module(name)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "memsave.models.hub builds Hugging Face models: pip install transformers (the tests use 5.24.0)"
+            f"memsave.models.hub builds {name} models: pip install {name} (the tests use {tested})"
         ) from exc
-    return transformers
+
+
+def _transformers() -> Any:
+    return _library("transformers", "5.24.0")
 
 
 def _with_causal_lm_loss(model: nn.Module) -> nn.Module:
@@ -73,27 +77,10 @@ def gpt2(
     return _with_causal_lm_loss(tf.GPT2LMHeadModel(cfg))
 
 
-def llama(
-    layers: int = 2,
-    hidden: int = 64,
-    intermediate: int = 128,
-    heads: int = 4,
-    kv_heads: Optional[int] = None,
-    vocab: int = 128,
-    positions: int = 64,
-    **config: Any,
-) -> nn.Module:
-    """A ``LlamaForCausalLM`` with random weights and no KV cache.
-
-    Args:
-        layers: decoder layers.
-        hidden: model width.
-        intermediate: the gated MLP's width.
-        heads: attention heads.
-        kv_heads: key/value heads (grouped-query attention); ``None``: as many as ``heads``.
-        vocab: vocabulary size.
-        positions: ``max_position_embeddings``.
-        **config: further ``LlamaConfig`` fields (``hidden_act=...``, ``attention_dropout=...`` ...).
+def llama(*args: Any, **config: Any) -> nn.Module:
+    """A ``LlamaForCausalLM`` with random weights and no KV cache: :func:`causal_lm` for the family ``"Llama"``, with
+    its arguments after ``family`` (``layers, hidden, intermediate, heads, kv_heads, vocab, positions``, then
+    ``LlamaConfig`` fields such as ``hidden_act=...``, ``attention_dropout=...``).
 
     Returns:
         The model, in training mode.
@@ -105,8 +92,46 @@ def llama(
         >>> model = memsave.models.hub.llama(layers=2, hidden=64, vocab=256)
         >>> memsave.convert(model, fuse=True)
     """
+    return causal_lm("Llama", *args, **config)
+
+
+def causal_lm(
+    family: str = "Llama",
+    layers: int = 2,
+    hidden: int = 64,
+    intermediate: int = 128,
+    heads: int = 4,
+    kv_heads: Optional[int] = None,
+    vocab: int = 128,
+    positions: int = 64,
+    **config: Any,
+) -> nn.Module:
+    """A ``<family>ForCausalLM`` of the Llama-shaped decoders (Llama, Mistral, Qwen2, Mixtral ...) with random weights
+    and no KV cache.
+
+    Args:
+        family: the transformers name prefix: ``<family>Config`` and ``<family>ForCausalLM``.
+        layers: decoder layers.
+        hidden: model width.
+        intermediate: the gated MLP's (each expert's) width.
+        heads: attention heads.
+        kv_heads: key/value heads (grouped-query attention); ``None``: as many as ``heads``.
+        vocab: vocabulary size.
+        positions: ``max_position_embeddings``.
+        **config: further config fields (``sliding_window=...``, ``num_local_experts=...``, ``use_cache=True`` ...).
+
+    Returns:
+        The model, in training mode.
+
+    Raises:
+        ImportError: transformers is not installed.
+        AttributeError: transformers has no such family.
+
+    Example:
+        >>> model = memsave.models.hub.causal_lm("Mistral", layers=2, hidden=64, kv_heads=2, sliding_window=8)
+    """
     tf = _transformers()
-    cfg = tf.LlamaConfig(
+    cfg = getattr(tf, f"{family}Config")(
         num_hidden_layers=layers,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -116,4 +141,85 @@ def llama(
         max_position_embeddings=positions,
         **{"use_cache": False, **config},
     )
-    return _with_causal_lm_loss(tf.LlamaForCausalLM(cfg))
+    return _with_causal_lm_loss(getattr(tf, f"{family}ForCausalLM")(cfg))
+
+
+def bert(
+    layers: int, hidden: int, intermediate: int, heads: int = 4, vocab: int = 128, positions: int = 512, **config: Any
+) -> nn.Module:
+    """A ``BertForMaskedLM`` with random weights, sized as :func:`causal_lm` is (``layers``: encoder layers,
+    ``intermediate``: the feed-forward width, ``positions``: BERT's 512 unless given), further ``BertConfig`` fields as
+    ``**config`` (``hidden_dropout_prob=0.0`` ...; BERT's dropout rates are 0.1).
+
+    Returns:
+        The model, in training mode.
+
+    Raises:
+        ImportError: transformers is not installed.
+
+    Example:
+        >>> model = memsave.models.hub.bert(layers=2, hidden=32, intermediate=64, vocab=96)
+    """
+    tf = _transformers()
+    sizes = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab)
+    cfg = tf.BertConfig(intermediate_size=intermediate, max_position_embeddings=positions, **sizes, **config)
+    return tf.BertForMaskedLM(cfg).train()
+
+
+def timm_vit(
+    size: int, patch: int, dim: int, depth: int, heads: int, classes: int = 10, dropout: Optional[float] = None
+) -> nn.Module:
+    """timm's ``vit_tiny_patch16_224`` architecture at another size, with random weights.
+
+    Args:
+        size: the image side (``img_size``).
+        patch: the patch side.
+        dim: the embedding width.
+        depth: transformer blocks.
+        heads: attention heads.
+        classes: classifier outputs.
+        dropout: head, projection, attention and drop-path rate alike; ``None`` keeps timm's (0).
+
+    Returns:
+        The model, in training mode.
+
+    Raises:
+        ImportError: timm is not installed.
+
+    Example:
+        >>> model = memsave.models.hub.timm_vit(size=32, patch=8, dim=32, depth=2, heads=2)
+    """
+    timm = _library("timm", "1.0.31")
+    rates = {} if dropout is None else {f"{k}_rate": dropout for k in ("drop", "proj_drop", "attn_drop", "drop_path")}
+    sizes = dict(img_size=size, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=classes, **sizes, **rates).train()
+
+
+def torchvision_vit(
+    size: int, patch: int, layers: int, heads: int, hidden: int, mlp: int, classes: int = 10, dropout: float = 0.0
+) -> nn.Module:
+    """A torchvision ``VisionTransformer`` with random weights.
+
+    Args:
+        size: the image side.
+        patch: the patch side.
+        layers: encoder layers.
+        heads: attention heads.
+        hidden: the embedding width.
+        mlp: the MLP width.
+        classes: classifier outputs.
+        dropout: dropout and attention dropout alike.
+
+    Returns:
+        The model, in training mode.
+
+    Raises:
+        ImportError: torchvision is not installed.
+
+    Example:
+        >>> model = memsave.models.hub.torchvision_vit(size=32, patch=8, layers=2, heads=2, hidden=32, mlp=64)
+    """
+    models = _library("torchvision", "0.26.0").models
+    sizes = dict(image_size=size, patch_size=patch, num_layers=layers, num_heads=heads, hidden_dim=hidden, mlp_dim=mlp)
+    model = models.VisionTransformer(**sizes, dropout=dropout, attention_dropout=dropout, num_classes=classes)
+    return model.train()
