@@ -47,7 +47,7 @@ import copy
 import html
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -409,12 +409,18 @@ def _fake_inputs(inputs: Any, fake_mode: Any, device: torch.device, dtype: Optio
     return tree_map_only(torch.Tensor, fake, inputs)
 
 
+class _Step(NamedTuple):
+    """The training step to run on fake tensors: ``loss_fn(strat.prepare(model)(*inputs, **kwargs))``."""
+
+    model: nn.Module
+    inputs: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    strat: Strategy
+    loss_fn: LossFn
+
+
 def _run_fake_step(
-    model: nn.Module,
-    inputs: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
-    strat: Strategy,
-    loss_fn: LossFn,
+    step: _Step,
     device: torch.device,
     dtype: Optional[torch.dtype],
     round_fn: Callable[[int], int],
@@ -422,6 +428,7 @@ def _run_fake_step(
     optimizer_states: int,
     emulate_cuda: bool = False,
 ) -> Dict[str, Any]:
+    model, inputs, kwargs, strat, loss_fn = step
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     memo: Dict[int, Any] = {}
     params: List[torch.Tensor] = []
@@ -494,14 +501,7 @@ def _run_fake_step(
 
 
 def _fake_step_or_emulated(
-    model: nn.Module,
-    inputs: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
-    strat: Strategy,
-    loss_fn: LossFn,
-    dev: torch.device,
-    dtype: Optional[torch.dtype],
-    states: int,
+    step: _Step, dev: torch.device, dtype: Optional[torch.dtype], states: int
 ) -> Tuple[Dict[str, Any], bool, bool]:
     """Run the fake step for ``dev``; returns ``(result, emulated, cpu_onednn)``. A CUDA step whose fake CUDA
     tensors fail (some torch builds need a CUDA runtime for them) falls back to CPU emulation, with a warning."""
@@ -511,9 +511,8 @@ def _fake_step_or_emulated(
     # oneDNN's convolution workspaces are modelled for real CPU steps only (cuDNN's depend on the algorithm chosen).
     cpu_onednn = dev.type == "cpu" and torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
     workspace_fn = _CPU_CONV_WORKSPACE if cpu_onednn else None
-    step = (model, inputs, kwargs, strat, loss_fn)
     try:
-        r = _run_fake_step(*step, run_dev, dtype, round_fn, workspace_fn, states, emulate_cuda=emulated)
+        r = _run_fake_step(step, run_dev, dtype, round_fn, workspace_fn, states, emulate_cuda=emulated)
     except RuntimeError as e:
         if dev.type != "cuda" or emulated or isinstance(e, NoFakeKernelError) or "could not be applied" in str(e):
             raise
@@ -521,7 +520,7 @@ def _fake_step_or_emulated(
             f"estimate: fake CUDA step failed ({e}); estimating with CPU operator choices", RuntimeWarning, stacklevel=3
         )
         emulated = True
-        r = _run_fake_step(*step, torch.device("cpu"), dtype, round_fn, None, states, emulate_cuda=True)
+        r = _run_fake_step(step, torch.device("cpu"), dtype, round_fn, None, states, emulate_cuda=True)
     return r, emulated, cpu_onednn
 
 
@@ -583,9 +582,8 @@ def estimate(
     states = OPTIMIZER_STATES.get(optimizer or "sgd", 0)
     rng = RngState()
     try:
-        r, emulated, cpu_onednn = _fake_step_or_emulated(
-            model, tuple(example_inputs), dict(model_kwargs), strat, loss_fn, dev, dtype, states
-        )
+        step = _Step(model, tuple(example_inputs), dict(model_kwargs), strat, loss_fn)
+        r, emulated, cpu_onednn = _fake_step_or_emulated(step, dev, dtype, states)
     finally:
         rng.restore()
     if dev.type == "cuda":
