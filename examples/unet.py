@@ -23,48 +23,18 @@ import torch
 from torch import nn
 
 import memsave
+import memsave.models
 from memsave.measurement.units import format_bytes
 
-SIZES = {  # batch, image side, first-level width
-    "full": dict(batch=8, image=512, width=64),
-    "cpu": dict(batch=2, image=64, width=64),
-    "tiny": dict(batch=1, image=32, width=8),
-}
+SIZES = memsave.models.SIZES["unet"]  # size -> batch, image side, first-level width, classes
 
 
-def double_conv(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
-        nn.BatchNorm2d(c_out),
-        nn.ReLU(inplace=True),
-        nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
-        nn.BatchNorm2d(c_out),
-        nn.ReLU(inplace=True),
-    )
-
-
-class Up(nn.Module):
-    def __init__(self, c_in: int, c_out: int) -> None:
-        super().__init__()
-        self.up = nn.ConvTranspose2d(c_in, c_in // 2, 2, stride=2)
-        self.conv = double_conv(c_in, c_out)
-
-    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        return self.conv(torch.cat([skip, self.up(x)], dim=1))
-
-
-class UNet(nn.Module):
-    """5 levels, widths w..16w (64..1024 for the classic w = 64); ``self.run`` decides how each block is called."""
+class UNet(memsave.models.UNet):
+    """The classic 5-level UNet (:class:`memsave.models.UNet`: widths w..16w, 64..1024 for the classic w = 64) whose
+    forward calls every block through ``self.run``, as the tutorial's does."""
 
     def __init__(self, in_channels: int = 3, num_classes: int = 2, w: int = 64) -> None:
-        super().__init__()
-        self.inc = double_conv(in_channels, w)
-        self.down1 = nn.Sequential(nn.MaxPool2d(2), double_conv(w, 2 * w))
-        self.down2 = nn.Sequential(nn.MaxPool2d(2), double_conv(2 * w, 4 * w))
-        self.down3 = nn.Sequential(nn.MaxPool2d(2), double_conv(4 * w, 8 * w))
-        self.down4 = nn.Sequential(nn.MaxPool2d(2), double_conv(8 * w, 16 * w))
-        self.up1, self.up2, self.up3, self.up4 = Up(16 * w, 8 * w), Up(8 * w, 4 * w), Up(4 * w, 2 * w), Up(2 * w, w)
-        self.outc = nn.Conv2d(w, num_classes, 1)
+        super().__init__(in_channels, num_classes, width=w)
         self.run: Callable[..., Any] = lambda block, *args: block(*args)
 
     def use_checkpointing(self, checkpoint_fn: Callable[..., Any]) -> None:
