@@ -3,13 +3,17 @@
 - ``helpers.models``: small deterministic test models (MLPs, CNN, UNet-like, transformer).
 - ``helpers.masks``: bitwise comparison with torch and special values, for the 1-bit-mask and pooling operators.
 - ``helpers.fused``: unfused torch references and error measures, for the fused operators.
-- here: the floating-point dtypes, the repository root, the autograd-engine probe and the gloo marker of the DDP
-  tests.
+- ``helpers.checks``: a fused module against the eager one it replaces, and the refused double backward.
+- ``helpers.steps``: one training step of a real model (gradients, peak) for the plan tests.
+- here: the floating-point dtypes, the repository root, the autograd-engine probe, the gloo marker of the DDP
+  tests and a script's ``main`` run in-process.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Callable, List, Tuple
 
 import pytest
 import torch
@@ -27,6 +31,16 @@ needs_gloo = pytest.mark.skipif(
 )
 
 
+def run_main(main: Callable[[List[str]], int], *argv: str) -> None:
+    """A script's ``main(argv)`` returns 0; torch's intra-op thread count (a benchmark's ``--threads`` sets it) is
+    restored afterwards."""
+    threads = torch.get_num_threads()
+    try:
+        assert main(list(argv)) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 def in_backward() -> bool:
     """Whether the autograd engine is running a backward right now (a recompute, inside a checkpointed region)."""
     return torch._C._current_graph_task_id() != -1
@@ -40,6 +54,26 @@ def leaf(*shape: int, seed: int = 0) -> torch.Tensor:
 def grads(*tensors: torch.Tensor) -> list:
     """Copies of the tensors' gradients."""
     return [t.grad.clone() for t in tensors]
+
+
+def eager_step(block: torch.nn.Module, x: torch.Tensor, seed: int = 2) -> Tuple[torch.nn.Module, list]:
+    """Before a checkpointed step to compare with eager: a deep copy of ``block`` (for that step), and the input and
+    parameter gradients of ``block(x).sum()`` from RNG seed ``seed``; ``x.grad`` is cleared and the seed set again."""
+    ours = copy.deepcopy(block)
+    torch.manual_seed(seed)
+    block(x).sum().backward()
+    expected = grads(x, *block.parameters())
+    x.grad = None
+    torch.manual_seed(seed)
+    return ours, expected
+
+
+def register_unavailable(name: str, description: str, requirement: str) -> None:
+    """Register the strategy ``name``, which changes nothing and requires ``requirement`` (``"module:attribute"``,
+    absent here): a strategy whose requirement is missing. The test unregisters it."""
+    from memsave.measurement.strategies import register_strategy
+
+    register_strategy(name, description, apply=lambda m, a, c: m, requires=(requirement,))
 
 
 class Counter:

@@ -48,3 +48,16 @@ def run_ranks(fn: Callable[[int], Any], tmp_path: Path, world: int = 2, attempts
             continue
         return [torch.load(run_dir / f"rank{r}.pt") for r in range(world)]
     raise AssertionError("unreachable")
+
+
+def sgd_steps(model: Callable[[torch.Tensor], torch.Tensor], params: Any, rank: int, steps: int) -> None:
+    """``steps`` SGD steps (momentum 0.9) of ``model(x).pow(2).mean()`` on seeded random 4 x 3 x 8 x 8 images: data
+    and dropout masks differ between ranks and are equal between two runs of the same rank."""
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    data = torch.Generator().manual_seed(100 + rank)
+    torch.manual_seed(200 + rank)
+    for _ in range(steps):
+        x = torch.randn(4, 3, 8, 8, generator=data)
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        opt.step()

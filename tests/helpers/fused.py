@@ -96,6 +96,26 @@ def bn_reference(x, rm, rv, w, b, training, act, momentum=0.1, eps=1e-5):
     return TORCH_ACTS[act](TF.batch_norm(x, rm, rv, w, b, training, momentum, eps))
 
 
+def bn_low_precision_grads(fn: Callable[..., Tensor], x: Tensor, w: Tensor, b: Tensor, dtype: Any, act: str):
+    """A training-mode batch norm + ``act`` the autocast way (``x`` cast to the low-precision ``dtype``, float32
+    parameters): ``fn(x, None, None, w, b, True, act=act)`` against torch's composition in ``dtype`` and a float64
+    reference. Asserts the output is in ``dtype`` and within :func:`assert_low_precision_ok`; returns the input,
+    weight and bias gradients of the three (ours, torch's, the reference's) for one seeded output gradient."""
+    x_lp = x.detach().to(dtype).requires_grad_()
+    x64, w64, b64 = leaf_copies(x_lp, w, b, dtype=torch.float64)
+    xt, wt, bt = leaf_copies(x_lp, w, b)
+    y = fn(x_lp, None, None, w, b, True, act=act)
+    yt = bn_reference(xt, None, None, wt, bt, True, act)
+    y64 = bn_reference(x64, None, None, w64, b64, True, act)
+    assert y.dtype == dtype
+    assert_low_precision_ok(y, yt, y64, "output")
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    ours = torch.autograd.grad(y, (x_lp, w, b), g)
+    torchs = torch.autograd.grad(yt, (xt, wt, bt), g)
+    refs = torch.autograd.grad(y64, (x64, w64, b64), g.double())
+    return ours, torchs, refs
+
+
 def bn_inputs(
     shape=(4, 5, 6, 7), fmt=torch.contiguous_format, dtype=torch.float32, seed=0, bias_scale=1.0, mean_scale=1.0
 ):

@@ -55,3 +55,16 @@ def step_peak(model: nn.Module, args: Args, kwargs: Kwargs, loss_fn: LossFn) -> 
     peak = step_peak_bytes(step, torch.device("cpu"))
     model.zero_grad(set_to_none=True)
     return peak
+
+
+def assert_same_step(
+    grads: Dict[str, torch.Tensor], grads_other: Dict[str, torch.Tensor], model: nn.Module, other: nn.Module
+) -> None:
+    """Two steps agree bitwise: the same (non-empty) set of parameter gradients, each equal, and ``other``'s buffers
+    (BatchNorm statistics updated once) equal ``model``'s."""
+    assert grads and grads.keys() == grads_other.keys()
+    for name, grad in grads.items():
+        assert torch.equal(grad, grads_other[name]), name
+    buffers = dict(other.named_buffers())
+    for name, buf in model.named_buffers():
+        assert torch.equal(buf, buffers[name]), name

@@ -10,31 +10,23 @@ from typing import Any, Dict, List
 
 import pytest
 import torch
+from torch import nn
 
 import memsave
 
 transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
 
 import memsave.integrations.transformers as ms_hf  # noqa: E402
+from memsave.models import hub  # noqa: E402
 from memsave.recompute import is_wrapped  # noqa: E402
 
 VOCAB, SEQ = 64, 16
 
 
-def _llama(seed: int = 0) -> LlamaForCausalLM:
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attention_dropout=0.0,
-        use_cache=False,
-    )
+def _llama(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg)
+    return hub.llama(3, 32, 64, heads=4, kv_heads=2, vocab=VOCAB, positions=2048, attention_dropout=0.0)
 
 
 class _Ids(torch.utils.data.Dataset):

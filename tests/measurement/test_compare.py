@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from helpers import models
+from helpers import models, register_unavailable
 from memsave.errors import StrategyUnavailableError
 from memsave.measurement.comparison import Comparison, compare
 from memsave.measurement.measuring import measure
@@ -86,17 +86,9 @@ def test_registry_plugs_in_and_reports_missing_modules():
         assert parse_strategy("test-half-width+checkpoint:blocks").parts[0][0] is spec
     finally:
         unregister_strategy("test-half-width")
-    register_strategy(
-        "test-missing",
-        "needs a module that does not exist",
-        apply=lambda m, a, c: m,
-        requires=("memsave.not_there:thing",),
-    )
-    register_strategy(
-        "test-missing-attr",
-        "needs an attribute that does not exist",
-        apply=lambda m, a, c: m,
-        requires=("memsave.measurement.comparison:not_there",),
+    register_unavailable("test-missing", "needs a module that does not exist", "memsave.not_there:thing")
+    register_unavailable(
+        "test-missing-attr", "needs an attribute that does not exist", "memsave.measurement.comparison:not_there"
     )
     try:
         model, x = models.build("mlp")

@@ -10,12 +10,14 @@ import torch.nn.functional as TF
 from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
+from helpers.checks import assert_no_double_backward
 from helpers.fused import (
     BN_FORMATS,
     FLOAT32_RTOL,
     TORCH_ACTS,
     assert_low_precision_ok,
     bn_inputs,
+    bn_low_precision_grads,
     bn_reference,
     leaf_copies,
     module_state,
@@ -115,18 +117,7 @@ def test_opcheck(case):
 def test_low_precision_error_at_most_twice_torchs(dtype, act):
     # Autocast-style inputs: low-precision activations, float32 parameters.
     x, w, b, _, _ = _inputs(shape=(4, 6, 8, 8), seed=3)
-    x_lp = x.detach().to(dtype).requires_grad_()
-    x64, w64, b64 = leaf_copies(x_lp, w, b, dtype=torch.float64)
-    xt, wt, bt = leaf_copies(x_lp, w, b)
-    y = MF.batch_norm_act(x_lp, None, None, w, b, True, act=act)
-    yt = bn_reference(xt, None, None, wt, bt, True, act)
-    y64 = bn_reference(x64, None, None, w64, b64, True, act)
-    assert y.dtype == dtype
-    assert_low_precision_ok(y, yt, y64, "output")
-    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
-    ours = torch.autograd.grad(y, (x_lp, w, b), g)
-    torchs = torch.autograd.grad(yt, (xt, wt, bt), g)
-    refs = torch.autograd.grad(y64, (x64, w64, b64), g.double())
+    ours, torchs, refs = bn_low_precision_grads(MF.batch_norm_act, x, w, b, dtype, act)
     assert ours[1].dtype == torch.float32  # parameter gradients stay in the parameters' dtype
     for name, o, t, r in zip(("input", "weight", "bias"), ours, torchs, refs):
         assert_low_precision_ok(o.to(t.dtype), t, r, f"grad {name}")
@@ -134,10 +125,7 @@ def test_low_precision_error_at_most_twice_torchs(dtype, act):
 
 def test_double_backward_raises():
     x, w, b, _, _ = _inputs(shape=(2, 3, 2, 2))
-    y = MF.batch_norm_act(x, None, None, w, b, True, act="gelu")
-    (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
-    with pytest.raises(NotImplementedError, match="double backward"):
-        gx.sum().backward()
+    assert_no_double_backward(x, lambda: MF.batch_norm_act(x, None, None, w, b, True, act="gelu").sum())
 
 
 # ---------------------------------------------------------------------------------------------------------- module

@@ -34,20 +34,7 @@ def _ids(seed: int = 1, batch: int = 2) -> torch.Tensor:
 
 
 def _llama_family(name: str) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        cfg = getattr(transformers, f"{name}Config")(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=72,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            use_cache=False,
-        )
-        return getattr(transformers, f"{name}ForCausalLM")(cfg)
-
-    return build
+    return lambda: hub.causal_lm(name, 2, 32, 72, heads=4, kv_heads=2, vocab=VOCAB, positions=64)
 
 
 def _gpt2() -> nn.Module:
@@ -247,16 +234,7 @@ def test_default_convert_leaves_a_transformer_alone():
 
 
 def test_unsupported_activation_is_skipped_with_a_reason():
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=72,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        hidden_act="quick_gelu",
-        use_cache=False,
-    )
-    model = transformers.LlamaForCausalLM(cfg)
+    model = hub.llama(1, 32, 72, heads=4, vocab=VOCAB, positions=2048, hidden_act="quick_gelu")
     report = plan_convert(model, fuse=True)
     skipped = {e.name: e.detail for e in report.entries if e.verdict == "skipped"}
     assert "QuickGELUActivation has no fused memsave kernel" in skipped["model.layers.0.mlp"]
@@ -321,15 +299,7 @@ def test_timm_mlp_with_dropout_is_skipped():
 
 
 def _bert() -> nn.Module:
-    cfg = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return transformers.BertForMaskedLM(cfg)
+    return hub.bert(2, 32, 64, heads=4, vocab=VOCAB, positions=64)
 
 
 def test_bert_feed_forward_fused():

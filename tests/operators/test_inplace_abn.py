@@ -10,11 +10,13 @@ import torch.nn.functional as TF
 from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
+from helpers.checks import assert_no_double_backward
 from helpers.fused import (
     BN_FORMATS,
     FLOAT32_RTOL,
     assert_low_precision_ok,
     bn_inputs,
+    bn_low_precision_grads,
     bn_reference,
     leaf_copies,
     module_state,
@@ -125,18 +127,7 @@ def test_low_precision_error_at_most_twice_torchs(dtype, act):
     error up to the dtype's epsilon, where torch (which keeps the exact input) is far more accurate. Documented on
     InPlaceABN2d; BatchNormAct2d has no such limit."""
     x, w, b, _, _ = _inputs(shape=(4, 6, 8, 8), seed=3)
-    x_lp = x.detach().to(dtype).requires_grad_()
-    x64, w64, b64 = leaf_copies(x_lp, w, b, dtype=torch.float64)
-    xt, wt, bt = leaf_copies(x_lp, w, b)
-    y = _abn(x_lp, None, None, w, b, True, act=act)
-    yt = bn_reference(xt, None, None, wt, bt, True, act)
-    y64 = bn_reference(x64, None, None, w64, b64, True, act)
-    assert y.dtype == dtype
-    assert_low_precision_ok(y, yt, y64, "output")
-    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
-    ours = torch.autograd.grad(y, (x_lp, w, b), g)
-    torchs = torch.autograd.grad(yt, (xt, wt, bt), g)
-    refs = torch.autograd.grad(y64, (x64, w64, b64), g.double())
+    ours, torchs, refs = bn_low_precision_grads(_abn, x, w, b, dtype, act)
     assert_low_precision_ok(ours[0], torchs[0], refs[0], "grad input")
     assert_low_precision_ok(ours[2], torchs[2], refs[2], "grad bias")
     assert rel_err(ours[1], refs[1]) <= torch.finfo(dtype).eps
@@ -184,10 +175,7 @@ def test_autograd_in_place_rules():
 
 def test_double_backward_raises():
     x, w, b, _, _ = _inputs(shape=(2, 3, 2, 2))
-    y = _abn(x, None, None, w, b, True)
-    (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
-    with pytest.raises(NotImplementedError, match="double backward"):
-        gx.sum().backward()
+    assert_no_double_backward(x, lambda: _abn(x, None, None, w, b, True).sum())
 
 
 # ---------------------------------------------------------------------------------------------------------- module

@@ -101,8 +101,9 @@ def user_models(tmp_path_factory: pytest.TempPathFactory):
             sys.modules.pop(name, None)
 
 
-def _stdout(capsys: pytest.CaptureFixture, argv: List[str]) -> str:
-    assert main(argv) == 0
+def _stdout(capsys: pytest.CaptureFixture, command: str, *extra: str) -> str:
+    """``memsave`` with the words of ``command`` and then ``extra`` exits 0: its standard output."""
+    assert main([*command.split(), *extra]) == 0
     return capsys.readouterr().out
 
 
@@ -111,21 +112,7 @@ def _stdout(capsys: pytest.CaptureFixture, argv: List[str]) -> str:
 def test_bench_user_model_with_a_float_input(user_models, tmp_path, capsys):
     out = tmp_path / "cnn.json"
     text = _stdout(
-        capsys,
-        [
-            "bench",
-            "--model",
-            f"{MOD}:make_cnn",
-            "--input",
-            "2,3,16,16",
-            "--device",
-            "cpu",
-            "--steps",
-            "1",
-            "--no-progress",
-            "--json",
-            str(out),
-        ],
+        capsys, f"bench --model {MOD}:make_cnn --input 2,3,16,16 --device cpu --steps 1 --no-progress --json", str(out)
     )
     assert f"{MOD}:make_cnn (input 2x3x16x16 float32)" in text and "checkpoint:blocks" in text
     data = json.loads(out.read_text())
@@ -140,21 +127,10 @@ def test_estimate_user_language_model_with_token_input_and_dict_output(user_mode
     out = tmp_path / "lm.json"
     text = _stdout(
         capsys,
-        [
-            "estimate",
-            "--model",
-            f"{MOD}:TinyLM",
-            "--model-kwargs",
-            '{"vocab": 40, "layers": 3}',
-            "--input",
-            "tokens:2,16:40",
-            "--device",
-            "cpu",
-            "--memory",
-            "4MiB",
-            "--json",
-            str(out),
-        ],
+        f"estimate --model {MOD}:TinyLM --input tokens:2,16:40 --device cpu --memory 4MiB --json",
+        str(out),
+        "--model-kwargs",
+        '{"vocab": 40, "layers": 3}',
     )
     assert f"{MOD}:TinyLM (input 2x16 token ids < 40) on cpu" in text and "max batch (4MiB)" in text
     data = json.loads(out.read_text())
@@ -169,20 +145,8 @@ def test_bench_token_ids_stay_below_the_vocabulary(user_models, capsys):
     # An id >= vocab would make the embedding raise: the real (not fake) inputs of bench are drawn below it.
     text = _stdout(
         capsys,
-        [
-            "bench",
-            "--model",
-            f"{MOD}:TinyLM",
-            "--model-kwargs",
-            '{"vocab": 7}',
-            "--input",
-            "tokens:4,32:7",
-            "--device",
-            "cpu",
-            "--steps",
-            "1",
-            "--no-progress",
-        ],
+        f"bench --model {MOD}:TinyLM --input tokens:4,32:7 --device cpu --steps 1 --no-progress --model-kwargs",
+        '{"vocab": 7}',
     )
     assert "(input 4x32 token ids < 7)" in text
 
@@ -191,31 +155,17 @@ def test_several_inputs_a_batch_override_and_a_file_path(user_models, capsys):
     path = user_models / f"{MOD}.py"
     text = _stdout(
         capsys,
-        [
-            "bench",
-            "--model",
-            f"{path}:TwoInputs",
-            "--input",
-            "2,4",
-            "--input",
-            "2,5",
-            "--batch",
-            "3",
-            "--device",
-            "cpu",
-            "--steps",
-            "1",
-            "--no-progress",
-            "--strategies",
-            "eager,checkpoint:all",
-        ],
+        "bench --input 2,4 --input 2,5 --batch 3 --device cpu --steps 1 --no-progress --strategies",
+        "eager,checkpoint:all",
+        "--model",
+        f"{path}:TwoInputs",
     )
     assert f"{path}:TwoInputs (inputs 3x4 float32, 3x5 float32)" in text and "checkpoint:all" in text
 
 
 @pytest.mark.slow
 def test_builtin_models_keep_size_and_batch(capsys):
-    text = _stdout(capsys, ["estimate", "--model", "unet", "--size", "tiny", "--batch", "3", "--device", "cpu"])
+    text = _stdout(capsys, "estimate --model unet --size tiny --batch 3 --device cpu")
     assert "unet (tiny, batch 3) on cpu" in text
 
 
@@ -270,8 +220,8 @@ def test_bench_on_a_model_without_blocks_prints_eager_and_an_error_row(tmp_path,
     (tmp_path / "m.py").write_text(MLP)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "mlp.json"
-    argv = ["bench", "--model", "./m.py:mlp", "--input", "8,16", "--steps", "1", "--no-progress", "--json", str(out)]
-    text = _stdout(capsys, argv)  # exit 0: eager ran
+    # exit 0: eager ran
+    text = _stdout(capsys, "bench --model ./m.py:mlp --input 8,16 --steps 1 --no-progress --json", str(out))
     rows = {r["strategy"]: r for r in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["eager", "checkpoint:blocks"]
     assert rows["eager"]["peak_bytes"] > 0 and rows["eager"].get("error") is None
@@ -282,7 +232,7 @@ def test_bench_on_a_model_without_blocks_prints_eager_and_an_error_row(tmp_path,
 def test_estimate_on_a_model_without_blocks_prints_eager_and_an_error_row(tmp_path, capsys, monkeypatch):
     (tmp_path / "m.py").write_text(MLP)
     monkeypatch.chdir(tmp_path)
-    text = _stdout(capsys, ["estimate", "--model", "./m.py:mlp", "--input", "8,16", "--no-progress"])
+    text = _stdout(capsys, "estimate --model ./m.py:mlp --input 8,16 --no-progress")
     eager_line = next(line for line in text.splitlines() if line.startswith("eager "))
     assert "error" not in eager_line
     assert any(line.startswith("checkpoint:blocks") and "error" in line for line in text.splitlines())
@@ -545,42 +495,12 @@ def test_cli_from_a_wheel_in_a_fresh_virtualenv(tmp_path):
     assert "memsave::relu" in r.stdout and "CPU" in r.stdout
     r = _check([py, "-m", "memsave", "demo", "--size", "tiny", "--steps", "1", "--device", "cpu"], outside, clean)
     assert "checkpoint:Block" in r.stdout and "eager" in r.stdout
-    r = _check(
-        [
-            py,
-            "-m",
-            "memsave",
-            "bench",
-            "--model",
-            "resnet50",
-            "--size",
-            "tiny",
-            "--device",
-            "cpu",
-            "--steps",
-            "1",
-            "--no-progress",
-        ],
-        outside,
-        clean,
-    )
+    memsave_cli = [py, "-m", "memsave"]
+    bench = "bench --model resnet50 --size tiny --device cpu --steps 1 --no-progress"
+    r = _check([*memsave_cli, *bench.split()], outside, clean)
     assert "resnet50 (tiny, batch 2)" in r.stdout and "checkpoint:blocks" in r.stdout
-    r = _check(
-        [
-            py,
-            "-m",
-            "memsave",
-            "estimate",
-            "--model",
-            "torchvision.models:resnet18",
-            "--input",
-            "8,3,64,64",
-            "--device",
-            "cpu",
-        ],
-        outside,
-        clean,
-    )
+    estimate = "estimate --model torchvision.models:resnet18 --input 8,3,64,64 --device cpu"
+    r = _check([*memsave_cli, *estimate.split()], outside, clean)
     assert "torchvision.models:resnet18 (input 8x3x64x64 float32) on cpu" in r.stdout
     rows = {line.split()[0] for line in r.stdout.splitlines()[3:]}
     assert rows == {"eager", "checkpoint:blocks"}, r.stdout

@@ -5,7 +5,6 @@ markdown and plot are written; the frontier marking and the matched compile budg
 import json
 
 import pytest
-import torch
 
 import memsave
 
@@ -13,32 +12,13 @@ pytest.importorskip("transformers")
 
 from benchmarks import frontier
 
+from helpers import run_main
+
 
 def test_frontier_benchmark_runs(tmp_path, capsys):
-    threads = torch.get_num_threads()
     out = tmp_path / "frontier.json"
-    try:
-        assert (
-            frontier.main(
-                [
-                    "--quick",
-                    "--models",
-                    "gpt2",
-                    "--threads",
-                    "1",
-                    "--repeats",
-                    "1",
-                    "--fractions",
-                    "0",
-                    "0.5",
-                    "--out",
-                    str(out),
-                ]
-            )
-            == 0
-        )
-    finally:
-        torch.set_num_threads(threads)
+    tiny = ["--quick", "--models", "gpt2", "--threads", "1", "--repeats", "1"]
+    run_main(frontier.main, *tiny, "--fractions", "0", "0.5", "--out", str(out))
     data = json.loads(out.read_text())
     assert data["meta"]["memsave_version"] == memsave.__version__
     assert data["meta"]["fractions"] == [0.0, 0.5]

@@ -4,7 +4,6 @@ rows give eager's gradients bitwise, plan rows are within their budgets, and the
 import json
 
 import pytest
-import torch
 
 import memsave
 
@@ -12,19 +11,13 @@ pytest.importorskip("transformers")
 
 from benchmarks import real_models
 
+from helpers import run_main
+
 
 def test_real_models_benchmark_runs(tmp_path, capsys):
-    threads = torch.get_num_threads()
     out = tmp_path / "real.json"
-    try:
-        assert (
-            real_models.main(
-                ["--quick", "--models", "gpt2", "--no-compile", "--threads", "1", "--repeats", "1", "--out", str(out)]
-            )
-            == 0
-        )
-    finally:
-        torch.set_num_threads(threads)
+    tiny = ["--quick", "--models", "gpt2", "--no-compile", "--threads", "1", "--repeats", "1"]
+    run_main(real_models.main, *tiny, "--out", str(out))
     data = json.loads(out.read_text())
     meta = data["meta"]
     assert {

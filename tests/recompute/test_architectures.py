@@ -26,7 +26,8 @@ from torch import nn
 
 import memsave
 from helpers import ROOT
-from helpers.steps import Args, Kwargs, LossFn, generator, one_thread, step_peak, train_step
+from helpers.steps import Args, Kwargs, LossFn, assert_same_step, generator, one_thread, step_peak, train_step
+from memsave.models import hub
 from memsave.recompute.blocks import explain_blocks
 
 __all__ = ["one_thread"]  # the module's autouse fixture
@@ -69,23 +70,10 @@ def test_efficientnetv2_blocks_of_every_stage_and_class(name: str) -> None:
 
 
 def _mixtral() -> nn.Module:
-    tf = _transformers()
+    _transformers()
     torch.manual_seed(0)
-    config = tf.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    return tf.MixtralForCausalLM(config).train()
+    experts = {"num_local_experts": 4, "num_experts_per_tok": 2, "pad_token_id": 0, "use_cache": True}
+    return hub.causal_lm("Mixtral", 2, 32, 64, kv_heads=2, vocab=VOCAB, bos_token_id=0, eos_token_id=0, **experts)
 
 
 def test_mixture_of_experts_blocks_are_the_layers_not_the_experts() -> None:
@@ -195,12 +183,7 @@ def test_plan_at_wrap_peak_fits_and_is_exact(name: str) -> None:
     memsave.wrap(model, plan)
     grads_eager = train_step(reference, args, kwargs, loss)
     grads_plan = train_step(model, args, kwargs, loss)
-    assert grads_eager and grads_eager.keys() == grads_plan.keys()
-    for n, g in grads_eager.items():
-        assert torch.equal(g, grads_plan[n]), n
-    buffers = dict(model.named_buffers())
-    for n, b in reference.named_buffers():
-        assert torch.equal(b, buffers[n]), n
+    assert_same_step(grads_eager, grads_plan, reference, model)
     peak = step_peak(model, args, kwargs, loss)
     assert peak <= budget, f"measured {peak} > budget {budget} (wrap {wrap_peak})\n{plan.summary()}"
 

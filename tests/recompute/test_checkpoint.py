@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import Counter, in_backward
+from helpers import Counter, eager_step, in_backward
 from helpers import grads as _grads
 from helpers import leaf as _leaf
 from memsave.errors import InplaceModificationError, RecomputeMismatchError
@@ -303,13 +303,8 @@ def test_autocast_state_replayed() -> None:
 def test_training_flag_flipped_between_forward_and_backward() -> None:
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.5), nn.BatchNorm1d(6))
-    ours = copy.deepcopy(block)
     x = _leaf(5, 6)
-    torch.manual_seed(2)
-    block(x).sum().backward()
-    expected = _grads(x, *block.parameters())
-    x.grad = None
-    torch.manual_seed(2)
+    ours, expected = eager_step(block, x)
     y = checkpoint(ours, x)
     ours.eval()  # e.g. a validation call between forward and backward
     y.sum().backward()

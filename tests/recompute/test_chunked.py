@@ -114,17 +114,8 @@ def _zoo(name: str) -> Tuple[nn.Module, Callable[[nn.Module], torch.Tensor], str
     if name == "gpt2":
         return _gpt2(), lambda m: m(input_ids=ids, labels=ids).loss, "transformer.h.1.mlp"
     if name == "bert":
-        config = transformers.BertConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            vocab_size=128,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
         torch.manual_seed(0)
-        model = transformers.BertForMaskedLM(config).train()
+        model = hub.bert(2, 64, 128, vocab=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         return model, lambda m: m(input_ids=ids, labels=ids).loss, "bert.encoder.layer.1.feed_forward_chunk"
     timm = pytest.importorskip("timm")
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import models, needs_gloo
-from helpers.distributed import run_ranks
+from helpers.distributed import run_ranks, sgd_steps
 
 WORLD = 2
 STEPS = 3
@@ -41,14 +41,7 @@ def _train(rank: int, wrapped: bool, find_unused: bool) -> Dict[str, torch.Tenso
     if wrapped:
         wrap(model, models.ConvBlock)
     ddp = DDP(model, find_unused_parameters=find_unused)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    data = torch.Generator().manual_seed(100 + rank)
-    torch.manual_seed(200 + rank)  # dropout masks differ between ranks, equal between the two runs
-    for _ in range(STEPS):
-        x = torch.randn(4, 3, 8, 8, generator=data)
-        opt.zero_grad(set_to_none=True)
-        ddp(x).pow(2).mean().backward()
-        opt.step()
+    sgd_steps(ddp, ddp.parameters(), rank, STEPS)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

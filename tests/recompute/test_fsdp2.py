@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from helpers import models, needs_gloo
-from helpers.distributed import run_ranks
+from helpers.distributed import run_ranks, sgd_steps
 
 WORLD = 2
 STEPS = 3
@@ -47,14 +47,7 @@ def _train(rank: int, wrapped: bool) -> Dict[str, torch.Tensor]:
     fully_shard(model, mesh=mesh)
     blocks = [m for m in model.modules() if isinstance(m, models.ConvBlock)]
     assert blocks and all(is_wrapped(m) == wrapped for m in blocks)  # fully_shard keeps memsave's forward
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    data = torch.Generator().manual_seed(100 + rank)
-    torch.manual_seed(200 + rank)  # dropout masks differ between ranks, equal between the two runs
-    for _ in range(STEPS):
-        x = torch.randn(4, 3, 8, 8, generator=data)
-        opt.zero_grad(set_to_none=True)
-        model(x).pow(2).mean().backward()
-        opt.step()
+    sgd_steps(model, model.parameters(), rank, STEPS)
     return {k: _full(v) for k, v in model.state_dict().items()}
 
 

@@ -26,10 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import memsave
-from helpers.steps import Args, Kwargs, LossFn, one_thread
+from helpers.steps import Args, Kwargs, LossFn, assert_same_step, one_thread
 from helpers.steps import generator as _g
 from helpers.steps import step_peak as _peak
 from helpers.steps import train_step as _step
+from memsave.models import hub
 
 __all__ = ["one_thread"]  # the module's autouse fixture (one intra-op thread)
 
@@ -44,28 +45,14 @@ def _transformers() -> Any:
 
 
 def _gpt2() -> nn.Module:
-    tf = _transformers()
-    return tf.GPT2LMHeadModel(
-        tf.GPT2Config(n_layer=4, n_embd=64, n_head=4, n_positions=SEQ, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
-    )  # dropout 0.1, use_cache=True
+    _transformers()
+    return hub.gpt2(4, 64, heads=4, vocab=VOCAB, positions=SEQ, dropout=None, use_cache=True)  # dropout 0.1
 
 
 def _llama() -> nn.Module:
-    tf = _transformers()
-    return tf.LlamaForCausalLM(
-        tf.LlamaConfig(
-            num_hidden_layers=4,
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=VOCAB,
-            max_position_embeddings=SEQ,
-            attention_dropout=0.1,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    )
+    _transformers()
+    tokens = {"bos_token_id": 0, "eos_token_id": 0, "use_cache": True}
+    return hub.llama(4, 64, 128, heads=4, kv_heads=2, vocab=VOCAB, positions=SEQ, attention_dropout=0.1, **tokens)
 
 
 def _lm_inputs() -> Kwargs:
@@ -87,34 +74,13 @@ def _timm_resnet50() -> nn.Module:
 
 
 def _timm_vit() -> nn.Module:
-    return pytest.importorskip("timm").create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        num_classes=CLASSES,
-        img_size=32,
-        patch_size=4,
-        embed_dim=64,
-        depth=4,
-        num_heads=2,
-        drop_rate=0.1,
-        proj_drop_rate=0.1,
-        attn_drop_rate=0.1,
-        drop_path_rate=0.1,
-    )
+    pytest.importorskip("timm")
+    return hub.timm_vit(size=32, patch=4, dim=64, depth=4, heads=2, classes=CLASSES, dropout=0.1)
 
 
 def _tv_vit() -> nn.Module:
-    return pytest.importorskip("torchvision").models.VisionTransformer(
-        image_size=32,
-        patch_size=4,
-        num_layers=4,
-        num_heads=2,
-        hidden_dim=64,
-        mlp_dim=128,
-        dropout=0.1,
-        attention_dropout=0.1,
-        num_classes=CLASSES,
-    )
+    pytest.importorskip("torchvision")
+    return hub.torchvision_vit(size=32, patch=4, layers=4, heads=2, hidden=64, mlp=128, classes=CLASSES, dropout=0.1)
 
 
 def _images(batch: int, size: int) -> Callable[[], Args]:
@@ -186,12 +152,7 @@ def test_plan_meets_budget_and_is_exact(name: str) -> None:
 
     grads_eager = _step(reference, args, kwargs, loss)
     grads_plan = _step(model, args, kwargs, loss)
-    assert grads_eager and grads_eager.keys() == grads_plan.keys()
-    for n, g in grads_eager.items():
-        assert torch.equal(g, grads_plan[n]), n
-    buffers = dict(model.named_buffers())
-    for n, b in reference.named_buffers():
-        assert torch.equal(b, buffers[n]), n  # BatchNorm statistics updated once
+    assert_same_step(grads_eager, grads_plan, reference, model)  # BatchNorm statistics updated once
 
     peak = _peak(model, args, kwargs, loss)
     assert peak <= budget, f"measured {peak} > budget {budget} (eager {eager_peak})\n{plan.summary()}"

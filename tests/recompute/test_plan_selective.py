@@ -28,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import memsave
 from memsave._C import planner_simulate, planner_solve
+from memsave.models import hub
 from memsave.recompute.selective import OPERATOR_CLASSES
 
 
@@ -243,22 +244,9 @@ def test_selective_plans_fit_every_budget_module_level_plans_fit() -> None:
     minimum-memory plan's measured peak), a selective plan is found too, and selective minimum-memory plans are no
     larger. (The cost model can tie a selective region with a whole one that measures a few allocations more, as on
     this GPT-2, where the selective chain alone misses the whole-region plan.)"""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=4,
-        n_positions=16,
-        vocab_size=128,
-        use_cache=False,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = transformers.GPT2LMHeadModel(cfg).train()
+    model = hub.gpt2(2, 32, heads=4, vocab=128, positions=16)  # no dropout, no cache
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     smallest = memsave.plan(model, input_ids=ids, labels=ids, solver="min_memory", selective=False)
     budget = smallest.measured_peak_bytes

@@ -19,6 +19,8 @@ from torch import nn
 
 import memsave
 from helpers import in_backward
+from helpers.steps import assert_same_step
+from memsave.models import hub
 from memsave.recompute import is_wrapped
 
 Inputs = Dict[str, Any]
@@ -49,64 +51,37 @@ def _mlm_inputs() -> Inputs:
     return inputs
 
 
-def _decoder_config(cls_name: str, **extra: Any) -> Any:
+def _lazy(library: str, build: Callable[..., nn.Module], *args: Any, **kwargs: Any) -> Callable[[], nn.Module]:
+    """``build(*args, **kwargs)`` when called, the test skipped where ``library`` is not installed."""
+
+    def make() -> nn.Module:
+        pytest.importorskip(library)
+        return build(*args, **kwargs)
+
+    return make
+
+
+def _gpt2() -> nn.Module:
     transformers = pytest.importorskip("transformers")
-    return getattr(transformers, cls_name)(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        attention_dropout=0.1,
-        **extra,
-    )
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=VOCAB)  # dropout 0.1
+    return transformers.GPT2LMHeadModel(config)
 
 
-def _hf(model_cls: str, config: Callable[[], Any]) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        transformers = pytest.importorskip("transformers")
-        return getattr(transformers, model_cls)(config())
-
-    return build
-
-
-def _gpt2_config() -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=VOCAB)  # dropout 0.1
-
-
-def _bert_config() -> Any:
-    transformers = pytest.importorskip("transformers")
-    return transformers.BertConfig(
-        num_hidden_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-    )  # dropout 0.1
+def _decoder(family: str, **extra: Any) -> Callable[[], nn.Module]:
+    extra = {"attention_dropout": 0.1, "use_cache": True, **extra}  # the configs' default cache, attention dropout on
+    return _lazy("transformers", hub.causal_lm, family, 2, 64, 128, kv_heads=2, vocab=VOCAB, **extra)
 
 
 HF_CASES: Dict[str, Case] = {
-    "gpt2": (_hf("GPT2LMHeadModel", _gpt2_config), _lm_inputs, ["transformer.h.0", "transformer.h.1"]),
-    "llama": (
-        _hf("LlamaForCausalLM", lambda: _decoder_config("LlamaConfig")),
-        _lm_inputs,
-        ["model.layers.0", "model.layers.1"],
+    "gpt2": (_gpt2, _lm_inputs, ["transformer.h.0", "transformer.h.1"]),
+    "llama": (_decoder("Llama"), _lm_inputs, ["model.layers.0", "model.layers.1"]),
+    "mistral": (_decoder("Mistral", sliding_window=8), _lm_inputs, ["model.layers.0", "model.layers.1"]),
+    "qwen2": (_decoder("Qwen2"), _lm_inputs, ["model.layers.0", "model.layers.1"]),
+    "bert": (
+        _lazy("transformers", hub.bert, 2, 64, 128, vocab=VOCAB, positions=64),  # dropout 0.1
+        _mlm_inputs,
+        ["bert.encoder.layer.0", "bert.encoder.layer.1"],
     ),
-    "mistral": (
-        _hf("MistralForCausalLM", lambda: _decoder_config("MistralConfig", sliding_window=8)),
-        _lm_inputs,
-        ["model.layers.0", "model.layers.1"],
-    ),
-    "qwen2": (
-        _hf("Qwen2ForCausalLM", lambda: _decoder_config("Qwen2Config")),
-        _lm_inputs,
-        ["model.layers.0", "model.layers.1"],
-    ),
-    "bert": (_hf("BertForMaskedLM", _bert_config), _mlm_inputs, ["bert.encoder.layer.0", "bert.encoder.layer.1"]),
 }
 
 
@@ -125,18 +100,7 @@ def _timm(name: str, **kwargs: Any) -> Callable[[], nn.Module]:
 
 TIMM_CASES: Dict[str, Case] = {
     "timm-vit": (
-        _timm(
-            "vit_tiny_patch16_224",
-            img_size=32,
-            patch_size=8,
-            embed_dim=32,
-            depth=3,
-            num_heads=2,
-            drop_rate=0.1,
-            proj_drop_rate=0.1,
-            attn_drop_rate=0.1,
-            drop_path_rate=0.1,
-        ),
+        _lazy("timm", hub.timm_vit, size=32, patch=8, dim=32, depth=3, heads=2, dropout=0.1),
         _image,
         ["blocks.0", "blocks.1", "blocks.2"],
     ),
@@ -193,19 +157,7 @@ TV_CASES: Dict[str, Case] = {
         [f"layer{s}.{i}" for s, n in enumerate((3, 4, 6, 3), 1) for i in range(n)],
     ),
     "tv-vit": (
-        _tv(
-            lambda m: m.VisionTransformer(
-                image_size=32,
-                patch_size=8,
-                num_layers=2,
-                num_heads=2,
-                hidden_dim=32,
-                mlp_dim=64,
-                dropout=0.1,
-                attention_dropout=0.1,
-                num_classes=10,
-            )
-        ),
+        _lazy("torchvision", hub.torchvision_vit, size=32, patch=8, layers=2, heads=2, hidden=32, mlp=64, dropout=0.1),
         _image,
         ["encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1"],
     ),
@@ -282,12 +234,7 @@ def _assert_same_step(model: nn.Module, inputs: Inputs) -> nn.Module:
     out_w, grads_w = _step(ours, inputs)
     assert runs == {name: [1, 1] for name in blocks}
     assert torch.equal(out, out_w)
-    assert grads and grads.keys() == grads_w.keys()
-    for name, grad in grads.items():
-        assert torch.equal(grad, grads_w[name]), name
-    buffers = dict(ours.named_buffers())
-    for name, buf in model.named_buffers():
-        assert torch.equal(buf, buffers[name]), name
+    assert_same_step(grads, grads_w, model, ours)
     return ours
 
 
@@ -332,7 +279,7 @@ def test_decoder_cache_off_in_regions_on_without_grad(name: str) -> None:
 def test_peft_lora_adapters_get_eager_gradients() -> None:
     peft = pytest.importorskip("peft")
     torch.manual_seed(0)
-    base = _hf("GPT2LMHeadModel", _gpt2_config)()
+    base = _gpt2()
     # init_lora_weights=False: both adapter matrices random (the default B = 0 gives A a zero gradient).
     config = peft.LoraConfig(
         r=4,
