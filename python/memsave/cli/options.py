@@ -56,8 +56,9 @@ SIZES: Tuple[str, ...] = ("tiny", "cpu", "full")
 
 UNITS = (
     "Units: memory sizes are bytes with a unit, B, KB/MB/GB (powers of 1000) or KiB/MiB/GiB (powers of 1024); "
-    "tables print binary units (KiB, MiB, GiB). Step times are the median over interleaved timing rounds, with "
-    "the inter-quartile range (IQR) in parentheses; 'time x' is the median of the per-round ratios to eager's step."
+    "tables print binary units (KiB, MiB, GiB). Step times are the median over interleaved timing rounds (each "
+    "round's fastest of a few short windows), with the inter-quartile range (IQR) in parentheses; 'time x' is "
+    "the median of the per-round ratios to eager's step."
 )
 
 _MODEL_HELP = (

@@ -3,11 +3,13 @@ their variants against each other (one implementation; ``benchmarks/`` may reuse
 
 Timing each variant in its own block lets a change of load, clock or cache between blocks pass for a difference
 between variants. Here every variant is timed once per *round*, the order reversed every other round (A B C, C B
-A, A B C, ...), so that a change during the run hits all variants alike. Each timed call is
-``torch.utils.benchmark.Timer(...).timeit(number)`` (it keeps the caller's thread count and, on CUDA, synchronizes
-around the call); a round times ``number`` steps of each variant, ``number`` chosen in the warm-up so that a round
-of one variant lasts at least ``min_round_seconds``. The per-round times of a variant are merged into one
-``torch.utils.benchmark.Measurement`` for their median and inter-quartile range (IQR).
+A, A B C, ...), so that a change during the run hits all variants alike. Within a round each variant is timed in a
+few short *windows*, again in turn (A B C A B C ...), and the round keeps each variant's fastest window: other
+programs can only add time to a window, so the fastest one is the least disturbed (the "best of" that ``timeit``
+recommends). A window is ``torch.utils.benchmark.Timer(...).timeit(number)`` (it keeps the caller's thread count
+and, on CUDA, synchronizes around the call): ``number`` steps, chosen in the warm-up so that a window lasts at
+least ``min_window_seconds``, and as many windows as make a variant's share of a round last ``min_round_seconds``
+(at most ``max_windows``). The step time is the median over rounds, with the inter-quartile range (IQR).
 
 A variant's *ratio* to the reference is the median over rounds of (its time / the reference's time in the same
 round), with its IQR: the pairing cancels load that changes from round to round.
@@ -37,14 +39,15 @@ class Timing:
 
     Attributes:
         name: the variant.
-        median_seconds: median over rounds of the seconds per step.
+        median_seconds: median over rounds of the seconds per step (each round's fastest window).
         iqr_seconds: inter-quartile range of the same.
         rounds: how many rounds were timed.
-        steps_per_round: steps timed together in one round (their mean is the round's time).
-        times: seconds per step in each round, in round order.
+        steps_per_round: steps timed together in one window (their mean is the window's time).
+        times: seconds per step in each round (its fastest window), in round order.
         ratio: median over rounds of this variant's time / the reference's time in the same round (1.0 for the
             reference itself).
         ratio_iqr: inter-quartile range of those per-round ratios.
+        windows: timed windows per round, the fastest of which is the round's time.
     """
 
     name: str
@@ -55,6 +58,7 @@ class Timing:
     times: Tuple[float, ...]
     ratio: float = 1.0
     ratio_iqr: float = 0.0
+    windows: int = 1
 
     @property
     def spread(self) -> float:
@@ -79,15 +83,22 @@ def median_iqr(values: Sequence[float]) -> Tuple[float, float]:
     return float(q50), float(q75 - q25)
 
 
-def _timer(fn: Callable[[], Any], name: str) -> "benchmark.Timer":
+def _timer(fn: Callable[[], Any], name: str, clock: Optional[Callable[[], float]]) -> "benchmark.Timer":
     from torch.utils import benchmark
 
+    # torch's default timer synchronizes CUDA around the call: only a given clock replaces it.
+    extra: Dict[str, Any] = {} if clock is None else {"timer": clock}
     return benchmark.Timer(
-        stmt="step()", globals={"step": fn}, num_threads=torch.get_num_threads(), label="memsave", sub_label=name
+        stmt="step()",
+        globals={"step": fn},
+        num_threads=torch.get_num_threads(),
+        label="memsave",
+        sub_label=name,
+        **extra,
     )
 
 
-def _check(steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, min_round_seconds: float) -> None:
+def _check(steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, limits: Sequence[float]) -> None:
     if not steps:
         raise ValueError("time_interleaved: no variants to time")
     for name, fn in steps.items():
@@ -97,8 +108,19 @@ def _check(steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, min
         raise ValueError(f"time_interleaved: rounds must be an int >= 1, got {rounds!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"time_interleaved: warmup must be an int >= 0, got {warmup!r}")
-    if not min_round_seconds >= 0:
-        raise ValueError(f"time_interleaved: min_round_seconds must be >= 0, got {min_round_seconds!r}")
+    for label, value in zip(("min_round_seconds", "min_window_seconds"), limits):
+        if not value >= 0:
+            raise ValueError(f"time_interleaved: {label} must be >= 0, got {value!r}")
+    if not isinstance(limits[2], int) or limits[2] < 1:
+        raise ValueError(f"time_interleaved: max_windows must be an int >= 1, got {limits[2]!r}")
+
+
+def _window_shape(first: float, min_round: float, min_window: float, max_windows: int) -> Tuple[int, int]:
+    """(steps per window, windows per round) for a step that took ``first`` seconds in the warm-up."""
+    if first <= 0:
+        return 1, max_windows
+    number = max(1, math.ceil(min_window / first))
+    return number, min(max_windows, max(1, math.ceil(min_round / (number * first))))
 
 
 def time_interleaved(
@@ -106,8 +128,11 @@ def time_interleaved(
     *,
     rounds: int = 5,
     warmup: int = 1,
-    min_round_seconds: float = 0.02,
+    min_round_seconds: float = 0.05,
+    min_window_seconds: float = 0.002,
+    max_windows: int = 8,
     reference: Optional[str] = None,
+    clock: Optional[Callable[[], float]] = None,
 ) -> Dict[str, Timing]:
     """Time each step function over ``rounds`` interleaved rounds (see the module docstring).
 
@@ -115,56 +140,64 @@ def time_interleaved(
         steps: variant name -> a function running one step (it is called many times).
         rounds: timed rounds (>= 1); each gives one time per variant.
         warmup: untimed calls of each variant first (>= 0); the reference's fastest of them (or one call when
-            ``warmup`` is 0) sets how many steps of each variant a round times.
-        min_round_seconds: the least time one variant's share of a round should take; cheap steps are repeated
-            within a round until it does, so that the timer's own resolution does not dominate.
+            ``warmup`` is 0) sets the windows' length and number, the same for every variant.
+        min_round_seconds: the least time one variant's share of a round should take; cheap steps get more
+            windows (up to ``max_windows``), whose fastest is the round's time.
+        min_window_seconds: the least time one window should take; cheap steps are repeated within a window, so
+            that the timer's own resolution does not dominate.
+        max_windows: the most windows per round (>= 1).
         reference: the variant ratios are taken to; default the first.
+        clock: the timer (seconds, a float); default ``torch.utils.benchmark``'s (which synchronizes CUDA).
 
     Returns:
         variant name -> :class:`Timing`, in the order of ``steps``.
 
     Raises:
-        ValueError: no variants, ``rounds`` < 1, ``warmup`` < 0, or ``reference`` is not a variant.
+        ValueError: no variants, ``rounds`` < 1, ``warmup`` < 0, a negative time limit, ``max_windows`` < 1, or
+            ``reference`` is not a variant.
         TypeError: a step is not callable.
 
     Example:
         >>> t = time_interleaved({"a": lambda: sum(range(1000)), "b": lambda: sum(range(1000))}, rounds=7)
         >>> t["b"].ratio, t["b"].ratio_iqr, t["b"].rounds       # about 1.0, small, 7
     """
-    from torch.utils import benchmark
-
-    _check(steps, rounds, warmup, min_round_seconds)
+    _check(steps, rounds, warmup, (min_round_seconds, min_window_seconds, max_windows))
     names = list(steps)
     ref = names[0] if reference is None else reference
     if ref not in steps:
         raise ValueError(f"time_interleaved: reference {ref!r} is not one of the variants {names}")
-    timers = {n: _timer(steps[n], n) for n in names}
+    timers = {n: _timer(steps[n], n, clock) for n in names}
     first: Dict[str, float] = {}
     for n in names:
         first[n] = min(timers[n].timeit(1).times[0] for _ in range(max(warmup, 1)))
-    # One number of steps per round for every variant, from the reference: like is timed against like.
-    number = max(1, math.ceil(min_round_seconds / first[ref])) if first[ref] > 0 else 1
-    taken: Dict[str, List["benchmark.Measurement"]] = {n: [] for n in names}
+    # One window shape for every variant, from the reference: like is timed against like.
+    number, windows = _window_shape(first[ref], min_round_seconds, min_window_seconds, max_windows)
+    taken: Dict[str, List[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for n in names if r % 2 == 0 else names[::-1]:
-            taken[n].append(timers[n].timeit(number))
-    out: Dict[str, Timing] = {}
-    ref_times = [m.times[0] for m in taken[ref]]
-    for n in names:
-        merged = benchmark.Measurement.merge(taken[n])[0]
-        times = tuple(m.times[0] for m in taken[n])
-        ratio, ratio_iqr = median_iqr([t / rt if rt > 0 else float("nan") for t, rt in zip(times, ref_times)])
-        out[n] = Timing(
-            name=n,
-            median_seconds=float(merged.median),
-            iqr_seconds=float(merged.iqr),
-            rounds=rounds,
-            steps_per_round=number,
-            times=times,
-            ratio=1.0 if n == ref else ratio,
-            ratio_iqr=0.0 if n == ref else ratio_iqr,
-        )
-    return out
+        order = names if r % 2 == 0 else names[::-1]
+        best = {n: math.inf for n in names}
+        for _ in range(windows):
+            for n in order:
+                best[n] = min(best[n], timers[n].timeit(number).times[0])
+        for n in names:
+            taken[n].append(best[n])
+    return {n: _timing(n, taken[n], taken[ref], n == ref, number, windows) for n in names}
+
+
+def _timing(name: str, times: List[float], ref_times: List[float], is_ref: bool, number: int, windows: int) -> Timing:
+    median, iqr = median_iqr(times)
+    ratio, ratio_iqr = median_iqr([t / rt if rt > 0 else float("nan") for t, rt in zip(times, ref_times)])
+    return Timing(
+        name=name,
+        median_seconds=median,
+        iqr_seconds=iqr,
+        rounds=len(times),
+        steps_per_round=number,
+        times=tuple(times),
+        ratio=1.0 if is_ref else ratio,
+        ratio_iqr=0.0 if is_ref else ratio_iqr,
+        windows=windows,
+    )
 
 
 def spread_warning(timings: Sequence[Timing], where: str, threshold: float = SPREAD_WARNING) -> Optional[str]:
