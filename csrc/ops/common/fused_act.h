@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
@@ -20,38 +21,30 @@ namespace memsave {
 
 enum class Act : int32_t { Identity = 0, ReLU, LeakyReLU, ELU, GELU, GELUTanh, SiLU };
 
+// The activations' names, indexed by Act.
+inline constexpr const char* kActNames[] = {"identity", "relu", "leaky_relu", "elu", "gelu", "gelu_tanh", "silu"};
+inline constexpr int32_t kNumActs = sizeof(kActNames) / sizeof(kActNames[0]);
+
 inline const char* act_name(Act a) {
-  switch (a) {
-    case Act::Identity:
-      return "identity";
-    case Act::ReLU:
-      return "relu";
-    case Act::LeakyReLU:
-      return "leaky_relu";
-    case Act::ELU:
-      return "elu";
-    case Act::GELU:
-      return "gelu";
-    case Act::GELUTanh:
-      return "gelu_tanh";
-    case Act::SiLU:
-      return "silu";
-  }
-  return "?";
+  const auto i = static_cast<int32_t>(a);
+  return i >= 0 && i < kNumActs ? kActNames[i] : "?";
 }
 
 // Parses an activation name; `op` names the operator in the error message.
 inline Act parse_act(c10::string_view name, const char* op) {
-  const std::string s(name.data(), name.size());
-  if (s == "identity") return Act::Identity;
-  if (s == "relu") return Act::ReLU;
-  if (s == "leaky_relu") return Act::LeakyReLU;
-  if (s == "elu") return Act::ELU;
-  if (s == "gelu") return Act::GELU;
-  if (s == "gelu_tanh") return Act::GELUTanh;
-  if (s == "silu") return Act::SiLU;
-  TORCH_CHECK_VALUE(false, "memsave.", op, ": unknown activation '", s,
+  for (int32_t i = 0; i < kNumActs; ++i) {
+    if (name == c10::string_view(kActNames[i])) return static_cast<Act>(i);
+  }
+  TORCH_CHECK_VALUE(false, "memsave.", op, ": unknown activation '", std::string(name.data(), name.size()),
                     "'; use one of identity, relu, leaky_relu, elu, gelu, gelu_tanh, silu");
+}
+
+// Calls f(std::integral_constant<Act, A>{}) for the A among `As` equal to `a`, so that the activation is a
+// compile-time constant in the kernels' inner loops; only the listed activations are instantiated.
+template <Act... As, typename F>
+inline void with_act_among(Act a, const F& f) {
+  const bool found = ((a == As && (f(std::integral_constant<Act, As>{}), true)) || ...);
+  TORCH_INTERNAL_ASSERT(found, "memsave: no kernel instantiated for activation ", act_name(a));
 }
 
 // In-place ABN recovers the pre-activation from the output, so the activation must be strictly increasing.

@@ -31,6 +31,8 @@
 
 #include "common/checks.h"
 #include "common/fused_act.h"
+#include "common/linear_grads.h"
+#include "common/registration.h"
 
 namespace memsave {
 namespace {
@@ -102,18 +104,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(const at::Ten
   const Act a = parse_act(act, op);
   check_args(input, weight, c10::nullopt, op);
   check_linear_grad_out(grad_out, "grad_out", input, "input", weight, op);
-  const int64_t out_features = weight.size(0), in_features = weight.size(1);
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor x = input.contiguous();  // so the input gradient is contiguous whatever the input's strides
-  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, out_features});
-  at::Tensor grad_weight;
-  {
-    // The recomputed activation lives only for the weight gradient.
-    at::Tensor h = activation(x, a, act_param);
-    if (h.scalar_type() != weight.scalar_type()) h = h.to(weight.scalar_type());
-    grad_weight = at::mm(go2.t(), h.reshape({-1, in_features}));
-  }
-  at::Tensor grad_bias = has_bias ? at::sum(go2, 0) : at::empty({0}, weight.options());
+  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, weight.size(0)});
+  auto [grad_weight, grad_bias] = linear_param_grads(go2, activation(x, a, act_param), weight, has_bias);
   const at::Tensor grad_h = at::mm(go2, weight).reshape(x.sizes()).to(x.scalar_type());
   return {activation_backward(grad_h, x, a, act_param), grad_weight, grad_bias};
 }
@@ -121,22 +115,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(const at::Ten
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
-  m.def("act_linear(Tensor input, Tensor weight, Tensor? bias, str act, float act_param) -> Tensor");
-  m.def(
-      "act_linear_backward(Tensor grad_out, Tensor input, Tensor weight, bool has_bias, str act, float act_param) "
-      "-> (Tensor, Tensor, Tensor)");
+  def_cpu_and_cuda(m, "act_linear(Tensor input, Tensor weight, Tensor? bias, str act, float act_param) -> Tensor",
+                   &act_linear_forward);
+  def_cpu_and_cuda(m,
+                   "act_linear_backward(Tensor grad_out, Tensor input, Tensor weight, bool has_bias, str act, "
+                   "float act_param) -> (Tensor, Tensor, Tensor)",
+                   &act_linear_backward);
 }
-
-TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("act_linear", &act_linear_forward);
-  m.impl("act_linear_backward", &act_linear_backward);
-}
-
-#ifdef MEMSAVE_WITH_CUDA
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("act_linear", &act_linear_forward);
-  m.impl("act_linear_backward", &act_linear_backward);
-}
-#endif
 
 }  // namespace memsave

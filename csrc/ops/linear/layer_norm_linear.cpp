@@ -29,6 +29,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "common/linear_grads.h"
+#include "common/registration.h"
 #include "linear/layer_norm_linear.h"
 #include "linear/layer_norm_math.h"
 
@@ -142,22 +144,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
   check_ln_stats(mean, rstd, input, s.rows, op);
   check_linear_params(weight, c10::nullopt, input.size(-1), input, "input", "weight", "bias", op);
   check_linear_grad_out(grad_out, "grad_out", input, "input", weight, op);
-  const int64_t out_features = weight.size(0), in_features = weight.size(1);
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
 
   const at::ScalarType cdt = ln_compute_dtype(input, ln_weight);
   const at::Tensor x = input.to(cdt);
   const c10::optional<at::Tensor> lw = cast_opt(ln_weight, cdt), lb = cast_opt(ln_bias, cdt);
-  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, out_features});
+  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, weight.size(0)});
 
-  at::Tensor grad_weight, grad_bias, grad_n;
-  {
-    // The recomputed normalized tensor lives only for the weight gradient.
-    const at::Tensor n = call_layer_norm_apply(x, normalized_shape, mean, rstd, lw, lb, weight.scalar_type());
-    grad_weight = at::mm(go2.t(), n.reshape({-1, in_features}));
-  }
-  grad_bias = has_bias ? at::sum(go2, 0) : at::empty({0}, weight.options());
-  grad_n = at::mm(go2, weight).reshape(input.sizes()).to(cdt);
+  auto [grad_weight, grad_bias] = linear_param_grads(
+      go2, call_layer_norm_apply(x, normalized_shape, mean, rstd, lw, lb, weight.scalar_type()), weight, has_bias);
+  const at::Tensor grad_n = at::mm(go2, weight).reshape(input.sizes()).to(cdt);
 
   const at::ScalarType nsd = native_ln_stat_dtype(x);
   auto r = at::native_layer_norm_backward(grad_n, x, normalized_shape, mean.to(nsd), rstd.to(nsd), lw, lb,
@@ -173,30 +169,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
-  m.def(
-      "layer_norm_linear(Tensor input, int[] normalized_shape, Tensor? ln_weight, Tensor? ln_bias, float eps, "
-      "Tensor weight, Tensor? bias) -> (Tensor, Tensor, Tensor)");
-  m.def(
-      "layer_norm_linear_backward(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor mean, Tensor rstd, "
-      "Tensor? ln_weight, Tensor? ln_bias, Tensor weight, bool has_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Torch ops plus layer_norm_apply (whose CUDA kernel is in layer_norm_linear.cu).
+  def_cpu_and_cuda(m,
+                   "layer_norm_linear(Tensor input, int[] normalized_shape, Tensor? ln_weight, Tensor? ln_bias, "
+                   "float eps, Tensor weight, Tensor? bias) -> (Tensor, Tensor, Tensor)",
+                   &layer_norm_linear_forward);
+  def_cpu_and_cuda(m,
+                   "layer_norm_linear_backward(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor mean, "
+                   "Tensor rstd, Tensor? ln_weight, Tensor? ln_bias, Tensor weight, bool has_bias) "
+                   "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+                   &layer_norm_linear_backward);
   m.def(
       "layer_norm_apply(Tensor input, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, "
       "Tensor? bias, ScalarType? dtype=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("layer_norm_linear", &layer_norm_linear_forward);
-  m.impl("layer_norm_linear_backward", &layer_norm_linear_backward);
   m.impl("layer_norm_apply", &layer_norm_apply_cpu);
 }
-
-#ifdef MEMSAVE_WITH_CUDA
-// Forward and backward are torch ops plus layer_norm_apply (whose CUDA kernel is in layer_norm_linear.cu),
-// so the same code serves CUDA tensors.
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("layer_norm_linear", &layer_norm_linear_forward);
-  m.impl("layer_norm_linear_backward", &layer_norm_linear_backward);
-}
-#endif
 
 }  // namespace memsave
