@@ -26,6 +26,7 @@
 #include <ATen/ops/silu.h>
 #include <torch/library.h>
 
+#include "common/registration.h"
 #include "norm_act/bn_act_common.h"
 #include "norm_act/bn_act_cpu.h"
 
@@ -85,48 +86,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
   return {out, mean, invstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
-    const c10::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd, bool training,
-    c10::string_view act, double act_param) {
-  const Act a = check_batch_norm_act_backward_args(grad_out, input, weight, bias, mean, invstd, act);
-
-  const at::MemoryFormat fmt = bn_memory_format(input);
-  const at::Tensor x = input.contiguous(fmt);
-  const at::Tensor go = grad_out.to(x.scalar_type()).contiguous(fmt);
-  const BnLayout l = bn_layout(x, fmt);
-  const ChannelTensors ct = make_channel_tensors(x, weight, bias, mean, invstd, at::kDouble, false);
-  at::Tensor grad_in = at::empty_like(x);
-  at::Tensor sums = at::empty({2, l.C}, x.options().dtype(at::kDouble));
-  double* sum_g = sums.mutable_data_ptr<double>();
-  cpu::bn_act_backward_kernel<false>(go, x, ct.params<double>(a, act_param), training, l, grad_in, sum_g, sum_g + l.C);
-  const at::ScalarType pd = is_defined(weight) ? weight->scalar_type() : bn_stat_dtype(input);
-  return {grad_in, sums[1].to(pd, false, true), sums[0].to(pd, false, true)};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
-  m.def(
-      "batch_norm_act(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
-      "Tensor(b!)? running_var, bool training, float momentum, float eps, str act, float act_param) "
-      "-> (Tensor, Tensor, Tensor)");
+  // Torch's batch norm plus an in-place activation; the backward's CUDA kernel is in batch_norm_act.cu.
+  def_cpu_and_cuda(m,
+                   "batch_norm_act(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+                   "Tensor(b!)? running_var, bool training, float momentum, float eps, str act, float act_param) "
+                   "-> (Tensor, Tensor, Tensor)",
+                   &batch_norm_act_forward);
   m.def(
       "batch_norm_act_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? bias, Tensor mean, "
       "Tensor invstd, bool training, str act, float act_param) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("batch_norm_act", &batch_norm_act_forward);
-  m.impl("batch_norm_act_backward", &batch_norm_act_backward_cpu);
+  m.impl("batch_norm_act_backward", &batch_norm_act_backward_impl<cpu::BnActKernels>);
 }
-
-#ifdef MEMSAVE_WITH_CUDA
-// The forward is torch's batch norm plus an in-place activation, so the same code serves CUDA tensors; the
-// backward's CUDA kernel is in batch_norm_act.cu.
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("batch_norm_act", &batch_norm_act_forward);
-}
-#endif
 
 }  // namespace memsave

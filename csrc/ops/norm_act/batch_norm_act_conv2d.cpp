@@ -29,6 +29,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "common/registration.h"
 #include "norm_act/bn_act_common.h"
 #include "norm_act/bn_act_cpu.h"
 
@@ -69,18 +70,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_batch_norm_act_backward(
                                      const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
                                      const at::Tensor&, const at::Tensor&, bool, c10::string_view, double)>();
   return handle.call(grad_out, input, weight, bias, mean, invstd, training, act, act_param);
-}
-
-at::Tensor batch_norm_act_apply_cpu(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
-                                    const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
-                                    c10::string_view act, double act_param) {
-  const Act a = check_batch_norm_act_apply_args(input, mean, invstd, weight, bias, act);
-  const at::MemoryFormat fmt = bn_memory_format(input);
-  const at::Tensor x = input.contiguous(fmt);
-  at::Tensor out = at::empty_like(x);
-  const ChannelTensors ct = make_channel_tensors(x, weight, bias, mean, invstd, at::kDouble, false);
-  cpu::bn_act_transform(x, out, ct.params<double>(a, act_param), bn_layout(x, fmt));
-  return out;
 }
 
 // The convolution's arguments (the batch norm's are checked by the batch_norm_act operators it calls, and here too so
@@ -163,27 +152,23 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
   m.def(
       "batch_norm_act_apply(Tensor input, Tensor mean, Tensor invstd, Tensor? weight, Tensor? bias, str act, "
       "float act_param) -> Tensor");
-  m.def(
-      "batch_norm_act_conv2d(Tensor input, Tensor? bn_weight, Tensor? bn_bias, Tensor(a!)? running_mean, "
-      "Tensor(b!)? running_var, bool training, float momentum, float eps, str act, float act_param, Tensor weight, "
-      "Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, int groups) -> (Tensor, Tensor, Tensor)");
-  m.def(
-      "batch_norm_act_conv2d_backward(Tensor grad_out, Tensor input, Tensor? bn_weight, Tensor? bn_bias, "
-      "Tensor mean, Tensor invstd, bool training, str act, float act_param, Tensor weight, bool has_bias, "
-      "int[2] stride, int[2] padding, int[2] dilation, int groups) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Torch ops plus the batch_norm_act operators (CUDA kernels: batch_norm_act.cu, batch_norm_act_conv2d.cu).
+  def_cpu_and_cuda(m,
+                   "batch_norm_act_conv2d(Tensor input, Tensor? bn_weight, Tensor? bn_bias, Tensor(a!)? running_mean, "
+                   "Tensor(b!)? running_var, bool training, float momentum, float eps, str act, float act_param, "
+                   "Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, int groups) "
+                   "-> (Tensor, Tensor, Tensor)",
+                   &batch_norm_act_conv2d_forward);
+  def_cpu_and_cuda(m,
+                   "batch_norm_act_conv2d_backward(Tensor grad_out, Tensor input, Tensor? bn_weight, Tensor? bn_bias, "
+                   "Tensor mean, Tensor invstd, bool training, str act, float act_param, Tensor weight, "
+                   "bool has_bias, int[2] stride, int[2] padding, int[2] dilation, int groups) "
+                   "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+                   &batch_norm_act_conv2d_backward);
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("batch_norm_act_apply", &batch_norm_act_apply_cpu);
-  m.impl("batch_norm_act_conv2d", &batch_norm_act_conv2d_forward);
-  m.impl("batch_norm_act_conv2d_backward", &batch_norm_act_conv2d_backward);
+  m.impl("batch_norm_act_apply", &batch_norm_act_apply_impl<cpu::BnActKernels>);
 }
-
-#ifdef MEMSAVE_WITH_CUDA
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("batch_norm_act_conv2d", &batch_norm_act_conv2d_forward);
-  m.impl("batch_norm_act_conv2d_backward", &batch_norm_act_conv2d_backward);
-}
-#endif
 
 }  // namespace memsave

@@ -9,14 +9,17 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/eq.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/reciprocal.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Optional.h>
 
@@ -164,6 +167,57 @@ inline ChannelTensors make_channel_tensors(const at::Tensor& x, const c10::optio
     t.inv_weight = at::reciprocal(t.weight).masked_fill_(at::eq(t.weight, 0), std::numeric_limits<double>::quiet_NaN());
   }
   return t;
+}
+
+// The host functions below serve CPU and CUDA alike; `Kernels` is the device's kernels (cpu::BnActKernels in
+// bn_act_cpu.h, cuda::bn::BnActKernels in bn_act_kernels.cuh): the dtype of the per-channel constants,
+// transform(src, dst, ct, act, act_param, layout) and backward<FromOutput>(go, src, ct, act, act_param, training,
+// layout, grad_in, sums).
+
+// The fused backward from the saved input (batch_norm_act, FromOutput = false; mean given) or the saved output
+// (inplace_abn, FromOutput = true; no mean): (grad_input, grad_weight, grad_bias), the parameter gradients in weight's
+// dtype (the statistics' when there is no weight).
+template <class Kernels, bool FromOutput>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bn_act_backward(const at::Tensor& grad_out, const at::Tensor& saved,
+                                                               const c10::optional<at::Tensor>& weight,
+                                                               const c10::optional<at::Tensor>& bias,
+                                                               const at::Tensor& mean, const at::Tensor& invstd,
+                                                               bool training, Act act, double act_param) {
+  const c10::DeviceGuard guard(saved.device());
+  const at::MemoryFormat fmt = bn_memory_format(saved);
+  const at::Tensor x = saved.contiguous(fmt);
+  const at::Tensor go = grad_out.to(x.scalar_type()).contiguous(fmt);
+  const BnLayout l = bn_layout(x, fmt);
+  const at::ScalarType acc = Kernels::acc_dtype(x);
+  const ChannelTensors ct = make_channel_tensors(x, weight, bias, mean, invstd, acc, FromOutput);
+  at::Tensor grad_in = at::empty_like(x);
+  at::Tensor sums = at::empty({2, l.C}, x.options().dtype(acc));
+  Kernels::template backward<FromOutput>(go, x, ct, act, act_param, training, l, grad_in, sums);
+  const at::ScalarType pd = is_defined(weight) ? weight->scalar_type() : bn_stat_dtype(x);
+  return {grad_in, sums[1].to(pd, false, true), sums[0].to(pd, false, true)};
+}
+
+template <class Kernels>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_impl(
+    const at::Tensor& grad_out, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd, bool training,
+    c10::string_view act, double act_param) {
+  const Act a = check_batch_norm_act_backward_args(grad_out, input, weight, bias, mean, invstd, act);
+  return bn_act_backward<Kernels, false>(grad_out, input, weight, bias, mean, invstd, training, a, act_param);
+}
+
+template <class Kernels>
+at::Tensor batch_norm_act_apply_impl(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+                                     const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                                     c10::string_view act, double act_param) {
+  const Act a = check_batch_norm_act_apply_args(input, mean, invstd, weight, bias, act);
+  const c10::DeviceGuard guard(input.device());
+  const at::MemoryFormat fmt = bn_memory_format(input);
+  const at::Tensor x = input.contiguous(fmt);
+  at::Tensor out = at::empty_like(x);
+  const ChannelTensors ct = make_channel_tensors(x, weight, bias, mean, invstd, Kernels::acc_dtype(x), false);
+  Kernels::transform(x, out, ct, a, act_param, bn_layout(x, fmt));
+  return out;
 }
 
 }  // namespace memsave

@@ -35,22 +35,7 @@ using opmath_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, fl
 // Calls f(std::integral_constant<Act, a>{}): the activation becomes a compile-time constant inside f.
 template <typename F>
 inline void with_act(Act a, const F& f) {
-  switch (a) {
-    case Act::Identity:
-      return f(std::integral_constant<Act, Act::Identity>{});
-    case Act::ReLU:
-      return f(std::integral_constant<Act, Act::ReLU>{});
-    case Act::LeakyReLU:
-      return f(std::integral_constant<Act, Act::LeakyReLU>{});
-    case Act::ELU:
-      return f(std::integral_constant<Act, Act::ELU>{});
-    case Act::GELU:
-      return f(std::integral_constant<Act, Act::GELU>{});
-    case Act::GELUTanh:
-      return f(std::integral_constant<Act, Act::GELUTanh>{});
-    case Act::SiLU:
-      return f(std::integral_constant<Act, Act::SiLU>{});
-  }
+  with_act_among<Act::Identity, Act::ReLU, Act::LeakyReLU, Act::ELU, Act::GELU, Act::GELUTanh, Act::SiLU>(a, f);
 }
 
 // Per-channel constants as separate arrays (structure of arrays: channels-last rows vectorize across channels).
@@ -245,6 +230,25 @@ inline void bn_act_transform(const at::Tensor& src, at::Tensor& dst, const Chann
     });
   });
 }
+
+// The CPU kernels behind bn_act_common.h's host functions; per-channel constants in double.
+struct BnActKernels {
+  static at::ScalarType acc_dtype(const at::Tensor&) { return at::kDouble; }
+
+  static void transform(const at::Tensor& src, at::Tensor& dst, const ChannelTensors& ct, Act act, double act_param,
+                        const BnLayout& l) {
+    bn_act_transform(src, dst, ct.params<double>(act, act_param), l);
+  }
+
+  // sums: [2, C] double, receives (sum(g), sum(g * xhat)).
+  template <bool FromOutput>
+  static void backward(const at::Tensor& go, const at::Tensor& src, const ChannelTensors& ct, Act act, double act_param,
+                       bool training, const BnLayout& l, at::Tensor& grad_in, at::Tensor& sums) {
+    double* sum_g = sums.mutable_data_ptr<double>();
+    bn_act_backward_kernel<FromOutput>(go, src, ct.params<double>(act, act_param), training, l, grad_in, sum_g,
+                                       sum_g + l.C);
+  }
+};
 
 }  // namespace cpu
 }  // namespace memsave

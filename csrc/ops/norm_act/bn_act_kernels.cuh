@@ -212,6 +212,22 @@ inline void transform(const at::Tensor& src, at::Tensor& dst, const ChannelTenso
   });
 }
 
+// The CUDA kernels behind bn_act_common.h's host functions; per-channel constants in bn_stat_dtype.
+struct BnActKernels {
+  static at::ScalarType acc_dtype(const at::Tensor& x) { return bn_stat_dtype(x); }
+
+  static void transform(const at::Tensor& src, at::Tensor& dst, const ChannelTensors& ct, Act act, double act_param,
+                        const BnLayout& l) {
+    bn::transform(src, dst, ct, act, act_param, l);
+  }
+
+  template <bool FromOutput>
+  static void backward(const at::Tensor& go, const at::Tensor& src, const ChannelTensors& ct, Act act, double act_param,
+                       bool training, const BnLayout& l, at::Tensor& grad_in, at::Tensor& sums) {
+    bn::backward<FromOutput>(go, src, ct, act, act_param, training, l, grad_in, sums);
+  }
+};
+
 }  // namespace bn
 }  // namespace cuda
 }  // namespace memsave

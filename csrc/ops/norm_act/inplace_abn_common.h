@@ -1,6 +1,6 @@
-// Host-side steps of memsave::inplace_abn shared by its CPU (inplace_abn.cpp) and CUDA (inplace_abn.cu) kernels:
-// argument checks and the per-channel statistics (batch statistics with the running-statistics update in training,
-// running statistics in eval).
+// Host side of memsave::inplace_abn shared by its CPU (inplace_abn.cpp) and CUDA (inplace_abn.cu) kernels: argument
+// checks, the per-channel statistics (batch statistics with the running-statistics update in training, running
+// statistics in eval) and the operators themselves over the device's Kernels (see bn_act_common.h).
 #pragma once
 
 #include <tuple>
@@ -65,6 +65,37 @@ inline std::tuple<at::Tensor, at::Tensor> inplace_abn_stats(const at::Tensor& x,
   at::Tensor mean = std::get<0>(r).to(sd, false, true);
   at::Tensor invstd = std::get<1>(r).to(at::kDouble).add(eps).rsqrt().to(sd);
   return {mean, invstd};
+}
+
+template <class Kernels>
+std::tuple<at::Tensor, at::Tensor> inplace_abn_impl(at::Tensor& self, const c10::optional<at::Tensor>& weight,
+                                                    const c10::optional<at::Tensor>& bias,
+                                                    const c10::optional<at::Tensor>& running_mean,
+                                                    const c10::optional<at::Tensor>& running_var, bool training,
+                                                    double momentum, double eps, c10::string_view act,
+                                                    double act_param) {
+  const Act a = check_inplace_abn_args(self, weight, bias, running_mean, running_var, training, act, act_param);
+  const c10::DeviceGuard guard(self.device());
+  const at::MemoryFormat fmt = bn_memory_format(self);
+  // A non-dense self is transformed in a dense copy that is written back.
+  at::Tensor x = self.is_contiguous(fmt) ? self : self.contiguous(fmt);
+  auto stats = inplace_abn_stats(x, running_mean, running_var, training, momentum, eps);
+  const ChannelTensors ct =
+      make_channel_tensors(x, weight, bias, std::get<0>(stats), std::get<1>(stats), Kernels::acc_dtype(x), false);
+  Kernels::transform(x, x, ct, a, act_param, bn_layout(x, fmt));
+  if (!x.is_same(self)) self.copy_(x);
+  return stats;
+}
+
+template <class Kernels>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> inplace_abn_backward_impl(const at::Tensor& grad_out,
+                                                                         const at::Tensor& output,
+                                                                         const c10::optional<at::Tensor>& weight,
+                                                                         const c10::optional<at::Tensor>& bias,
+                                                                         const at::Tensor& invstd, bool training,
+                                                                         c10::string_view act, double act_param) {
+  const Act a = check_inplace_abn_backward_args(grad_out, output, weight, bias, invstd, act, act_param);
+  return bn_act_backward<Kernels, true>(grad_out, output, weight, bias, at::Tensor(), invstd, training, a, act_param);
 }
 
 }  // namespace memsave
