@@ -24,6 +24,8 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "common/linear_grads.h"
+#include "common/registration.h"
 #include "gated_mlp/gated_act.h"
 #include "gated_mlp/gated_act_math.h"
 
@@ -67,17 +69,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_act_linear_back
   check_gate_up(gate, up, op);
   check_linear_params(weight, c10::nullopt, gate.size(-1), gate, "gate", "weight", "bias", op);
   check_linear_grad_out(grad_out, "grad_out", gate, "gate", weight, op);
-  const int64_t out_features = weight.size(0), in_features = weight.size(1);
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, out_features});
-  at::Tensor grad_weight;
-  {
-    // The recomputed product lives only for the weight gradient.
-    at::Tensor p = call_gated_act(gate, up, act);
-    if (p.scalar_type() != weight.scalar_type()) p = p.to(weight.scalar_type());
-    grad_weight = at::mm(go2.t(), p.reshape({-1, in_features}));
-  }
-  at::Tensor grad_bias = has_bias ? at::sum(go2, 0) : at::empty({0}, weight.options());
+  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, weight.size(0)});
+  auto [grad_weight, grad_bias] = linear_param_grads(go2, call_gated_act(gate, up, act), weight, has_bias);
   auto grads = call_gated_act_backward(at::mm(go2, weight).view(gate.sizes()), gate, up, act);
   return {std::get<0>(grads), std::get<1>(grads), grad_weight, grad_bias};
 }
@@ -85,22 +79,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_act_linear_back
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
-  m.def("gated_act_linear(Tensor gate, Tensor up, Tensor weight, Tensor? bias, str act) -> Tensor");
-  m.def(
-      "gated_act_linear_backward(Tensor grad_out, Tensor gate, Tensor up, Tensor weight, bool has_bias, str act) "
-      "-> (Tensor, Tensor, Tensor, Tensor)");
+  def_cpu_and_cuda(m, "gated_act_linear(Tensor gate, Tensor up, Tensor weight, Tensor? bias, str act) -> Tensor",
+                   &gated_act_linear_forward);
+  def_cpu_and_cuda(m,
+                   "gated_act_linear_backward(Tensor grad_out, Tensor gate, Tensor up, Tensor weight, bool has_bias, "
+                   "str act) -> (Tensor, Tensor, Tensor, Tensor)",
+                   &gated_act_linear_backward);
 }
-
-TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("gated_act_linear", &gated_act_linear_forward);
-  m.impl("gated_act_linear_backward", &gated_act_linear_backward);
-}
-
-#ifdef MEMSAVE_WITH_CUDA
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("gated_act_linear", &gated_act_linear_forward);
-  m.impl("gated_act_linear_backward", &gated_act_linear_backward);
-}
-#endif
 
 }  // namespace memsave

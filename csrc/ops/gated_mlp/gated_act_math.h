@@ -28,21 +28,10 @@ inline Act parse_gated_act(c10::string_view name, const char* op) {
   return a;
 }
 
-// Calls f(std::integral_constant<Act, a>{}) so that the activation is a compile-time constant in the inner loops.
+// with_act_among over the activations parse_gated_act accepts.
 template <typename F>
 inline void with_gated_act(Act a, const F& f) {
-  switch (a) {
-    case Act::SiLU:
-      return f(std::integral_constant<Act, Act::SiLU>{});
-    case Act::GELU:
-      return f(std::integral_constant<Act, Act::GELU>{});
-    case Act::GELUTanh:
-      return f(std::integral_constant<Act, Act::GELUTanh>{});
-    case Act::ReLU:
-      return f(std::integral_constant<Act, Act::ReLU>{});
-    default:
-      return f(std::integral_constant<Act, Act::Identity>{});
-  }
+  with_act_among<Act::SiLU, Act::GELU, Act::GELUTanh, Act::ReLU, Act::Identity>(a, f);
 }
 
 template <Act A, typename T>
