@@ -47,6 +47,7 @@
 #endif
 
 #include "loss/cross_entropy_math.h"
+#include "common/registration.h"
 #include "loss/linear_cross_entropy.h"
 
 namespace memsave {
@@ -128,8 +129,7 @@ void cross_entropy_tile_lse_cpu(const at::Tensor& logits, const at::Tensor& targ
                                 int64_t class_start, int64_t num_classes, int64_t ignore_index,
                                 double label_smoothing) {
   constexpr const char* op = "cross_entropy_tile_lse_";
-  check_lce_tile_args(logits, target, class_start, num_classes, op);
-  check_lce_row_tensor(state, logits, kLceStateCols, at::kDouble, "state", op);
+  check_lce_tile_lse_args(logits, target, state, class_start, num_classes, op);
   const at::Tensor z = logits.contiguous();
   const at::Tensor t = target.contiguous();
   const int64_t rows = z.size(0), cols = z.size(1);
@@ -164,11 +164,7 @@ void cross_entropy_tile_grad_cpu(const at::Tensor& logits, const at::Tensor& tar
                                  const at::Tensor& scale, int64_t class_start, int64_t num_classes,
                                  int64_t ignore_index, double label_smoothing) {
   constexpr const char* op = "cross_entropy_tile_grad_";
-  check_lce_tile_args(logits, target, class_start, num_classes, op);
-  TORCH_CHECK_VALUE(logits.is_contiguous(), "memsave.", op, ": logits must be contiguous (it is overwritten)");
-  check_lce_row_tensor(lse, logits, 0, at::kDouble, "lse", op);
-  check_lce_row_tensor(scale, logits, 0, lce_acc_type(logits.scalar_type()), "scale", op);
-  TORCH_CHECK_VALUE(lse.size(0) == logits.size(0), "memsave.", op, ": lse must hold one value per logits row");
+  check_lce_tile_grad_args(logits, target, lse, scale, class_start, num_classes, op);
   const at::Tensor t = target.contiguous();
   const at::Tensor l = lse.contiguous();
   const at::Tensor sc = scale.contiguous();
@@ -415,13 +411,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
-  m.def(
-      "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, int ignore_index=-100, "
-      "float label_smoothing=0.0, str reduction=\"mean\", int tile_rows=0, int tile_classes=0) -> (Tensor, Tensor)");
-  m.def(
-      "linear_cross_entropy_backward(Tensor grad_loss, Tensor hidden, Tensor weight, Tensor target, Tensor? bias, "
-      "Tensor lse, int ignore_index, float label_smoothing, str reduction, bool[3] output_mask, int tile_rows=0, "
-      "int tile_classes=0) -> (Tensor, Tensor, Tensor)");
+  // ATen matmuls plus the tile kernels (whose CUDA versions are in linear_cross_entropy.cu).
+  def_cpu_and_cuda(m,
+                   "linear_cross_entropy(Tensor hidden, Tensor weight, Tensor target, Tensor? bias=None, "
+                   "int ignore_index=-100, float label_smoothing=0.0, str reduction=\"mean\", int tile_rows=0, "
+                   "int tile_classes=0) -> (Tensor, Tensor)",
+                   &linear_cross_entropy_forward);
+  def_cpu_and_cuda(m,
+                   "linear_cross_entropy_backward(Tensor grad_loss, Tensor hidden, Tensor weight, Tensor target, "
+                   "Tensor? bias, Tensor lse, int ignore_index, float label_smoothing, str reduction, "
+                   "bool[3] output_mask, int tile_rows=0, int tile_classes=0) -> (Tensor, Tensor, Tensor)",
+                   &linear_cross_entropy_backward);
   m.def(
       "cross_entropy_tile_lse_(Tensor logits, Tensor target, Tensor(a!) state, int class_start, int num_classes, "
       "int ignore_index, float label_smoothing) -> ()");
@@ -431,19 +431,8 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("linear_cross_entropy", &linear_cross_entropy_forward);
-  m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward);
   m.impl("cross_entropy_tile_lse_", &cross_entropy_tile_lse_cpu);
   m.impl("cross_entropy_tile_grad_", &cross_entropy_tile_grad_cpu);
 }
-
-#ifdef MEMSAVE_WITH_CUDA
-// Forward and backward are ATen matmuls plus the tile kernels (whose CUDA versions are in linear_cross_entropy.cu),
-// so the same code serves CUDA tensors.
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("linear_cross_entropy", &linear_cross_entropy_forward);
-  m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward);
-}
-#endif
 
 }  // namespace memsave

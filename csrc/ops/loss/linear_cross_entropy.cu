@@ -93,8 +93,7 @@ void cross_entropy_tile_lse_cuda(const at::Tensor& logits, const at::Tensor& tar
                                  int64_t class_start, int64_t num_classes, int64_t ignore_index,
                                  double label_smoothing) {
   constexpr const char* op = "cross_entropy_tile_lse_";
-  check_lce_tile_args(logits, target, class_start, num_classes, op);
-  check_lce_row_tensor(state, logits, kLceStateCols, at::kDouble, "state", op);
+  check_lce_tile_lse_args(logits, target, state, class_start, num_classes, op);
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor z = logits.contiguous();
   const at::Tensor t = target.contiguous();
@@ -115,11 +114,7 @@ void cross_entropy_tile_grad_cuda(const at::Tensor& logits, const at::Tensor& ta
                                   const at::Tensor& scale, int64_t class_start, int64_t num_classes,
                                   int64_t ignore_index, double label_smoothing) {
   constexpr const char* op = "cross_entropy_tile_grad_";
-  check_lce_tile_args(logits, target, class_start, num_classes, op);
-  TORCH_CHECK_VALUE(logits.is_contiguous(), "memsave.", op, ": logits must be contiguous (it is overwritten)");
-  check_lce_row_tensor(lse, logits, 0, at::kDouble, "lse", op);
-  check_lce_row_tensor(scale, logits, 0, lce_acc_type(logits.scalar_type()), "scale", op);
-  TORCH_CHECK_VALUE(lse.size(0) == logits.size(0), "memsave.", op, ": lse must hold one value per logits row");
+  check_lce_tile_grad_args(logits, target, lse, scale, class_start, num_classes, op);
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor t = target.contiguous();
   const at::Tensor l = lse.contiguous();

@@ -131,4 +131,22 @@ inline void check_lce_row_tensor(const at::Tensor& t, const at::Tensor& logits, 
 // and turned into the loss in float64, so that the loss is rounded to float32 once.
 constexpr int64_t kLceStateCols = 3;
 
+// The arguments of cross_entropy_tile_lse_ (CPU and CUDA).
+inline void check_lce_tile_lse_args(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& state,
+                                    int64_t class_start, int64_t num_classes, const char* op) {
+  check_lce_tile_args(logits, target, class_start, num_classes, op);
+  check_lce_row_tensor(state, logits, kLceStateCols, at::kDouble, "state", op);
+}
+
+// The arguments of cross_entropy_tile_grad_ (CPU and CUDA).
+inline void check_lce_tile_grad_args(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse,
+                                     const at::Tensor& scale, int64_t class_start, int64_t num_classes,
+                                     const char* op) {
+  check_lce_tile_args(logits, target, class_start, num_classes, op);
+  TORCH_CHECK_VALUE(logits.is_contiguous(), "memsave.", op, ": logits must be contiguous (it is overwritten)");
+  check_lce_row_tensor(lse, logits, 0, at::kDouble, "lse", op);
+  check_lce_row_tensor(scale, logits, 0, lce_acc_type(logits.scalar_type()), "scale", op);
+  TORCH_CHECK_VALUE(lse.size(0) == logits.size(0), "memsave.", op, ": lse must hold one value per logits row");
+}
+
 }  // namespace memsave

@@ -31,6 +31,7 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "common/registration.h"
 #include "rms_norm/rms_norm.h"
 
 namespace memsave {
@@ -148,23 +149,14 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tens
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
-  m.def(
-      "rms_norm_linear(Tensor input, Tensor? norm_weight, float eps, Tensor[] weights, Tensor?[] biases) -> Tensor[]");
-  m.def(
-      "rms_norm_linear_backward(Tensor?[] grad_outs, Tensor input, Tensor? norm_weight, float eps, Tensor[] weights, "
-      "bool[] has_bias) -> (Tensor, Tensor, Tensor[], Tensor[])");
+  def_cpu_and_cuda(m,
+                   "rms_norm_linear(Tensor input, Tensor? norm_weight, float eps, Tensor[] weights, Tensor?[] biases) "
+                   "-> Tensor[]",
+                   &rms_norm_linear_forward);
+  def_cpu_and_cuda(m,
+                   "rms_norm_linear_backward(Tensor?[] grad_outs, Tensor input, Tensor? norm_weight, float eps, "
+                   "Tensor[] weights, bool[] has_bias) -> (Tensor, Tensor, Tensor[], Tensor[])",
+                   &rms_norm_linear_backward);
 }
-
-TORCH_LIBRARY_IMPL(memsave, CPU, m) {
-  m.impl("rms_norm_linear", &rms_norm_linear_forward);
-  m.impl("rms_norm_linear_backward", &rms_norm_linear_backward);
-}
-
-#ifdef MEMSAVE_WITH_CUDA
-TORCH_LIBRARY_IMPL(memsave, CUDA, m) {
-  m.impl("rms_norm_linear", &rms_norm_linear_forward);
-  m.impl("rms_norm_linear_backward", &rms_norm_linear_backward);
-}
-#endif
 
 }  // namespace memsave
