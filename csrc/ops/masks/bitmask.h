@@ -93,6 +93,11 @@ struct NoScalar {
   static void check(double, const char*) {}
 };
 
+// leaky_relu's operators, as its CPU and CUDA kernels register them.
+struct LeakyReluOp : NoScalar {
+  static constexpr const char* kNames[3] = {"leaky_relu", "leaky_relu_", "leaky_relu_backward"};
+};
+
 // Registers the kernels of `<name>`, `<name>_` and `<name>_backward` for an operator with one float argument
 // (leaky_relu, dropout); Spec also names them: static constexpr const char* kNames[3].
 template <class Spec>

@@ -28,10 +28,7 @@
 namespace memsave {
 namespace {
 
-struct DropoutCpu {
-  static constexpr const char* kNames[3] = {"dropout", "dropout_", "dropout_backward"};
-  static void check(double p, const char* op) { check_dropout_probability(p, op); }
-
+struct DropoutCpu : DropoutOp {
   static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double p) {
     const int64_t n = x.numel();
     if (n == 0) {
@@ -64,21 +61,6 @@ struct DropoutCpu {
   }
 };
 
-struct DropoutSpec {
-  static at::Tensor run(at::Tensor& self, double p) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("memsave::dropout_", "")
-                               .typed<at::Tensor(at::Tensor&, double)>();
-    return op.call(self, p);
-  }
-  static at::Tensor backward(const at::Tensor& grad, const at::Tensor& mask, double p) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("memsave::dropout_backward", "")
-                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
-    return op.call(grad, mask, p);
-  }
-};
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(memsave, m) {
@@ -86,18 +68,11 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
   m.def("dropout(Tensor self, float p) -> (Tensor, Tensor)", {at::Tag::nondeterministic_seeded});
   m.def("dropout_(Tensor(a!) self, float p) -> Tensor", {at::Tag::nondeterministic_seeded});
   m.def("dropout_backward(Tensor grad_out, Tensor mask, float p) -> Tensor");
+  impl_inplace_mask_autograd<DropoutOp>(m);
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
   impl_mask_kernels<DropoutCpu>(m);
-}
-
-TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
-  m.impl("dropout_", &inplace_mask_adinplace<DropoutSpec>);
-}
-
-TORCH_LIBRARY_IMPL(memsave, Autograd, m) {
-  m.impl("dropout_", &inplace_mask_autograd<DropoutSpec>);
 }
 
 }  // namespace memsave

@@ -102,9 +102,7 @@ bool aligned_for_vec4(const void* p, size_t elem_size) {
   return reinterpret_cast<uintptr_t>(p) % (4 * elem_size) == 0;
 }
 
-struct DropoutCuda {
-  static constexpr const char* kNames[3] = {"dropout", "dropout_", "dropout_backward"};
-  static void check(double p, const char* op) { check_dropout_probability(p, op); }
+struct DropoutCuda : DropoutOp {
   static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double p);
   static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double p) {
     cuda::launch_apply_mask<Apply::kPassScaled>(g, mask, grad_in, dropout_scale(g.scalar_type(), p), 0.0);

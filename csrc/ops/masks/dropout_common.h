@@ -1,4 +1,4 @@
-// What memsave::dropout's CPU and CUDA kernels share: argument checks and the scale applied to kept elements.
+// What memsave::dropout's CPU and CUDA kernels share: names, argument checks and the scale applied to kept elements.
 #pragma once
 
 #include <ATen/Dispatch.h>
@@ -11,6 +11,12 @@ namespace memsave {
 inline void check_dropout_probability(double p, const char* op) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "memsave.", op, ": dropout probability has to be between 0 and 1, but got ", p);
 }
+
+// dropout's operators and their scalar check, as its CPU and CUDA kernels register them.
+struct DropoutOp {
+  static constexpr const char* kNames[3] = {"dropout", "dropout_", "dropout_backward"};
+  static void check(double p, const char* op) { check_dropout_probability(p, op); }
+};
 
 // The factor kept elements are multiplied by, as torch's CPU dropout computes it: 1 / (1 - p) in the op-math type,
 // rounded to the tensor's dtype (torch builds a noise tensor of that dtype), returned exactly as a double.

@@ -10,6 +10,7 @@
 // annotated `Tensor(a!)`, and these operators return the mask.)
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include <ATen/ExpandUtils.h>
@@ -17,6 +18,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
 
 namespace memsave {
 
@@ -74,6 +76,32 @@ at::Tensor inplace_mask_adinplace(at::Tensor& self, double scalar) {
   }
   torch::autograd::increment_version(self);
   return mask;
+}
+
+// The Spec of an operator with one float argument (leaky_relu, dropout), from Op::kNames (as impl_mask_kernels takes
+// them): calls `memsave::<name>_` and `memsave::<name>_backward` through the dispatcher.
+template <class Op>
+struct ScalarMaskSpec {
+  static at::Tensor run(at::Tensor& self, double scalar) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow((std::string("memsave::") + Op::kNames[1]).c_str(), "")
+                               .template typed<at::Tensor(at::Tensor&, double)>();
+    return op.call(self, scalar);
+  }
+  static at::Tensor backward(const at::Tensor& grad, const at::Tensor& mask, double scalar) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow((std::string("memsave::") + Op::kNames[2]).c_str(), "")
+                               .template typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
+    return op.call(grad, mask, scalar);
+  }
+};
+
+// Registers the ADInplaceOrView and Autograd kernels of Op's in-place operator (called from the family's
+// TORCH_LIBRARY_FRAGMENT).
+template <class Op>
+void impl_inplace_mask_autograd(torch::Library& m) {
+  m.impl(Op::kNames[1], c10::DispatchKey::ADInplaceOrView, &inplace_mask_adinplace<ScalarMaskSpec<Op>>);
+  m.impl(Op::kNames[1], c10::DispatchKey::Autograd, &inplace_mask_autograd<ScalarMaskSpec<Op>>);
 }
 
 }  // namespace memsave

@@ -19,8 +19,7 @@
 namespace memsave {
 namespace {
 
-struct LeakyReluCpu : NoScalar {
-  static constexpr const char* kNames[3] = {"leaky_relu", "leaky_relu_", "leaky_relu_backward"};
+struct LeakyReluCpu : LeakyReluOp {
   static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
     const int64_t n = x.numel();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "memsave_leaky_relu_cpu", [&] {
@@ -29,27 +28,13 @@ struct LeakyReluCpu : NoScalar {
       scalar_t* y = out.mutable_data_ptr<scalar_t>();
       uint8_t* m = mask.mutable_data_ptr<uint8_t>();
       const opmath_t s = static_cast<opmath_t>(slope);
-      at::parallel_for(0, mask.numel(), cpu::kGrainBytes,
-                       [&](int64_t b0, int64_t b1) { cpu::leaky_relu_forward<scalar_t>(in, y, m, n, b0, b1, s); });
+      at::parallel_for(0, mask.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
+        cpu::forward_with_mask<LeakyReluMask, scalar_t>(in, y, m, n, b0, b1, s);
+      });
     });
   }
   static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double slope) {
     cpu::launch_apply_mask<Apply::kLeaky>(g, mask, grad_in, 1.0, slope);
-  }
-};
-
-struct LeakyReluSpec {
-  static at::Tensor run(at::Tensor& self, double slope) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("memsave::leaky_relu_", "")
-                               .typed<at::Tensor(at::Tensor&, double)>();
-    return op.call(self, slope);
-  }
-  static at::Tensor backward(const at::Tensor& grad, const at::Tensor& mask, double slope) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("memsave::leaky_relu_backward", "")
-                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
-    return op.call(grad, mask, slope);
   }
 };
 
@@ -59,18 +44,11 @@ TORCH_LIBRARY_FRAGMENT(memsave, m) {
   m.def("leaky_relu(Tensor self, float negative_slope) -> (Tensor, Tensor)");
   m.def("leaky_relu_(Tensor(a!) self, float negative_slope) -> Tensor");
   m.def("leaky_relu_backward(Tensor grad_out, Tensor mask, float negative_slope) -> Tensor");
+  impl_inplace_mask_autograd<LeakyReluOp>(m);
 }
 
 TORCH_LIBRARY_IMPL(memsave, CPU, m) {
   impl_mask_kernels<LeakyReluCpu>(m);
-}
-
-TORCH_LIBRARY_IMPL(memsave, ADInplaceOrView, m) {
-  m.impl("leaky_relu_", &inplace_mask_adinplace<LeakyReluSpec>);
-}
-
-TORCH_LIBRARY_IMPL(memsave, Autograd, m) {
-  m.impl("leaky_relu_", &inplace_mask_autograd<LeakyReluSpec>);
 }
 
 }  // namespace memsave

@@ -16,8 +16,7 @@
 namespace memsave {
 namespace {
 
-struct LeakyReluCuda : NoScalar {
-  static constexpr const char* kNames[3] = {"leaky_relu", "leaky_relu_", "leaky_relu_backward"};
+struct LeakyReluCuda : LeakyReluOp {
   static void forward_into(const at::Tensor& x, const at::Tensor& out, const at::Tensor& mask, double slope) {
     const int64_t n = x.numel();
     if (n == 0) return;

@@ -86,112 +86,118 @@ inline void dropout_mask_generic(uint8_t* mask, int64_t b0, int64_t b1, uint64_t
 // ---- AVX2 path (float32, float64; whole bytes only) ---------------------------------------------------------------
 #if MEMSAVE_X86_SIMD
 
-// Lane k of the result is all-ones iff bit k of `bits` is set.
-MEMSAVE_TARGET_AVX2 inline __m256 expand_bits_ps(uint32_t bits) {
-  const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i b = _mm256_set1_epi32(static_cast<int>(bits));
-  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, sel), sel));
-}
+// An AVX2 register of T (8 floats or 4 doubles): a mask byte covers 8 / kLanes registers.
+template <typename T>
+struct Vec;
 
-MEMSAVE_TARGET_AVX2 inline void expand_bits_pd(uint32_t bits, __m256d* lo, __m256d* hi) {
-  const __m256i sel_lo = _mm256_setr_epi64x(1, 2, 4, 8);
-  const __m256i sel_hi = _mm256_setr_epi64x(16, 32, 64, 128);
-  const __m256i b = _mm256_set1_epi64x(static_cast<int64_t>(bits));
-  *lo = _mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(b, sel_lo), sel_lo));
-  *hi = _mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(b, sel_hi), sel_hi));
-}
-
-MEMSAVE_TARGET_AVX2 inline void relu_forward_avx2(const float* in, float* out, uint8_t* mask, int64_t b0, int64_t b1) {
-  const __m256 zero = _mm256_setzero_ps();
-  for (int64_t b = b0; b < b1; ++b) {
-    const __m256 v = _mm256_loadu_ps(in + b * 8);
-    const __m256 negative = _mm256_cmp_ps(v, zero, _CMP_LT_OQ);
-    const __m256 pass = _mm256_cmp_ps(v, zero, _CMP_NLE_UQ);  // !(v <= 0): NaN passes
-    _mm256_storeu_ps(out + b * 8, _mm256_andnot_ps(negative, v));
-    mask[b] = static_cast<uint8_t>(_mm256_movemask_ps(pass));
+template <>
+struct Vec<float> {
+  using type = __m256;
+  static constexpr int kLanes = 8;
+  MEMSAVE_TARGET_AVX2 static type set1(float a) { return _mm256_set1_ps(a); }
+  MEMSAVE_TARGET_AVX2 static type load(const float* p) { return _mm256_loadu_ps(p); }
+  MEMSAVE_TARGET_AVX2 static void store(float* p, type v) { _mm256_storeu_ps(p, v); }
+  MEMSAVE_TARGET_AVX2 static int movemask(type v) { return _mm256_movemask_ps(v); }
+  // Lane k is all-ones iff bit k of `bits` is set.
+  MEMSAVE_TARGET_AVX2 static type expand(uint32_t bits) {
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i b = _mm256_set1_epi32(static_cast<int>(bits));
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(b, sel), sel));
   }
-}
+};
 
-MEMSAVE_TARGET_AVX2 inline void relu_forward_avx2(const double* in, double* out, uint8_t* mask, int64_t b0,
-                                                  int64_t b1) {
-  const __m256d zero = _mm256_setzero_pd();
-  for (int64_t b = b0; b < b1; ++b) {
-    const __m256d v0 = _mm256_loadu_pd(in + b * 8);
-    const __m256d v1 = _mm256_loadu_pd(in + b * 8 + 4);
-    const __m256d p0 = _mm256_cmp_pd(v0, zero, _CMP_NLE_UQ);
-    const __m256d p1 = _mm256_cmp_pd(v1, zero, _CMP_NLE_UQ);
-    _mm256_storeu_pd(out + b * 8, _mm256_andnot_pd(_mm256_cmp_pd(v0, zero, _CMP_LT_OQ), v0));
-    _mm256_storeu_pd(out + b * 8 + 4, _mm256_andnot_pd(_mm256_cmp_pd(v1, zero, _CMP_LT_OQ), v1));
-    mask[b] = static_cast<uint8_t>(_mm256_movemask_pd(p0) | (_mm256_movemask_pd(p1) << 4));
+template <>
+struct Vec<double> {
+  using type = __m256d;
+  static constexpr int kLanes = 4;
+  MEMSAVE_TARGET_AVX2 static type set1(double a) { return _mm256_set1_pd(a); }
+  MEMSAVE_TARGET_AVX2 static type load(const double* p) { return _mm256_loadu_pd(p); }
+  MEMSAVE_TARGET_AVX2 static void store(double* p, type v) { _mm256_storeu_pd(p, v); }
+  MEMSAVE_TARGET_AVX2 static int movemask(type v) { return _mm256_movemask_pd(v); }
+  // Lane k is all-ones iff bit k of `bits` is set (bits 0..3; the caller shifts in the other half).
+  MEMSAVE_TARGET_AVX2 static type expand(uint32_t bits) {
+    const __m256i sel = _mm256_setr_epi64x(1, 2, 4, 8);
+    const __m256i b = _mm256_set1_epi64x(static_cast<int64_t>(bits));
+    return _mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(b, sel), sel));
   }
-}
+};
 
-MEMSAVE_TARGET_AVX2 inline void leaky_relu_forward_avx2(const float* in, float* out, uint8_t* mask, int64_t b0,
-                                                        int64_t b1, float slope) {
-  const __m256 zero = _mm256_setzero_ps();
-  const __m256 s = _mm256_set1_ps(slope);
-  for (int64_t b = b0; b < b1; ++b) {
-    const __m256 v = _mm256_loadu_ps(in + b * 8);
-    const __m256 positive = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
-    _mm256_storeu_ps(out + b * 8, _mm256_blendv_ps(_mm256_mul_ps(v, s), v, positive));
-    mask[b] = static_cast<uint8_t>(_mm256_movemask_ps(positive));
+// The AVX2 form of a mask_math.h forward: the output, and in `pass` the lanes whose bit is set.
+template <class Op>
+struct Avx2;
+
+// ReluMask: v < 0 ? 0 : v (NaN and -0.0 stay), bit = !(v <= 0) (NaN passes).
+template <>
+struct Avx2<ReluMask> {
+  MEMSAVE_TARGET_AVX2 static __m256 forward(__m256 v, __m256 /*unused*/, __m256* pass) {
+    const __m256 zero = _mm256_setzero_ps();
+    *pass = _mm256_cmp_ps(v, zero, _CMP_NLE_UQ);
+    return _mm256_andnot_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), v);
   }
-}
-
-MEMSAVE_TARGET_AVX2 inline void leaky_relu_forward_avx2(const double* in, double* out, uint8_t* mask, int64_t b0,
-                                                        int64_t b1, double slope) {
-  const __m256d zero = _mm256_setzero_pd();
-  const __m256d s = _mm256_set1_pd(slope);
-  for (int64_t b = b0; b < b1; ++b) {
-    const __m256d v0 = _mm256_loadu_pd(in + b * 8);
-    const __m256d v1 = _mm256_loadu_pd(in + b * 8 + 4);
-    const __m256d p0 = _mm256_cmp_pd(v0, zero, _CMP_GT_OQ);
-    const __m256d p1 = _mm256_cmp_pd(v1, zero, _CMP_GT_OQ);
-    _mm256_storeu_pd(out + b * 8, _mm256_blendv_pd(_mm256_mul_pd(v0, s), v0, p0));
-    _mm256_storeu_pd(out + b * 8 + 4, _mm256_blendv_pd(_mm256_mul_pd(v1, s), v1, p1));
-    mask[b] = static_cast<uint8_t>(_mm256_movemask_pd(p0) | (_mm256_movemask_pd(p1) << 4));
+  MEMSAVE_TARGET_AVX2 static __m256d forward(__m256d v, __m256d /*unused*/, __m256d* pass) {
+    const __m256d zero = _mm256_setzero_pd();
+    *pass = _mm256_cmp_pd(v, zero, _CMP_NLE_UQ);
+    return _mm256_andnot_pd(_mm256_cmp_pd(v, zero, _CMP_LT_OQ), v);
   }
-}
+};
 
-template <Apply kMode>
-MEMSAVE_TARGET_AVX2 inline void apply_mask_avx2(const float* in, const uint8_t* mask, float* out, int64_t b0,
-                                                int64_t b1, float a, float b_mul) {
-  const __m256 va = _mm256_set1_ps(a);
-  const __m256 vb = _mm256_set1_ps(b_mul);
+// LeakyReluMask: bit = v > 0, v > 0 ? v : v * slope.
+template <>
+struct Avx2<LeakyReluMask> {
+  MEMSAVE_TARGET_AVX2 static __m256 forward(__m256 v, __m256 slope, __m256* pass) {
+    *pass = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ);
+    return _mm256_blendv_ps(_mm256_mul_ps(v, slope), v, *pass);
+  }
+  MEMSAVE_TARGET_AVX2 static __m256d forward(__m256d v, __m256d slope, __m256d* pass) {
+    *pass = _mm256_cmp_pd(v, _mm256_setzero_pd(), _CMP_GT_OQ);
+    return _mm256_blendv_pd(_mm256_mul_pd(v, slope), v, *pass);
+  }
+};
+
+// Forward of Op over whole mask bytes [b0, b1).
+template <class Op, typename T>
+MEMSAVE_TARGET_AVX2 inline void forward_with_mask_avx2(const T* in, T* out, uint8_t* mask, int64_t b0, int64_t b1,
+                                                       T a) {
+  using V = Vec<T>;
+  const typename V::type va = V::set1(a);
   for (int64_t b = b0; b < b1; ++b) {
-    const __m256 m = expand_bits_ps(mask[b]);
-    const __m256 v = _mm256_loadu_ps(in + b * 8);
-    __m256 r;
-    if (kMode == Apply::kPass) {
-      r = _mm256_and_ps(m, v);
-    } else if (kMode == Apply::kPassScaled) {
-      r = _mm256_and_ps(m, _mm256_mul_ps(v, va));
-    } else {
-      r = _mm256_blendv_ps(_mm256_mul_ps(v, vb), v, m);
+    int bits = 0;
+    for (int h = 0; h < 8 / V::kLanes; ++h) {
+      const int64_t i = b * 8 + h * V::kLanes;
+      typename V::type pass;
+      V::store(out + i, Avx2<Op>::forward(V::load(in + i), va, &pass));
+      bits |= V::movemask(pass) << (h * V::kLanes);
     }
-    _mm256_storeu_ps(out + b * 8, r);
+    mask[b] = static_cast<uint8_t>(bits);
   }
 }
 
+// apply_mask_value for 8 float or 4 double lanes; lane k of `m` is all-ones iff its bit is set.
 template <Apply kMode>
-MEMSAVE_TARGET_AVX2 inline void apply_mask_avx2(const double* in, const uint8_t* mask, double* out, int64_t b0,
-                                                int64_t b1, double a, double b_mul) {
-  const __m256d va = _mm256_set1_pd(a);
-  const __m256d vb = _mm256_set1_pd(b_mul);
+MEMSAVE_TARGET_AVX2 inline __m256 apply_mask_lanes(__m256 m, __m256 v, __m256 va, __m256 vb) {
+  if (kMode == Apply::kPass) return _mm256_and_ps(m, v);
+  if (kMode == Apply::kPassScaled) return _mm256_and_ps(m, _mm256_mul_ps(v, va));
+  return _mm256_blendv_ps(_mm256_mul_ps(v, vb), v, m);
+}
+
+template <Apply kMode>
+MEMSAVE_TARGET_AVX2 inline __m256d apply_mask_lanes(__m256d m, __m256d v, __m256d va, __m256d vb) {
+  if (kMode == Apply::kPass) return _mm256_and_pd(m, v);
+  if (kMode == Apply::kPassScaled) return _mm256_and_pd(m, _mm256_mul_pd(v, va));
+  return _mm256_blendv_pd(_mm256_mul_pd(v, vb), v, m);
+}
+
+template <Apply kMode, typename T>
+MEMSAVE_TARGET_AVX2 inline void apply_mask_avx2(const T* in, const uint8_t* mask, T* out, int64_t b0, int64_t b1, T a,
+                                                T b_mul) {
+  using V = Vec<T>;
+  const typename V::type va = V::set1(a);
+  const typename V::type vb = V::set1(b_mul);
   for (int64_t b = b0; b < b1; ++b) {
-    __m256d m[2];
-    expand_bits_pd(mask[b], &m[0], &m[1]);
-    for (int h = 0; h < 2; ++h) {
-      const __m256d v = _mm256_loadu_pd(in + b * 8 + h * 4);
-      __m256d r;
-      if (kMode == Apply::kPass) {
-        r = _mm256_and_pd(m[h], v);
-      } else if (kMode == Apply::kPassScaled) {
-        r = _mm256_and_pd(m[h], _mm256_mul_pd(v, va));
-      } else {
-        r = _mm256_blendv_pd(_mm256_mul_pd(v, vb), v, m[h]);
-      }
-      _mm256_storeu_pd(out + b * 8 + h * 4, r);
+    for (int h = 0; h < 8 / V::kLanes; ++h) {
+      const int64_t i = b * 8 + h * V::kLanes;
+      const typename V::type m = V::expand(static_cast<uint32_t>(mask[b]) >> (h * V::kLanes));
+      V::store(out + i, apply_mask_lanes<kMode>(m, V::load(in + i), va, vb));
     }
   }
 }
@@ -263,37 +269,21 @@ MEMSAVE_TARGET_AVX2 inline void dropout_mask_avx2(uint8_t* mask, int64_t b0, int
 
 // ---- entry points: whole bytes on the fast path when there is one, the partial last byte portably ----------------
 
-template <typename T>
-void relu_forward(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int64_t b1) {
+// Forward of Op (ReluMask, LeakyReluMask; `a` is its scalar) over mask bytes [b0, b1) of n elements.
+template <class Op, typename T>
+void forward_with_mask(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int64_t b1, at::opmath_type<T> a) {
 #if MEMSAVE_X86_SIMD
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (has_avx2()) {
       const int64_t full = std::min<int64_t>(b1, n / 8);
       if (full > b0) {
-        relu_forward_avx2(in, out, mask, b0, full);
+        forward_with_mask_avx2<Op>(in, out, mask, b0, full, a);
         b0 = full;
       }
     }
   }
 #endif
-  mask_forward_generic<ReluMask>(in, out, mask, n, b0, b1, at::opmath_type<T>(0));
-}
-
-template <typename T>
-void leaky_relu_forward(const T* in, T* out, uint8_t* mask, int64_t n, int64_t b0, int64_t b1,
-                        at::opmath_type<T> slope) {
-#if MEMSAVE_X86_SIMD
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (has_avx2()) {
-      const int64_t full = std::min<int64_t>(b1, n / 8);
-      if (full > b0) {
-        leaky_relu_forward_avx2(in, out, mask, b0, full, slope);
-        b0 = full;
-      }
-    }
-  }
-#endif
-  mask_forward_generic<LeakyReluMask>(in, out, mask, n, b0, b1, slope);
+  mask_forward_generic<Op>(in, out, mask, n, b0, b1, a);
 }
 
 template <Apply kMode, typename T>

@@ -26,8 +26,9 @@ struct ReluCpu : NoScalar {
       const scalar_t* in = x.const_data_ptr<scalar_t>();
       scalar_t* y = out.mutable_data_ptr<scalar_t>();
       uint8_t* m = mask.mutable_data_ptr<uint8_t>();
-      at::parallel_for(0, mask.numel(), cpu::kGrainBytes,
-                       [&](int64_t b0, int64_t b1) { cpu::relu_forward<scalar_t>(in, y, m, n, b0, b1); });
+      at::parallel_for(0, mask.numel(), cpu::kGrainBytes, [&](int64_t b0, int64_t b1) {
+        cpu::forward_with_mask<ReluMask, scalar_t>(in, y, m, n, b0, b1, 0);
+      });
     });
   }
   static void backward_into(const at::Tensor& g, const at::Tensor& mask, const at::Tensor& grad_in, double) {
