@@ -50,9 +50,9 @@ def test_window_shape_follows_the_reference_warmup():
     # 0.5 ms steps: 4 steps a window, the windows capped at max_windows.
     t = _timed(FakeClock(), {"a": 0.0005}, max_windows=3)
     assert (t["a"].steps_per_round, t["a"].windows) == (4, 3)
-    # Slow steps: a single window a round.
-    t = _timed(FakeClock(), {"a": 1.0})
-    assert t["a"].windows == 1
+    # Slow steps: min_windows a round.
+    assert _timed(FakeClock(), {"a": 1.0})["a"].windows == 3
+    assert _timed(FakeClock(), {"a": 1.0}, min_windows=1)["a"].windows == 1
 
 
 def test_the_fastest_window_hides_a_disturbance_other_windows_had():
@@ -65,19 +65,18 @@ def test_the_fastest_window_hides_a_disturbance_other_windows_had():
 
 def test_rounds_alternate_their_order_and_windows_interleave():
     clock = FakeClock()
-    time_interleaved(
-        {"a": clock.step("a", 0.5), "b": clock.step("b", 0.5)}, rounds=3, warmup=0, min_round_seconds=0, clock=clock
-    )
-    # Warm-up: one timed call each (torch's Timer runs 2 untimed calls before every window).
-    timed = clock.calls[6:]
-    windows = [timed[i : i + 3][0] for i in range(0, len(timed), 3)]
-    assert windows == ["a", "b", "b", "a", "a", "b"]
+    steps = {"a": clock.step("a", 0.5), "b": clock.step("b", 0.5)}
+    time_interleaved(steps, rounds=3, warmup=0, min_round_seconds=0, min_windows=2, clock=clock)
+    # After one warm-up call each: two windows of one step per variant and round, the order reversed each round.
+    assert "".join(clock.calls[2:]) == "abab" + "baba" + "abab"
 
 
 def test_bad_limits_are_refused():
     step = {"a": lambda: None}
     with pytest.raises(ValueError, match="max_windows"):
         time_interleaved(step, max_windows=0)
+    with pytest.raises(ValueError, match="min_windows"):
+        time_interleaved(step, min_windows=4, max_windows=3)
     with pytest.raises(ValueError, match="min_window_seconds"):
         time_interleaved(step, min_window_seconds=-1.0)
     with pytest.raises(ValueError, match="reference"):

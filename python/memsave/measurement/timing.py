@@ -6,10 +6,11 @@ between variants. Here every variant is timed once per *round*, the order revers
 A, A B C, ...), so that a change during the run hits all variants alike. Within a round each variant is timed in a
 few short *windows*, again in turn (A B C A B C ...), and the round keeps each variant's fastest window: other
 programs can only add time to a window, so the fastest one is the least disturbed (the "best of" that ``timeit``
-recommends). A window is ``torch.utils.benchmark.Timer(...).timeit(number)`` (it keeps the caller's thread count
-and, on CUDA, synchronizes around the call): ``number`` steps, chosen in the warm-up so that a window lasts at
-least ``min_window_seconds``, and as many windows as make a variant's share of a round last ``min_round_seconds``
-(at most ``max_windows``). The step time is the median over rounds, with the inter-quartile range (IQR).
+recommends). A window is ``timeit.Timer(step, timer=clock).timeit(number)`` with torch.utils.benchmark's clock,
+which synchronizes the accelerator around the call: ``number`` steps, chosen in the warm-up so that a window lasts
+at least ``min_window_seconds``; a round has ``min_windows`` windows of each variant, or as many as make a
+variant's share of a round last ``min_round_seconds`` (at most ``max_windows``). The step time is the median over
+rounds, with the inter-quartile range (IQR).
 
 A variant's *ratio* to the reference is the median over rounds of (its time / the reference's time in the same
 round), with its IQR: the pairing cancels load that changes from round to round.
@@ -18,14 +19,11 @@ round), with its IQR: the pairing cancels load that changes from round to round.
 from __future__ import annotations
 
 import math
+import timeit
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
-
-if TYPE_CHECKING:  # imported when timing: it loads torch.utils.cpp_extension (a second, and a warning without CUDA)
-    from torch.utils import benchmark
 
 __all__ = ["SPREAD_WARNING", "Timing", "median_iqr", "spread_warning", "time_interleaved"]
 
@@ -83,19 +81,17 @@ def median_iqr(values: Sequence[float]) -> Tuple[float, float]:
     return float(q50), float(q75 - q25)
 
 
-def _timer(fn: Callable[[], Any], name: str, clock: Optional[Callable[[], float]]) -> "benchmark.Timer":
-    from torch.utils import benchmark
+def _timer(fn: Callable[[], Any], clock: Optional[Callable[[], float]]) -> timeit.Timer:
+    if clock is not None:
+        return timeit.Timer(fn, timer=clock)
+    from torch.utils.benchmark.utils.timer import timer  # synchronizes the accelerator around the call
 
-    # torch's default timer synchronizes CUDA around the call: only a given clock replaces it.
-    extra: Dict[str, Any] = {} if clock is None else {"timer": clock}
-    return benchmark.Timer(
-        stmt="step()",
-        globals={"step": fn},
-        num_threads=torch.get_num_threads(),
-        label="memsave",
-        sub_label=name,
-        **extra,
-    )
+    return timeit.Timer(fn, timer=timer)
+
+
+def _seconds(timer: timeit.Timer, number: int) -> float:
+    """Seconds per step over ``number`` steps (at least 1 ns, as torch.utils.benchmark)."""
+    return max(timer.timeit(number), 1e-9) / number
 
 
 def _check(steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, limits: Sequence[float]) -> None:
@@ -111,16 +107,20 @@ def _check(steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, lim
     for label, value in zip(("min_round_seconds", "min_window_seconds"), limits):
         if not value >= 0:
             raise ValueError(f"time_interleaved: {label} must be >= 0, got {value!r}")
-    if not isinstance(limits[2], int) or limits[2] < 1:
-        raise ValueError(f"time_interleaved: max_windows must be an int >= 1, got {limits[2]!r}")
+    least, most = limits[2], limits[3]
+    if not (isinstance(least, int) and isinstance(most, int) and 1 <= least <= most):
+        raise ValueError(
+            f"time_interleaved: need ints 1 <= min_windows <= max_windows, got min_windows={least!r}, "
+            f"max_windows={most!r}"
+        )
 
 
-def _window_shape(first: float, min_round: float, min_window: float, max_windows: int) -> Tuple[int, int]:
-    """(steps per window, windows per round) for a step that took ``first`` seconds in the warm-up."""
-    if first <= 0:
-        return 1, max_windows
+def _window_shape(first: float, min_round: float, min_window: float, windows: Tuple[int, int]) -> Tuple[int, int]:
+    """(steps per window, windows per round) for a step that took ``first`` seconds in the warm-up, the windows
+    within ``windows`` = (least, most)."""
+    least, most = windows
     number = max(1, math.ceil(min_window / first))
-    return number, min(max_windows, max(1, math.ceil(min_round / (number * first))))
+    return number, min(most, max(least, math.ceil(min_round / (number * first))))
 
 
 def time_interleaved(
@@ -130,6 +130,7 @@ def time_interleaved(
     warmup: int = 1,
     min_round_seconds: float = 0.05,
     min_window_seconds: float = 0.002,
+    min_windows: int = 3,
     max_windows: int = 8,
     reference: Optional[str] = None,
     clock: Optional[Callable[[], float]] = None,
@@ -145,40 +146,40 @@ def time_interleaved(
             windows (up to ``max_windows``), whose fastest is the round's time.
         min_window_seconds: the least time one window should take; cheap steps are repeated within a window, so
             that the timer's own resolution does not dominate.
-        max_windows: the most windows per round (>= 1).
+        min_windows: the fewest windows per round (>= 1), however long a step.
+        max_windows: the most windows per round (>= ``min_windows``).
         reference: the variant ratios are taken to; default the first.
-        clock: the timer (seconds, a float); default ``torch.utils.benchmark``'s (which synchronizes CUDA).
+        clock: the timer (seconds, a float); default torch.utils.benchmark's, which synchronizes the accelerator.
 
     Returns:
         variant name -> :class:`Timing`, in the order of ``steps``.
 
     Raises:
-        ValueError: no variants, ``rounds`` < 1, ``warmup`` < 0, a negative time limit, ``max_windows`` < 1, or
-            ``reference`` is not a variant.
+        ValueError: no variants, ``rounds`` < 1, ``warmup`` < 0, a negative time limit, window counts out of
+            order, or ``reference`` is not a variant.
         TypeError: a step is not callable.
 
     Example:
         >>> t = time_interleaved({"a": lambda: sum(range(1000)), "b": lambda: sum(range(1000))}, rounds=7)
         >>> t["b"].ratio, t["b"].ratio_iqr, t["b"].rounds       # about 1.0, small, 7
     """
-    _check(steps, rounds, warmup, (min_round_seconds, min_window_seconds, max_windows))
+    _check(steps, rounds, warmup, (min_round_seconds, min_window_seconds, min_windows, max_windows))
     names = list(steps)
     ref = names[0] if reference is None else reference
     if ref not in steps:
         raise ValueError(f"time_interleaved: reference {ref!r} is not one of the variants {names}")
-    timers = {n: _timer(steps[n], n, clock) for n in names}
-    first: Dict[str, float] = {}
-    for n in names:
-        first[n] = min(timers[n].timeit(1).times[0] for _ in range(max(warmup, 1)))
+    timers = {n: _timer(steps[n], clock) for n in names}
+    first = {n: min(_seconds(timers[n], 1) for _ in range(max(warmup, 1))) for n in names}
     # One window shape for every variant, from the reference: like is timed against like.
-    number, windows = _window_shape(first[ref], min_round_seconds, min_window_seconds, max_windows)
+    shape = (min_windows, max_windows)
+    number, windows = _window_shape(first[ref], min_round_seconds, min_window_seconds, shape)
     taken: Dict[str, List[float]] = {n: [] for n in names}
     for r in range(rounds):
         order = names if r % 2 == 0 else names[::-1]
         best = {n: math.inf for n in names}
         for _ in range(windows):
             for n in order:
-                best[n] = min(best[n], timers[n].timeit(number).times[0])
+                best[n] = min(best[n], _seconds(timers[n], number))
         for n in names:
             taken[n].append(best[n])
     return {n: _timing(n, taken[n], taken[ref], n == ref, number, windows) for n in names}
