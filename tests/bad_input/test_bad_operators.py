@@ -26,6 +26,7 @@ CASES = [
     # ---- memsave.nn constructors
     Case("RMSNorm-negative", lambda w: mnn.RMSNorm(-4), ValueError, r"normalized_shape must be a positive int.*-4"),
     Case("RMSNorm-zero", lambda w: mnn.RMSNorm(0), ValueError, r"normalized_shape must be a positive int"),
+    Case("RMSNorm-str", lambda w: mnn.RMSNorm("8"), TypeError, r"normalized_shape .*string '8'"),
     Case("RMSNorm-eps-negative", lambda w: mnn.RMSNorm(8, eps=-1.0), ValueError, r"eps must be a finite number >= 0"),
     Case("RMSNorm-eps-str", lambda w: mnn.RMSNorm(8, eps="x"), ValueError, r"\beps\b"),
     Case("Dropout-p-above-1", lambda w: mnn.Dropout(1.5), ValueError, r"dropout probability .*between 0 and 1.*1\.5"),

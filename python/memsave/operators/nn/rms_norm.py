@@ -38,6 +38,8 @@ __all__ = ["DeferredRMSNorm", "RMSNorm", "RMSNormLinear", "fuse_rms_norm_linear"
 def _hidden_size(normalized_shape: Union[int, Sequence[int]]) -> int:
     if isinstance(normalized_shape, int):
         shape: Tuple[int, ...] = (normalized_shape,)
+    elif isinstance(normalized_shape, (str, bytes)):  # iterable, and int() of its characters would pass
+        raise TypeError(f"normalized_shape must be an int or a 1-tuple of ints, got the string {normalized_shape!r}")
     else:
         shape = tuple(int(s) for s in normalized_shape)
     if len(shape) != 1:
@@ -85,6 +87,7 @@ class RMSNorm(nn.Module):
 
     Raises:
         ValueError: a normalized_shape of more than one dimension or below 1, or a negative or non-finite eps.
+        TypeError: a normalized_shape given as a string.
 
     Example:
         >>> norm = memsave.nn.RMSNorm(4096, eps=1e-5)
