@@ -39,7 +39,7 @@ def _lm():
 def test_measure_estimate_and_max_batch_size_take_labels():
     model, ids = _lm()
     m = memsave.measure(model, ids, labels=ids, steps=1)
-    assert m.peak_bytes > 0 and m.steps == 1
+    assert m.peak_bytes > 0 and 1 <= m.steps <= 4
     e = memsave.estimate(model, ids, labels=ids, device="cpu")
     assert e.peak_bytes > 0
     b = memsave.max_batch_size(
@@ -70,8 +70,8 @@ def test_compare_takes_labels_a_user_function_and_eager_against_itself():
     again = r["eager_again"]
     assert again.max_grad_diff == 0.0 and again.peak_bytes == r.eager.peak_bytes
     # Every timed row says how spread its times were and over how many rounds (no claim on the ratio: timing).
-    assert again.step_iqr_seconds >= 0 and again.time_ratio_iqr >= 0 and r.steps == 3
-    assert "IQR" in str(r) and "3 interleaved rounds" in str(r)
+    assert again.step_iqr_seconds >= 0 and again.time_ratio_iqr >= 0 and 3 <= r.steps <= 12
+    assert "IQR" in str(r) and f"{r.steps} interleaved rounds" in str(r)
     with pytest.raises(ValueError, match="registered strategy's name"):
         memsave.compare(model, ids, labels=ids, strategies={"convert": lambda m: m})
 

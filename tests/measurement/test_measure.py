@@ -166,7 +166,7 @@ def test_measure_hand_model():
     grads = sum(p.numel() * F32 for p in model.parameters())
     assert m.peak_bytes >= max(HAND_ACTIVATIONS, grads + B * D3 * F32)
     assert m.peak_bytes <= HAND_ACTIVATIONS + grads + 4096
-    assert m.device == "cpu" and m.reserved_bytes is None and m.steps == 3
+    assert m.device == "cpu" and m.reserved_bytes is None and 3 <= m.steps <= 12
     assert m.step_seconds > 0
     text = str(m)
     assert "peak" in text and "activations" in text and format_bytes(m.peak_bytes) in text
@@ -240,7 +240,7 @@ def test_measure_custom_loss_and_nested_output():
 
     m = measure(Two(), torch.randn(5, 8), loss_fn=loss_fn, steps=2, warmup=0)
     # 2 timed rounds (each at least one step; cheap steps repeat within a round) + the peak step + the tracker step
-    assert len(calls) >= 2 + 1 + 1 and m.steps == 2
+    assert len(calls) >= 2 + 1 + 1 and 2 <= m.steps <= 8
     assert m.activation_bytes > 0
     assert default_loss((torch.zeros(2, dtype=torch.long), torch.ones(3, requires_grad=True))).item() == 3.0
 

@@ -81,3 +81,52 @@ def test_bad_limits_are_refused():
         time_interleaved(step, min_window_seconds=-1.0)
     with pytest.raises(ValueError, match="reference"):
         time_interleaved(step, reference="b")
+    with pytest.raises(ValueError, match="max_rounds"):
+        time_interleaved(step, rounds=5, max_rounds=4)
+    with pytest.raises(ValueError, match="precision"):
+        time_interleaved(step, precision=-0.1)
+
+
+# One step per window and one window per round: each round's time is one call, so disturbances reach the ratios.
+ONE_CALL_ROUNDS = dict(warmup=0, min_round_seconds=0, min_window_seconds=0, min_windows=1, max_windows=1)
+
+
+def test_steady_ratios_take_the_rounds_asked_for():
+    t = _timed(FakeClock(), {"a": 0.010, "b": 0.013}, rounds=5, **ONE_CALL_ROUNDS)
+    assert t["a"].rounds == t["b"].rounds == 5
+
+
+def test_wide_ratios_take_more_rounds_up_to_the_cap():
+    clock = FakeClock()
+    # b's calls (the first is the warm-up) cost 10, 14, 18, 10, ... ms: ratios 1.4, 1.8, 1.0, ... never narrow.
+    steps = {"a": clock.step("a", 0.010), "b": clock.step("b", 0.010, disturb=lambda i: 0.004 * (i % 3))}
+    t = time_interleaved(steps, rounds=5, clock=clock, **ONE_CALL_ROUNDS)
+    assert t["b"].rounds == 20 and len(t["b"].times) == 20 and t["a"].rounds == 20
+    assert sorted({round(r, 9) for r in (tb / ta for tb, ta in zip(t["b"].times, t["a"].times))}) == [1.0, 1.4, 1.8]
+    clock = FakeClock()
+    steps = {"a": clock.step("a", 0.010), "b": clock.step("b", 0.010, disturb=lambda i: 0.004 * (i % 3))}
+    assert time_interleaved(steps, rounds=5, max_rounds=7, clock=clock, **ONE_CALL_ROUNDS)["b"].rounds == 7
+    clock = FakeClock()
+    steps = {"a": clock.step("a", 0.010), "b": clock.step("b", 0.010, disturb=lambda i: 0.004 * (i % 3))}
+    assert time_interleaved(steps, rounds=5, max_rounds=5, clock=clock, **ONE_CALL_ROUNDS)["b"].rounds == 5
+
+
+def test_rounds_stop_once_the_median_is_certain():
+    clock = FakeClock()
+    # Another program slows b in every other one of its first six rounds (calls 1-6; call 0 is the warm-up).
+    steps = {"a": clock.step("a", 0.010), "b": clock.step("b", 0.010, disturb=lambda i: 0.008 * (i in (1, 3, 5)))}
+    t = time_interleaved(steps, rounds=5, clock=clock, **ONE_CALL_ROUNDS)
+    # Rounds are added until the undisturbed ratios (1.0) fill the inter-quartile range, well before the cap.
+    ratios = [tb / ta for tb, ta in zip(t["b"].times, t["a"].times)]
+    assert 5 < t["b"].rounds < 20 and t["b"].ratio == pytest.approx(1.0) and t["b"].ratio_iqr == pytest.approx(0.0)
+    assert ratios[:6] == pytest.approx([1.8, 1.0] * 3) and ratios[6:] == pytest.approx([1.0] * (len(ratios) - 6))
+
+
+def test_a_lone_variant_adapts_to_the_spread_of_its_time():
+    clock = FakeClock()
+    t = time_interleaved(
+        {"a": clock.step("a", 0.010, disturb=lambda i: 0.005 * (i % 2))}, clock=clock, **ONE_CALL_ROUNDS
+    )
+    assert t["a"].rounds == 20
+    clock = FakeClock()
+    assert time_interleaved({"a": clock.step("a", 0.010)}, clock=clock, **ONE_CALL_ROUNDS)["a"].rounds == 5

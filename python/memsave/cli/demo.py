@@ -143,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     peak_how = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "allocator-level (profiler CPU events)"
     print(
         f"\npeak: {peak_how}, one training step; activations: live tensors at the end of forward; step time: median "
-        f"(IQR) over {args.steps} rounds timing every strategy in turn (order reversed every other round), time x: "
+        f"(IQR) over {result.steps} rounds timing every strategy in turn (order reversed every other round), time x: "
         f"median of the per-round ratios to eager; gradients and BatchNorm statistics after one step from the same "
         f"seed. {time.perf_counter() - start:.1f} s in all."
     )

@@ -82,7 +82,8 @@ class Comparison:
     Attributes:
         rows: the rows, eager first.
         device: where the steps ran.
-        steps: interleaved timing rounds (each row's median and IQR are over them).
+        steps: interleaved timing rounds timed (each row's median and IQR are over them); ``compare`` times more
+            than it was asked for while a ratio's median is uncertain.
         info: free-form facts (torch version, CUDA device name, model class, input shapes).
     """
 
@@ -483,7 +484,7 @@ def _rows(
         if bar is not None:
             bar.update(1)
     if bar is not None:
-        bar.set_postfix_str(f"timing, {steps} interleaved rounds")
+        bar.set_postfix_str(f"timing, {steps}+ interleaved rounds")
     timings = time_interleaved(
         {v.strategy.name: _step_fn(v.runner, ctx) for v in ok if v.runner is not None}, rounds=steps, warmup=warmup
     )
@@ -544,7 +545,8 @@ def compare(
             fn(model copy) -> module to step}`` (strategy names are allowed as values too) to compare your own
             switches (timm's ``set_grad_checkpointing``, Hugging Face's ``gradient_checkpointing_enable``).
         loss_fn: output -> scalar loss; default :func:`memsave.measurement.default_loss`.
-        steps: interleaved timing rounds (median and IQR over them).
+        steps: the fewest interleaved timing rounds (median and IQR over them); while a ratio's median is still
+            uncertain on a busy machine, up to ``4 * steps`` are timed (``Comparison.steps`` says how many).
         warmup: untimed steps per strategy before timing.
         progress: show a tqdm progress bar.
         snapshot_dir: CUDA only: write a memory snapshot of one step per strategy there
@@ -604,7 +606,8 @@ def compare(
             bar.close()
         rng.restore()
     _warn(rows, timings, dev)
-    return Comparison(rows, str(dev), steps, _info(model, inputs, model_kwargs, dev))
+    rounds = max((t.rounds for t in timings), default=steps)
+    return Comparison(rows, str(dev), rounds, _info(model, inputs, model_kwargs, dev))
 
 
 def _first_line(e: BaseException) -> str:

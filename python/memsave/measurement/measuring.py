@@ -14,7 +14,7 @@ How each number is taken (docs/design.md, "Measuring and comparing"):
   tensors created during forward that are still alive when forward returns (tensors saved for backward and the
   output). Parameters, buffers, inputs and gradients are not counted.
 * **by_module** -- the same tracker's bytes at the end of forward, grouped by the innermost module that created them.
-* **step_seconds** -- median over ``steps`` rounds of :func:`memsave.measurement.timing.time_interleaved`
+* **step_seconds** -- median over ``steps`` or more rounds of :func:`memsave.measurement.timing.time_interleaved`
   (``torch.utils.benchmark.Timer``; CUDA is synchronized around each timed call) after ``warmup`` warm-up steps,
   with neither the tracker nor the profiler on; ``step_iqr_seconds`` is the spread (inter-quartile range) of the
   rounds, and a warning says when it is over 10% of the median.
@@ -363,7 +363,8 @@ def measure(
         model: the module to step; its parameters, buffers and the tensor inputs must be on one device.
         *inputs: positional arguments of ``model``.
         loss_fn: maps the model's output to a scalar loss; default :func:`default_loss`.
-        steps: timed rounds whose median is ``step_seconds`` (>= 1).
+        steps: the fewest timed rounds whose median is ``step_seconds`` (>= 1); while the median is still
+            uncertain on a busy machine, up to ``4 * steps`` are timed (``Measurement.steps`` says how many).
         warmup: untimed steps run first (>= 0): lazy initialisation, allocator warm-up.
         device: the device to measure on; None infers it from the model and inputs. When given it must match them.
         **model_kwargs: keyword arguments of ``model`` (``labels=ids``, ``attention_mask=mask``).
@@ -417,6 +418,6 @@ def measure(
         device=str(dev),
         reserved_bytes=memory.reserved_bytes,
         by_module=memory.by_module,
-        steps=steps,
+        steps=timing.rounds,
         step_iqr_seconds=timing.iqr_seconds,
     )

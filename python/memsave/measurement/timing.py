@@ -12,6 +12,11 @@ at least ``min_window_seconds``; a round has ``min_windows`` windows of each var
 variant's share of a round last ``min_round_seconds`` (at most ``max_windows``). The step time is the median over
 rounds, with the inter-quartile range (IQR).
 
+The number of rounds adapts to the load: after ``rounds`` rounds, more are timed (up to ``max_rounds``) while a
+median is still uncertain, that is while IQR / median / sqrt(rounds) -- about the median's relative standard error
+-- exceeds ``precision`` for some variant's ratio (for a lone variant, its time). A busy machine widens the spread,
+and more rounds then narrow the median; :attr:`Timing.rounds` says how many were timed.
+
 A variant's *ratio* to the reference is the median over rounds of (its time / the reference's time in the same
 round), with its IQR: the pairing cancels load that changes from round to round.
 """
@@ -25,10 +30,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["SPREAD_WARNING", "Timing", "median_iqr", "spread_warning", "time_interleaved"]
+__all__ = ["PRECISION", "SPREAD_WARNING", "Timing", "median_iqr", "spread_warning", "time_interleaved"]
 
 #: The IQR / median above which a timing is reported as unreliable.
 SPREAD_WARNING = 0.10
+
+#: The relative uncertainty of a median (IQR / median / sqrt(rounds)) that the adaptive rounds aim for.
+PRECISION = 0.02
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,7 @@ class Timing:
         name: the variant.
         median_seconds: median over rounds of the seconds per step (each round's fastest window).
         iqr_seconds: inter-quartile range of the same.
-        rounds: how many rounds were timed.
+        rounds: how many rounds were timed (more than asked when the spread was wide).
         steps_per_round: steps timed together in one window (their mean is the window's time).
         times: seconds per step in each round (its fastest window), in round order.
         ratio: median over rounds of this variant's time / the reference's time in the same round (1.0 for the
@@ -94,24 +102,29 @@ def _seconds(timer: timeit.Timer, number: int) -> float:
     return max(timer.timeit(number), 1e-9) / number
 
 
-def _check(steps: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, limits: Sequence[float]) -> None:
+def _check(
+    steps: Mapping[str, Callable[[], Any]], rounds: Tuple[int, Optional[int]], warmup: int, limits: Sequence[float]
+) -> None:
     if not steps:
         raise ValueError("time_interleaved: no variants to time")
     for name, fn in steps.items():
         if not callable(fn):
             raise TypeError(f"time_interleaved: variant {name!r} is a {type(fn).__name__}, not a callable step")
-    if not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"time_interleaved: rounds must be an int >= 1, got {rounds!r}")
+    asked, most = rounds
+    if not isinstance(asked, int) or asked < 1:
+        raise ValueError(f"time_interleaved: rounds must be an int >= 1, got {asked!r}")
+    if not isinstance(most, int) or most < asked:
+        raise ValueError(f"time_interleaved: max_rounds must be an int >= rounds ({asked}), got {most!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"time_interleaved: warmup must be an int >= 0, got {warmup!r}")
-    for label, value in zip(("min_round_seconds", "min_window_seconds"), limits):
+    for label, value in (("min_round_seconds", limits[0]), ("min_window_seconds", limits[1]), ("precision", limits[4])):
         if not value >= 0:
             raise ValueError(f"time_interleaved: {label} must be >= 0, got {value!r}")
-    least, most = limits[2], limits[3]
-    if not (isinstance(least, int) and isinstance(most, int) and 1 <= least <= most):
+    fewest, most_windows = limits[2], limits[3]
+    if not (isinstance(fewest, int) and isinstance(most_windows, int) and 1 <= fewest <= most_windows):
         raise ValueError(
-            f"time_interleaved: need ints 1 <= min_windows <= max_windows, got min_windows={least!r}, "
-            f"max_windows={most!r}"
+            f"time_interleaved: need ints 1 <= min_windows <= max_windows, got min_windows={fewest!r}, "
+            f"max_windows={most_windows!r}"
         )
 
 
@@ -127,6 +140,8 @@ def time_interleaved(
     steps: Mapping[str, Callable[[], Any]],
     *,
     rounds: int = 5,
+    max_rounds: Optional[int] = None,
+    precision: float = PRECISION,
     warmup: int = 1,
     min_round_seconds: float = 0.05,
     min_window_seconds: float = 0.002,
@@ -135,11 +150,15 @@ def time_interleaved(
     reference: Optional[str] = None,
     clock: Optional[Callable[[], float]] = None,
 ) -> Dict[str, Timing]:
-    """Time each step function over ``rounds`` interleaved rounds (see the module docstring).
+    """Time each step function over interleaved rounds (see the module docstring).
 
     Args:
         steps: variant name -> a function running one step (it is called many times).
-        rounds: timed rounds (>= 1); each gives one time per variant.
+        rounds: the fewest timed rounds (>= 1); each gives one time per variant.
+        max_rounds: the most rounds (>= ``rounds``) when the medians stay uncertain; default ``4 * rounds``;
+            ``rounds`` turns the adaptation off.
+        precision: rounds are added while IQR / median / sqrt(rounds) exceeds this for some variant's ratio to the
+            reference (for a lone variant, its time); 0 always times ``max_rounds``.
         warmup: untimed calls of each variant first (>= 0); the reference's fastest of them (or one call when
             ``warmup`` is 0) sets the windows' length and number, the same for every variant.
         min_round_seconds: the least time one variant's share of a round should take; cheap steps get more
@@ -152,18 +171,21 @@ def time_interleaved(
         clock: the timer (seconds, a float); default torch.utils.benchmark's, which synchronizes the accelerator.
 
     Returns:
-        variant name -> :class:`Timing`, in the order of ``steps``.
+        variant name -> :class:`Timing`, in the order of ``steps``; ``Timing.rounds`` is the rounds timed.
 
     Raises:
-        ValueError: no variants, ``rounds`` < 1, ``warmup`` < 0, a negative time limit, window counts out of
-            order, or ``reference`` is not a variant.
+        ValueError: no variants, ``rounds`` < 1, ``max_rounds`` < ``rounds``, ``warmup`` < 0, a negative time limit
+            or precision, window counts out of order, or ``reference`` is not a variant.
         TypeError: a step is not callable.
 
     Example:
         >>> t = time_interleaved({"a": lambda: sum(range(1000)), "b": lambda: sum(range(1000))}, rounds=7)
-        >>> t["b"].ratio, t["b"].ratio_iqr, t["b"].rounds       # about 1.0, small, 7
+        >>> t["b"].ratio, t["b"].ratio_iqr, t["b"].rounds       # about 1.0, small, 7 or more
     """
-    _check(steps, rounds, warmup, (min_round_seconds, min_window_seconds, min_windows, max_windows))
+    most = 4 * rounds if max_rounds is None and isinstance(rounds, int) else max_rounds
+    limits = (min_round_seconds, min_window_seconds, min_windows, max_windows, precision)
+    _check(steps, (rounds, most), warmup, limits)
+    assert most is not None  # checked
     names = list(steps)
     ref = names[0] if reference is None else reference
     if ref not in steps:
@@ -174,8 +196,8 @@ def time_interleaved(
     shape = (min_windows, max_windows)
     number, windows = _window_shape(first[ref], min_round_seconds, min_window_seconds, shape)
     taken: Dict[str, List[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        order = names if r % 2 == 0 else names[::-1]
+    while len(taken[ref]) < rounds or (len(taken[ref]) < most and _uncertain(taken, ref, precision)):
+        order = names if len(taken[ref]) % 2 == 0 else names[::-1]
         best = {n: math.inf for n in names}
         for _ in range(windows):
             for n in order:
@@ -183,6 +205,18 @@ def time_interleaved(
         for n in names:
             taken[n].append(best[n])
     return {n: _timing(n, taken[n], taken[ref], n == ref, number, windows) for n in names}
+
+
+def _uncertain(taken: Mapping[str, Sequence[float]], ref: str, precision: float) -> bool:
+    """Whether some median is still uncertain: IQR / median / sqrt(rounds) over ``precision`` for a variant's
+    per-round ratio to ``ref`` (for ``ref`` alone, its time)."""
+    ref_times = taken[ref]
+    series = [[t / rt if rt > 0 else math.inf for t, rt in zip(taken[n], ref_times)] for n in taken if n != ref]
+    for values in series or [list(ref_times)]:
+        median, iqr = median_iqr(values)
+        if not math.isfinite(median) or median <= 0 or iqr / median / math.sqrt(len(values)) > precision:
+            return True
+    return False
 
 
 def _timing(name: str, times: List[float], ref_times: List[float], is_ref: bool, number: int, windows: int) -> Timing:
