@@ -69,6 +69,7 @@ def eager_against_eager(names: Sequence[str], rounds: int, device: str) -> List[
                 model=name,
                 ratio=again.time_ratio,
                 ratio_iqr=again.time_ratio_iqr,
+                rounds=r.steps,
                 within_0_9_1_1=0.9 <= again.time_ratio <= 1.1,
                 spread_warned=any("spread widely" in str(w.message) for w in caught),
                 rows=_rows(r),
@@ -80,7 +81,7 @@ def eager_against_eager(names: Sequence[str], rounds: int, device: str) -> List[
 def demo_twice(size: str, rounds: int, device: str) -> Dict[str, Any]:
     """The demo's comparison, twice in this process (the first is the process's first timed run)."""
     cfg = demo.SIZES[size]
-    runs = []
+    runs, timed = [], []
     for _ in range(2):
         torch.manual_seed(0)
         model = demo.DemoNet(cfg["width"], cfg["blocks"]).to(device).train()
@@ -91,8 +92,9 @@ def demo_twice(size: str, rounds: int, device: str) -> Dict[str, Any]:
             warnings.simplefilter("ignore")
             r = memsave.compare(model, x, strategies=demo.STRATEGIES, loss_fn=demo._CrossEntropy(y), steps=rounds)
         runs.append({row.strategy: row.time_ratio for row in r.rows})
+        timed.append(r.steps)
     diff = {n: abs(runs[0][n] - runs[1][n]) for n in runs[0]}
-    return dict(size=size, first=runs[0], second=runs[1], abs_diff=diff, max_abs_diff=max(diff.values()))
+    return dict(size=size, first=runs[0], second=runs[1], abs_diff=diff, max_abs_diff=max(diff.values()), rounds=timed)
 
 
 def to_markdown(meta: Dict[str, Any], eager: List[Dict[str, Any]], twice: Dict[str, Any]) -> str:
@@ -101,21 +103,23 @@ def to_markdown(meta: Dict[str, Any], eager: List[Dict[str, Any]], twice: Dict[s
         "",
         f"`{meta['command']}` on {meta['cpu']}, {meta['threads']} threads, commit {meta['git_commit']}, "
         f"load {load_text(meta['load_average_start'])} -> {load_text(meta['load_average_end'])}, "
-        f"{meta['minutes']:.1f} minutes; {meta['rounds']} interleaved rounds.",
+        f"{meta['minutes']:.1f} minutes; at least {meta['rounds']} interleaved rounds "
+        "(more while a median is uncertain).",
         "",
         "## Eager against eager (goal: ratio within 0.9-1.1)",
         "",
-        "| model (tiny, batch 16) | time ratio | IQR | within 0.9-1.1 | spread warning |",
-        "| --- | --- | --- | --- | --- |",
+        "| model (tiny, batch 16) | time ratio | IQR | rounds | within 0.9-1.1 | spread warning |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for e in eager:
         lines.append(
-            f"| {e['model']} | {e['ratio']:.3f} | {e['ratio_iqr']:.3f} | {'yes' if e['within_0_9_1_1'] else 'NO'} "
-            f"| {'yes' if e['spread_warned'] else 'no'} |"
+            f"| {e['model']} | {e['ratio']:.3f} | {e['ratio_iqr']:.3f} | {e['rounds']} "
+            f"| {'yes' if e['within_0_9_1_1'] else 'NO'} | {'yes' if e['spread_warned'] else 'no'} |"
         )
     lines += [
         "",
-        f"## The demo ({twice['size']}) twice in one process (goal: every ratio within 0.15)",
+        f"## The demo ({twice['size']}) twice in one process (goal: every ratio within 0.15); "
+        f"{' and '.join(str(n) for n in twice['rounds'])} rounds",
         "",
         "| strategy | first run | second run | difference |",
         "| --- | --- | --- | --- |",
