@@ -12,8 +12,12 @@ Variants (budgets ``B(f)`` at a fraction ``f`` of the way from ``wrap``'s measur
 * ``selective f``: ``memsave.plan(..., budget=B(f))`` -- the planner may also recompute a region selectively
   (keep its matmul / conv / attention outputs, recompute the cheap operators).
 * ``torch blocks + compile``, ``wrap + compile``: ``torch.compile`` of the ``torch blocks`` and ``wrap`` models.
-* ``plan + compile f``: ``torch.compile(memsave.wrap(model, memsave.plan(..., budget=B(f), compile=True)))`` -- the
-  plan made for the compiled step (its candidates measured as compile runs them; planning time in the note).
+* ``plan + compile f``: ``plan.compile(model)`` for ``plan = memsave.plan(..., budget=B(f), compile=True)`` -- the
+  plan made for the compiled step (its candidates measured as compile runs them, torch's partitioner among them;
+  planning time in the note).
+* ``plan + compile @ compile f``: the same, planned for a budget of exactly the peak that ``compile f`` reached:
+  memsave's step time at torch's peak (matched peak).
+* ``compile default``: ``torch.compile(model)`` as it comes (``activation_memory_budget`` 1.0).
 * ``compile f``: ``torch.compile(model)`` under ``torch._functorch.config.activation_memory_budget = a(f)``, the
   budget matched as the fraction of eager's activation bytes that ``B(f)`` leaves room for:
   ``a(f) = (B(f) - (eager peak - eager activations)) / eager activations``, clamped to [0, 1]. Each compiled row
@@ -120,6 +124,7 @@ def _plan_row_extra(p: memsave.Plan, budget: Optional[int], plan_s: float) -> Di
         predicted_extra_seconds=p.predicted_extra_seconds,
         predicted_time_ratio=1.0 + p.predicted_overhead,
         plan_measured_peak_bytes=p.measured_peak_bytes,
+        plan_activation_memory_budget=p.activation_memory_budget,
     )
 
 
@@ -214,8 +219,9 @@ def bench_model(
             r["recompute_flops"] = r["backward_flops"] - backward_flops
             r["recompute_ratio"] = r["recompute_flops"] / eager_flops
     mark_frontier(rows)
-    order = ["eager", "torch blocks", "wrap", "sqrt", *COMPILED]
+    order = ["eager", "torch blocks", "wrap", "sqrt", *COMPILED, "compile default"]
     order += [f"{kind} {_pct(f)}" for kind in KINDS for f in fractions]
+    order += [v for v in rows if v not in order]  # the matched-peak plans, after the rows they match
     return dict(
         model=name,
         description=case.description,
@@ -241,7 +247,8 @@ def compiled_rows(
 ) -> None:
     """The rows run under ``torch.compile``, each compiled from a reset dynamo and timed interleaved with eager in
     a block of its own: torch's per-block checkpoint and ``memsave.wrap`` compiled, torch's
-    ``activation_memory_budget`` matched to each budget, and ``memsave.plan(..., compile=True)`` at each budget."""
+    ``activation_memory_budget`` at its default and matched to each budget, and ``memsave.plan(..., compile=True)``
+    at each budget and at the peak each of torch's matched rows reached (``plan + compile @ compile f``)."""
 
     def run(key: str, kind: str, model: torch.nn.Module, amb: float = 1.0, **extra: Any) -> None:
         torch._dynamo.reset()  # compile afresh, not from the last row's cached graphs
@@ -261,18 +268,8 @@ def compiled_rows(
             time_ratio=statistics.median(block[key]) / statistics.median(block["eager"]),
         )
 
-    blocks = copy.deepcopy(base)
-    torch_checkpoint_blocks(blocks)
-    run("torch blocks + compile", "blocks + compile", blocks)
-    run("wrap + compile", "blocks + compile", memsave.wrap(copy.deepcopy(base)))
-    for f, budget in budgets.items():
-        amb = matched_activation_budget(budget, eager_peak, eager_acts)
-        run(
-            f"compile {_pct(f)}", "compile", copy.deepcopy(base), amb, budget_bytes=budget, activation_memory_budget=amb
-        )
-    for f, budget in budgets.items():
-        key, model = f"plan + compile {_pct(f)}", copy.deepcopy(base)
-        t0 = time.perf_counter()
+    def plan_row(key: str, budget: int) -> None:
+        model, t0 = copy.deepcopy(base), time.perf_counter()
         try:
             p = memsave.plan(
                 model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs, compile=True
@@ -280,8 +277,27 @@ def compiled_rows(
         except memsave.InfeasibleBudgetError as e:
             rows[key] = dict(kind="plan + compile", budget_bytes=budget, skipped=f"no plan fits ({e.min_bytes:,})")
             log(f"  {key}: {rows[key]['skipped']}")
-            continue
-        run(key, "plan + compile", memsave.wrap(model, p), **_plan_row_extra(p, budget, time.perf_counter() - t0))
+            return
+        extra = _plan_row_extra(p, budget, time.perf_counter() - t0)
+        partitioner = 1.0 if p.activation_memory_budget is None else p.activation_memory_budget
+        run(key, "plan + compile", memsave.wrap(model, p), partitioner, **extra)  # compiled as p.compile would
+
+    blocks = copy.deepcopy(base)
+    torch_checkpoint_blocks(blocks)
+    run("torch blocks + compile", "blocks + compile", blocks)
+    run("wrap + compile", "blocks + compile", memsave.wrap(copy.deepcopy(base)))
+    run("compile default", "compile", copy.deepcopy(base), 1.0, activation_memory_budget=1.0)
+    for f, budget in budgets.items():
+        amb = matched_activation_budget(budget, eager_peak, eager_acts)
+        run(
+            f"compile {_pct(f)}", "compile", copy.deepcopy(base), amb, budget_bytes=budget, activation_memory_budget=amb
+        )
+    for f, budget in budgets.items():
+        plan_row(f"plan + compile {_pct(f)}", budget)
+    for f in budgets:  # matched peak: a plan for exactly the peak torch's partitioner reached
+        torch_row = rows.get(f"compile {_pct(f)}", {})
+        if "peak_bytes" in torch_row:
+            plan_row(f"plan + compile @ compile {_pct(f)}", int(torch_row["peak_bytes"]))
 
 
 def merge_compiled(path: str, meta: dict, results: List[dict]) -> Tuple[dict, List[dict]]:
@@ -356,6 +372,7 @@ def verdict(res: dict) -> List[str]:
             f"{sel0['selective_regions']} of {sel0['regions']} regions selective) against wrap's "
             f"{wrap['peak_ratio']:.2f} at {wrap['time_ratio']:.2f} (recompute {wrap['recompute_ratio']:.3f})"
         )
+    out += matched_peak(rows)
     for key, r in rows.items():
         if not key.startswith("selective ") or "skipped" in r:
             continue
@@ -382,6 +399,8 @@ def _note(r: dict) -> str:
         parts.append(f"{r['regions']} regions{sel}{predicted}; planned in {r['plan_seconds']:.0f} s")
     if "activation_memory_budget" in r:
         parts.append(f"activation_memory_budget {r['activation_memory_budget']:.2f}")
+    if r.get("plan_activation_memory_budget") is not None:
+        parts.append(f"torch's partitioner at {r['plan_activation_memory_budget']:.2f}")
     if "compile_seconds" in r:
         parts.append(f"first step (compiling) {r['compile_seconds']:.0f} s")
     return "; ".join(parts)
@@ -520,6 +539,41 @@ def write_outputs(meta: dict, results: List[dict], json_path: str) -> None:
     plotted = plot(results, png)
     with open(stem + ".md", "w") as f:
         f.write(markdown(meta, results, os.path.basename(png) if plotted else None))
+
+
+MEMSAVE_COMPILED = ("wrap + compile", "plan + compile")  # memsave's compiled rows: wrap's, and plans'
+
+
+def matched_peak(rows: Dict[str, dict]) -> List[str]:
+    """At each of torch's ``compile f`` rows (``activation_memory_budget``) that was measured, memsave's fastest
+    compiled row (``wrap + compile`` or a ``plan + compile``) at the same or a lower peak: its step time minus
+    torch's, as a fraction of eager's step (a gain where negative). Noted ``within +0.05`` when memsave's time is
+    at most torch's + :data:`CLEAR`.
+
+    Example:
+        >>> matched_peak({"compile 50%": dict(kind="compile", peak_bytes=10, time_ratio=0.9),
+        ...               "plan + compile 50%": dict(kind="plan + compile", peak_bytes=9, time_ratio=0.92)})[0][-35:]
+        "+0.02 of eager's step, within +0.05"
+    """
+    ours = [
+        (v, r) for v, r in rows.items() if "skipped" not in r and "time_ratio" in r and v.startswith(MEMSAVE_COMPILED)
+    ]
+    out = []
+    for key, t in rows.items():
+        if t.get("kind") != "compile" or "skipped" in t or "time_ratio" not in t:
+            continue
+        fits = [(v, r) for v, r in ours if r["peak_bytes"] <= t["peak_bytes"]]
+        if not fits:
+            out.append(f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB) no memsave compiled row fits")
+            continue
+        v, r = min(fits, key=lambda vr: vr[1]["time_ratio"])
+        gap = r["time_ratio"] - t["time_ratio"]
+        out.append(
+            f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB, time {t['time_ratio']:.2f}) memsave's fastest "
+            f"compiled row at or below it is {v} ({r['peak_bytes'] / 2**20:.1f} MiB, time {r['time_ratio']:.2f}): "
+            f"{gap:+.2f} of eager's step, {'within' if gap <= CLEAR else 'NOT within'} +{CLEAR:.2f}"
+        )
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

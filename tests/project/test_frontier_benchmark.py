@@ -99,3 +99,22 @@ def test_selective_region_benchmark_runs(tmp_path):
     assert rows["whole"]["recompute_flops"] > 0  # the block's matmuls run again
     assert rows["selective"]["recompute_flops"] == 0  # their outputs were kept
     assert "| selective |" in (tmp_path / "region.md").read_text()
+
+
+def test_matched_peak_takes_memsaves_fastest_compiled_row_at_or_below_torchs_peak():
+    mib = 2**20
+    rows = {
+        "eager": dict(kind="eager", peak_bytes=300 * mib, time_ratio=1.0),
+        "wrap + compile": dict(kind="blocks + compile", peak_bytes=100 * mib, time_ratio=1.30),
+        "plan + compile 25%": dict(kind="plan + compile", peak_bytes=170 * mib, time_ratio=0.85),
+        "plan + compile @ compile 25%": dict(kind="plan + compile", peak_bytes=135 * mib, time_ratio=1.01),
+        "compile 25%": dict(kind="compile", peak_bytes=137 * mib, time_ratio=0.97),
+        "compile 0%": dict(kind="compile", peak_bytes=90 * mib, time_ratio=1.10),
+        "compile 50%": dict(kind="compile", skipped="torch.compile failed here"),
+    }
+    at_25, at_0 = frontier.matched_peak(rows)
+    # At 137 MiB the 170 MiB plan does not count; the 135 MiB plan is faster than wrap + compile: +0.04.
+    assert "plan + compile @ compile 25%" in at_25 and "+0.04" in at_25 and at_25.endswith("within +0.05")
+    assert "no memsave compiled row fits" in at_0
+    rows["plan + compile @ compile 25%"]["time_ratio"] = 1.03
+    assert "NOT within" in frontier.matched_peak(rows)[0]

@@ -6,6 +6,8 @@ step's: ``torch.compile(memsave.wrap(model, plan))`` stays within the budget, an
 within float32 rounding (inductor reorders float operations). Plus: an impossible budget raises
 :class:`memsave.InfeasibleBudgetError` carrying the compiled minimum, a selective plan (regions keeping their matrix
 products) trains under compile, and the plan records that it was made for compile and how long planning took.
+Where regions are needed, torch's partitioner (no region, a lower ``activation_memory_budget``) is a candidate too,
+chosen when its compiled step is faster: the choice is checked with injected step times, not live ones.
 """
 
 from __future__ import annotations
@@ -98,8 +100,9 @@ def test_compiled_plan_within_budget_and_gradients_match(case: Dict[str, Any], f
     assert p.measured_peak_bytes is not None and p.measured_peak_bytes <= budget, p.summary()
     memsave.wrap(model, p)
     try:
-        peak = _compiled_peak(model, inputs, loss_fn)
-        grads = _compiled_grads(model, inputs, loss_fn)
+        with p.compile_context():  # torch's partitioner where the plan chose it
+            peak = _compiled_peak(model, inputs, loss_fn)
+            grads = _compiled_grads(model, inputs, loss_fn)
     finally:
         memsave.unwrap(model)
         torch._dynamo.reset()
@@ -138,6 +141,52 @@ def test_selective_plan_under_compile(case: Dict[str, Any]) -> None:
     finally:
         memsave.unwrap(model)
         torch._dynamo.reset()
+    for name, want in case["grads"].items():
+        error = (grads[name].double() - want.double()).abs().max().item()
+        assert error <= REL * want.double().abs().max().item() + 1e-7, name
+
+
+def _seconds(partitioner_seconds: float, regions_seconds: float) -> Callable[..., float]:
+    def compiled_seconds(self: Any, partitioner: Any, rounds: int = 5) -> float:
+        return partitioner_seconds if partitioner is not None else regions_seconds
+
+    return compiled_seconds
+
+
+@pytest.mark.parametrize("faster", ["partitioner", "regions"])
+def test_the_faster_of_regions_and_torchs_partitioner_within_the_budget(
+    case: Dict[str, Any], faster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memsave.recompute.planning import planner
+
+    model, inputs, loss_fn = case["model"], case["inputs"], case["loss_fn"]
+    # A budget that needs recompute; on these models torch's partitioner fits it at 0.5 or above.
+    budget = int(case["blocks"] + 0.75 * (case["eager"] - case["blocks"]))
+    times = (1.0, 2.0) if faster == "partitioner" else (2.0, 1.0)
+    monkeypatch.setattr(planner._Stepper, "compiled_seconds", _seconds(*times))
+    p = memsave.plan(model, budget=budget, loss_fn=loss_fn, compile=True, selective=False, timing_steps=1, **inputs)
+    if faster == "partitioner":
+        assert p.activation_memory_budget in planner.PARTITIONER_BUDGETS and not p.regions(), p.summary()
+        assert f"activation_memory_budget {p.activation_memory_budget:g}" in p.summary()
+    else:
+        assert p.activation_memory_budget is None and p.regions(), p.summary()
+    assert memsave.Plan.from_json(p.to_json()) == p
+    step_model = p.compile(model)  # the regions, compiled under the plan's partitioner budget
+    try:
+        torch._dynamo.reset()
+
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            loss_fn(step_model(**inputs)).backward()
+
+        step()
+        model.zero_grad(set_to_none=True)
+        peak = step_peak_bytes(step, torch.device("cpu"))
+        grads = {n: q.grad.detach().clone() for n, q in model.named_parameters() if q.grad is not None}
+    finally:
+        memsave.unwrap(model)
+        torch._dynamo.reset()
+    assert peak <= budget, (peak, budget, p.summary())
     for name, want in case["grads"].items():
         error = (grads[name].double() - want.double()).abs().max().item()
         assert error <= REL * want.double().abs().max().item() + 1e-7, name

@@ -8,11 +8,12 @@ classes)``. :func:`memsave.unwrap` removes both.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Set, Tuple, cast
 
 import torch
 from torch import nn
@@ -64,6 +65,10 @@ class Plan(RegionPlan):
             before selective plans existed): every region is recomputed whole.
         compiled: made with ``compile=True``: the peaks (eager's included) are those of ``torch.compile`` running
             the model, and the budget is a promise for ``torch.compile(memsave.wrap(model, plan))``.
+        activation_memory_budget: None, or the budget of torch's own recompute (the partitioner's
+            ``torch._functorch.config.activation_memory_budget``) the compiled step was measured under: a
+            ``compile=True`` plan may leave recompute to torch's partitioner where that is faster within the
+            budget. Then the promise holds for :meth:`compile` (or for steps run under :meth:`compile_context`).
         planning_seconds: wall time :func:`memsave.plan` took to make the plan.
     """
 
@@ -84,6 +89,7 @@ class Plan(RegionPlan):
     selective: List[Tuple[str, ...]] = field(default_factory=list)
     compiled: bool = False
     planning_seconds: float = 0.0
+    activation_memory_budget: Optional[float] = None
 
     def keeps(self, k: int) -> Tuple[str, ...]:
         """The operator classes whose outputs segment ``k``'s region keeps (empty: recomputed whole, or kept).
@@ -170,6 +176,13 @@ class Plan(RegionPlan):
             f"{format_bytes(self.eager_peak_bytes)}, smallest feasible {format_bytes(self.min_feasible_bytes)}",
             f"  predicted overhead {100 * self.predicted_overhead:.1f}% "
             f"({self.predicted_extra_seconds * 1e3:.2f} ms recompute per {self.eager_step_seconds * 1e3:.2f} ms step)",
+        ]
+        if self.activation_memory_budget is not None:
+            lines.append(
+                f"  torch's partitioner recomputes under activation_memory_budget {self.activation_memory_budget:g}: "
+                "compile with plan.compile(model)"
+            )
+        lines += [
             fmt.format(*head),
         ]
         lines += [fmt.format(*row) for row in rows]
@@ -187,6 +200,49 @@ class Plan(RegionPlan):
             )
         with all_or_nothing(model):
             return apply_plan(model, self, preserve_rng_state=preserve_rng_state, strict=strict)
+
+    def compile_context(self) -> ContextManager[Any]:
+        """The configuration the plan's compiled step must be compiled under: torch's partitioner at
+        :attr:`activation_memory_budget` when the plan sets one, else nothing.
+
+        Example:
+            >>> step_model = torch.compile(memsave.wrap(model, plan))
+            >>> with plan.compile_context():
+            ...     loss_fn(step_model(x)).backward()     # the first call compiles
+        """
+        if self.activation_memory_budget is None:
+            return contextlib.nullcontext()
+        return torch._functorch.config.patch(activation_memory_budget=self.activation_memory_budget)
+
+    def compile(self, model: nn.Module, **compile_kwargs: Any) -> nn.Module:
+        """``torch.compile(memsave.wrap(model, plan), **compile_kwargs)``, every call run under
+        :meth:`compile_context`: the compiled step the plan's budget is a promise for (``compile=True`` plans).
+
+        Args:
+            model: the model the plan was made for (not wrapped yet); its regions are applied in place.
+            **compile_kwargs: passed to ``torch.compile`` (``mode=``, ``dynamic=``, ...).
+
+        Returns:
+            the compiled module (``torch.compile``'s ``OptimizedModule``).
+
+        Raises:
+            PlanMismatchError, TypeError: as :meth:`apply_to`.
+
+        Example:
+            >>> plan = memsave.plan(model, x, budget=0.5, compile=True)
+            >>> step_model = plan.compile(model)
+            >>> loss_fn(step_model(x)).backward()
+        """
+        compiled: Any = torch.compile(self.apply_to(model), **compile_kwargs)  # an OptimizedModule
+        if self.activation_memory_budget is not None:
+            compiled_forward = compiled.forward
+
+            def forward(*args: Any, **kwargs: Any) -> Any:
+                with self.compile_context():  # outside the compiled code: (re)compiles read torch's config here
+                    return compiled_forward(*args, **kwargs)
+
+            compiled.forward = forward
+        return cast(nn.Module, compiled)
 
     def to_json(self) -> str:
         """Serialise the plan (a JSON string) so that :meth:`from_json` gives an equal plan.
@@ -214,6 +270,7 @@ class Plan(RegionPlan):
             "selective": [list(c) for c in self.selective],
             "compiled": self.compiled,
             "planning_seconds": self.planning_seconds,
+            "activation_memory_budget": self.activation_memory_budget,
         }
         return json.dumps(d, indent=1, sort_keys=True)
 
@@ -262,9 +319,14 @@ class Plan(RegionPlan):
                 selective=[tuple(str(c) for c in cs) for cs in d.get("selective", [])],
                 compiled=bool(d.get("compiled", False)),
                 planning_seconds=float(d.get("planning_seconds", 0.0)),
+                activation_memory_budget=_optional_float(d.get("activation_memory_budget")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
+
+
+def _optional_float(value: Any) -> Optional[float]:
+    return None if value is None else float(value)
 
 
 # --------------------------------------------------------------------------------------------- applying a plan

@@ -31,7 +31,8 @@ How a plan is made:
    move the solver's budget by the cost model's error (:func:`.search.search_optimal`). With ``compile=True`` the
    step measured is ``torch.compile`` of the model with the plan applied, and eager's peak is the compiled plain
    model's: the budget is a promise for the compiled step, and where compile's peak is below the cost model's the
-   search moves up into that room (less recompute).
+   search moves up into that room (less recompute). Where regions are still needed, torch's partitioner under a
+   lower ``activation_memory_budget`` (no region) is measured too, and the faster compiled step that fits wins.
 
 Budget = the peak memory of one training step (gradients set to None, forward, loss, backward) above what was
 allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation events on CPU.
@@ -39,6 +40,7 @@ allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import warnings
@@ -52,6 +54,7 @@ from ...common.progress import progress_bar
 from ...errors import InfeasibleBudgetError
 from ...measurement.allocator import step_peak_bytes
 from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
+from ...measurement.timing import time_interleaved
 from ...measurement.units import Budget, format_bytes, parse_budget
 from ..selective import OPERATOR_CLASSES
 from ..wrapping import is_wrapped, unwrap_module
@@ -93,18 +96,39 @@ class _Stepper:
         _check_loss(out, loss)
         loss.backward()
 
-    def peak(self) -> int:
+    def peak(self, partitioner: Optional[float] = None) -> int:
         """One step's peak: of the model as it is now, under a fresh ``torch.compile`` when planning for compile
-        (compiled, and its first step run, outside the measured step)."""
+        (compiled, and its first step run, outside the measured step), torch's partitioner at its default or at
+        the ``partitioner`` budget."""
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"memsave.plan: device type {self.device.type!r} is not supported; use 'cpu' or 'cuda'")
-        run: Callable[..., Any] = self.model
-        if self.compiled:
-            torch._dynamo.reset()  # each candidate plan changes the modules' forwards: compile afresh
-            run = torch.compile(self.model)
-            self.step(run)
-        self.state.clear_grads()
-        return step_peak_bytes(lambda: self.step(run), self.device)
+        if not self.compiled:
+            self.state.clear_grads()
+            return step_peak_bytes(self.step, self.device)
+        with _partitioner_context(partitioner):
+            run = self.compile()
+            self.state.clear_grads()
+            return step_peak_bytes(lambda: self.step(run), self.device)
+
+    def compile(self) -> Callable[..., Any]:
+        """``torch.compile`` of the model as it is now, from a reset dynamo, its first step run."""
+        torch._dynamo.reset()  # each candidate plan changes the modules' forwards: compile afresh
+        run = torch.compile(self.model)
+        self.step(run)
+        return run
+
+    def compiled_seconds(self, partitioner: Optional[float], rounds: int = 5) -> float:
+        """Median seconds of a compiled step of the model as it is now (compiled afresh)."""
+        with _partitioner_context(partitioner):
+            run = self.compile()
+            timing = time_interleaved({"step": lambda: self.step(run)}, rounds=rounds, max_rounds=rounds)
+        return timing["step"].median_seconds
+
+
+def _partitioner_context(partitioner: Optional[float]) -> Any:
+    if partitioner is None:
+        return contextlib.nullcontext()
+    return torch._functorch.config.patch(activation_memory_budget=partitioner)
 
 
 def _check_loss(out: Any, loss: Any) -> None:
@@ -366,6 +390,57 @@ class _Measure:
         return self.cache[key]
 
 
+#: The budgets of torch's partitioner (``torch._functorch.config.activation_memory_budget``) ``plan(compile=True)``
+#: tries, highest (least recompute) first, as a candidate beside memsave's regions.
+PARTITIONER_BUDGETS = (0.75, 0.5, 0.25, 0.0)
+
+
+def _partitioner_plan(prof: Profile, stepper: _Stepper, budget_bytes: int, slots: int) -> Optional[Plan]:
+    """No memsave region, torch's partitioner recomputing at the highest of :data:`PARTITIONER_BUDGETS` whose
+    measured compiled peak fits ``budget_bytes``; None when none fits."""
+    for partitioner in PARTITIONER_BUDGETS:
+        peak = stepper.peak(partitioner)
+        if peak <= budget_bytes:
+            p = prof.make_plan(prof.chain.solve(None, "none", slots), prof.chain, "optimal", budget_bytes)
+            p.measured_peak_bytes, p.activation_memory_budget = peak, partitioner
+            return p
+    return None
+
+
+def _fastest_compiled(stepper: _Stepper, plans: Sequence[Plan]) -> Plan:
+    """The plan whose compiled step measured fastest (each compiled and timed in turn; the first on a tie)."""
+
+    def seconds(p: Plan) -> float:
+        changed = apply_regions(stepper.model, p)
+        try:
+            return stepper.compiled_seconds(p.activation_memory_budget)
+        finally:
+            for m in changed:
+                unwrap_module(m)
+
+    return min(plans, key=seconds)
+
+
+def _search_compiled(
+    prof: Profile, stepper: _Stepper, budget_bytes: Optional[int], solver: str, measure: _Measure, slots: int
+) -> Plan:
+    """Step 4 under compile: memsave's regions (:func:`search`) and, when they recompute something, torch's
+    partitioner as one more candidate (:func:`_partitioner_plan`); the faster compiled step of the two that fit."""
+    if solver != "optimal" or budget_bytes is None:
+        return search(prof, budget_bytes, solver, measure, slots, verify=True)
+    try:
+        regions = search(prof, budget_bytes, solver, measure, slots, verify=True)
+    except InfeasibleBudgetError:
+        alone = _partitioner_plan(prof, stepper, budget_bytes, slots)
+        if alone is None:
+            raise
+        return alone
+    if not regions.regions():
+        return regions  # compile's own peak fits: nothing to recompute
+    alone = _partitioner_plan(prof, stepper, budget_bytes, slots)
+    return regions if alone is None else _fastest_compiled(stepper, (regions, alone))
+
+
 def search(
     prof: Profile,
     budget_bytes: Optional[int],
@@ -549,10 +624,13 @@ def plan(
             module-level plans (every region recomputed whole). :meth:`Plan.summary` shows what each region keeps.
             A selective plan is never worse placed than a module-level one: the module-level chain is searched
             too before a budget is declared infeasible, so ``True`` fits every budget ``False`` fits.
-        compile: plan for ``torch.compile(memsave.wrap(model, plan))``: eager's peak and every candidate's are
-            measured under a fresh ``torch.compile`` (each candidate compiled once: planning takes a compile per
-            candidate, :attr:`Plan.planning_seconds`), so the budget holds for the compiled step and the room
-            compile leaves is used. Forces ``verify``.
+        compile: plan for the compiled step, :meth:`Plan.compile` (``torch.compile(memsave.wrap(model, plan))``):
+            eager's peak and every candidate's are measured under a fresh ``torch.compile`` (each candidate compiled
+            once: planning takes a compile per candidate, :attr:`Plan.planning_seconds`), so the budget holds for
+            the compiled step and the room compile leaves is used. When memsave's regions must recompute, torch's
+            own partitioner at a lower ``activation_memory_budget`` (no region) is a candidate too, and the faster
+            compiled step of the two that fit is returned (:attr:`Plan.activation_memory_budget`; timed, so the
+            choice can vary from run to run). Forces ``verify``.
         example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
             the way to pass a model keyword named like one of this function's own parameters.
         strategy: deprecated name of ``solver`` (DeprecationWarning).
@@ -578,7 +656,7 @@ def plan(
         >>> p = memsave.plan(gpt2, input_ids=ids, attention_mask=mask, labels=ids, budget=0.5)   # Hugging Face
         >>> p = memsave.plan(vit, images, budget="1GiB", loss_fn=lambda out: F.cross_entropy(out, targets))
         >>> p = memsave.plan(model, x, budget=0.5, selective=False)       # module-level: regions recomputed whole
-        >>> p = memsave.plan(model, x, budget=0.5, compile=True); step = torch.compile(memsave.wrap(model, p))
+        >>> p = memsave.plan(model, x, budget=0.5, compile=True); step_model = p.compile(model)
     """
     start = time.perf_counter()
     solver = _solver_argument(solver, strategy)
@@ -599,7 +677,10 @@ def plan(
         prof = _profile(stepper, classes, timing_steps, tick)
         budget_bytes = parse_budget(budget, prof.eager_peak_bytes) if budget is not None else None
         measure = _Measure(model, stepper, prof.eager_peak_bytes, tick)
-        result = search(prof, budget_bytes, solver, measure, slots, verify=verify or compile)
+        if compile:
+            result = _search_compiled(prof, stepper, budget_bytes, solver, measure, slots)
+        else:
+            result = search(prof, budget_bytes, solver, measure, slots, verify=verify)
     finally:
         if bar is not None:
             bar.close()
