@@ -210,18 +210,22 @@ def time_interleaved(
 def _uncertain(taken: Mapping[str, Sequence[float]], ref: str, precision: float) -> bool:
     """Whether some median is still uncertain: IQR / median / sqrt(rounds) over ``precision`` for a variant's
     per-round ratio to ``ref`` (for ``ref`` alone, its time)."""
-    ref_times = taken[ref]
-    series = [[t / rt if rt > 0 else math.inf for t, rt in zip(taken[n], ref_times)] for n in taken if n != ref]
-    for values in series or [list(ref_times)]:
+    series = [_ratios(taken[n], taken[ref]) for n in taken if n != ref]
+    for values in series or [list(taken[ref])]:
         median, iqr = median_iqr(values)
         if not math.isfinite(median) or median <= 0 or iqr / median / math.sqrt(len(values)) > precision:
             return True
     return False
 
 
+def _ratios(times: Sequence[float], ref_times: Sequence[float]) -> List[float]:
+    """Each round's time over the reference's in the same round (NaN where the reference took no time)."""
+    return [t / rt if rt > 0 else float("nan") for t, rt in zip(times, ref_times)]
+
+
 def _timing(name: str, times: List[float], ref_times: List[float], is_ref: bool, number: int, windows: int) -> Timing:
     median, iqr = median_iqr(times)
-    ratio, ratio_iqr = median_iqr([t / rt if rt > 0 else float("nan") for t, rt in zip(times, ref_times)])
+    ratio, ratio_iqr = median_iqr(_ratios(times, ref_times))
     return Timing(
         name=name,
         median_seconds=median,

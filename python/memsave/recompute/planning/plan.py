@@ -210,9 +210,7 @@ class Plan(RegionPlan):
             >>> with plan.compile_context():
             ...     loss_fn(step_model(x)).backward()     # the first call compiles
         """
-        if self.activation_memory_budget is None:
-            return contextlib.nullcontext()
-        return torch._functorch.config.patch(activation_memory_budget=self.activation_memory_budget)
+        return partitioner_context(self.activation_memory_budget)
 
     def compile(self, model: nn.Module, **compile_kwargs: Any) -> nn.Module:
         """``torch.compile(memsave.wrap(model, plan), **compile_kwargs)``, every call run under
@@ -323,6 +321,13 @@ class Plan(RegionPlan):
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
+
+
+def partitioner_context(activation_memory_budget: Optional[float]) -> ContextManager[Any]:
+    """torch's partitioner at ``activation_memory_budget`` for what is compiled inside (None: as torch has it)."""
+    if activation_memory_budget is None:
+        return contextlib.nullcontext()
+    return torch._functorch.config.patch(activation_memory_budget=activation_memory_budget)
 
 
 def _optional_float(value: Any) -> Optional[float]:

@@ -40,7 +40,6 @@ allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 import warnings
@@ -60,7 +59,7 @@ from ..selective import OPERATOR_CLASSES
 from ..wrapping import is_wrapped, unwrap_module
 from .chain import Chain, StageModules, build_chain
 from .operators import policy_classes, profile_operator_classes, selective_overhead_per_operator, selective_variants
-from .plan import Plan, apply_regions, fingerprint
+from .plan import Plan, apply_regions, fingerprint, partitioner_context
 from .search import search_chains, smallest_plan
 from .trace import time_steps, trace_step
 
@@ -105,7 +104,7 @@ class _Stepper:
         if not self.compiled:
             self.state.clear_grads()
             return step_peak_bytes(self.step, self.device)
-        with _partitioner_context(partitioner):
+        with partitioner_context(partitioner):
             run = self.compile()
             self.state.clear_grads()
             return step_peak_bytes(lambda: self.step(run), self.device)
@@ -119,16 +118,10 @@ class _Stepper:
 
     def compiled_seconds(self, partitioner: Optional[float], rounds: int = 5) -> float:
         """Median seconds of a compiled step of the model as it is now (compiled afresh)."""
-        with _partitioner_context(partitioner):
+        with partitioner_context(partitioner):
             run = self.compile()
             timing = time_interleaved({"step": lambda: self.step(run)}, rounds=rounds, max_rounds=rounds)
         return timing["step"].median_seconds
-
-
-def _partitioner_context(partitioner: Optional[float]) -> Any:
-    if partitioner is None:
-        return contextlib.nullcontext()
-    return torch._functorch.config.patch(activation_memory_budget=partitioner)
 
 
 def _check_loss(out: Any, loss: Any) -> None:
