@@ -8,7 +8,6 @@ classes)``. :func:`memsave.unwrap` removes both.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import warnings
@@ -24,6 +23,7 @@ from ..region import ModuleChain, run_region
 from ..selective import selective as selective_context
 from ..wrapping import CheckpointedForward, RegionPlan, WrappedRepr, all_or_nothing, is_wrapped, wrap_module
 from .chain import Chain, StageModules
+from .partitioner import compile_at, partitioner_context
 
 __all__ = ["Plan", "apply_plan", "apply_regions", "fingerprint"]
 
@@ -213,34 +213,33 @@ class Plan(RegionPlan):
         return partitioner_context(self.activation_memory_budget)
 
     def compile(self, model: nn.Module, **compile_kwargs: Any) -> nn.Module:
-        """``torch.compile(memsave.wrap(model, plan), **compile_kwargs)``, every call run under
-        :meth:`compile_context`: the compiled step the plan's budget is a promise for (``compile=True`` plans).
+        """``torch.compile(memsave.wrap(model, plan), **compile_kwargs)``, with torch's partitioner at
+        :attr:`activation_memory_budget` when the plan sets one: the compiled step the plan's budget is a promise
+        for (``compile=True`` plans). The setting travels with the compiled module
+        (:class:`~memsave.recompute.planning.partitioner.PartitionerBackend`), so its first call and any recompile
+        use it wherever they run.
 
         Args:
             model: the model the plan was made for (not wrapped yet); its regions are applied in place.
-            **compile_kwargs: passed to ``torch.compile`` (``mode=``, ``dynamic=``, ...).
+            **compile_kwargs: passed to ``torch.compile`` (``mode=``, ``dynamic=``, ``backend=``, ...).
 
         Returns:
             the compiled module (``torch.compile``'s ``OptimizedModule``).
 
         Raises:
             PlanMismatchError, TypeError: as :meth:`apply_to`.
+            ValueError: both ``mode=`` and ``options=`` (as ``torch.compile``).
 
         Example:
             >>> plan = memsave.plan(model, x, budget=0.5, compile=True)
             >>> step_model = plan.compile(model)
             >>> loss_fn(step_model(x)).backward()
         """
-        compiled: Any = torch.compile(self.apply_to(model), **compile_kwargs)  # an OptimizedModule
-        if self.activation_memory_budget is not None:
-            compiled_forward = compiled.forward
-
-            def forward(*args: Any, **kwargs: Any) -> Any:
-                with self.compile_context():  # outside the compiled code: (re)compiles read torch's config here
-                    return compiled_forward(*args, **kwargs)
-
-            compiled.forward = forward
-        return cast(nn.Module, compiled)
+        if self.activation_memory_budget is None:
+            return cast(nn.Module, torch.compile(self.apply_to(model), **compile_kwargs))
+        if compile_kwargs.get("mode") is not None and compile_kwargs.get("options") is not None:
+            raise ValueError("Plan.compile: give mode= or options=, not both (as torch.compile)")
+        return compile_at(self.apply_to(model), self.activation_memory_budget, **compile_kwargs)
 
     def to_json(self) -> str:
         """Serialise the plan (a JSON string) so that :meth:`from_json` gives an equal plan.
@@ -321,13 +320,6 @@ class Plan(RegionPlan):
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
-
-
-def partitioner_context(activation_memory_budget: Optional[float]) -> ContextManager[Any]:
-    """torch's partitioner at ``activation_memory_budget`` for what is compiled inside (None: as torch has it)."""
-    if activation_memory_budget is None:
-        return contextlib.nullcontext()
-    return torch._functorch.config.patch(activation_memory_budget=activation_memory_budget)
 
 
 def _optional_float(value: Any) -> Optional[float]:

@@ -40,6 +40,8 @@ allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import time
 import warnings
@@ -59,7 +61,8 @@ from ..selective import OPERATOR_CLASSES
 from ..wrapping import is_wrapped, unwrap_module
 from .chain import Chain, StageModules, build_chain
 from .operators import policy_classes, profile_operator_classes, selective_overhead_per_operator, selective_variants
-from .plan import Plan, apply_regions, fingerprint, partitioner_context
+from .partitioner import compile_at
+from .plan import Plan, apply_regions, fingerprint
 from .search import search_chains, smallest_plan
 from .trace import time_steps, trace_step
 
@@ -104,24 +107,41 @@ class _Stepper:
         if not self.compiled:
             self.state.clear_grads()
             return step_peak_bytes(self.step, self.device)
-        with partitioner_context(partitioner):
-            run = self.compile()
-            self.state.clear_grads()
-            return step_peak_bytes(lambda: self.step(run), self.device)
-
-    def compile(self) -> Callable[..., Any]:
-        """``torch.compile`` of the model as it is now, from a reset dynamo, its first step run."""
         torch._dynamo.reset()  # each candidate plan changes the modules' forwards: compile afresh
-        run = torch.compile(self.model)
+        run = self.compile(self.model, partitioner)
+        self.state.clear_grads()
+        return step_peak_bytes(lambda: self.step(run), self.device)
+
+    def compile(self, model: nn.Module, partitioner: Optional[float]) -> Callable[..., Any]:
+        """``torch.compile`` of ``model`` (the planned model or a copy sharing its state), torch's partitioner at
+        ``partitioner``, its first step run (which compiles)."""
+        run = compile_at(model, partitioner)
         self.step(run)
         return run
 
-    def compiled_seconds(self, partitioner: Optional[float], rounds: int = 5) -> float:
-        """Median seconds of a compiled step of the model as it is now (compiled afresh)."""
-        with partitioner_context(partitioner):
-            run = self.compile()
-            timing = time_interleaved({"step": lambda: self.step(run)}, rounds=rounds, max_rounds=rounds)
-        return timing["step"].median_seconds
+    def compiled_ratios(self, plans: Sequence[Plan], rounds: int = 5) -> List[float]:
+        """Each plan's compiled step time over the first plan's, the median over rounds of one interleaved block:
+        each plan applied to its own copy of the model (sharing its parameters and buffers) and compiled under its
+        own partitioner budget, so that load changing during the block hits all alike."""
+        torch._dynamo.reset()
+        steps: Dict[str, Callable[[], None]] = {}
+        try:
+            for i, p in enumerate(plans):
+                model = _sharing_copy(self.model)
+                apply_regions(model, p)
+                run = self.compile(model, p.activation_memory_budget)
+                steps[str(i)] = functools.partial(self.step, run)
+            timing = time_interleaved(steps, rounds=rounds, max_rounds=rounds)
+        finally:
+            torch._dynamo.reset()
+            self.state.clear_grads()
+        return [timing[str(i)].ratio for i in range(len(plans))]
+
+
+def _sharing_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s module tree whose parameters and buffers are ``model``'s own (no new memory for them)."""
+    memo: Dict[int, Any] = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
 
 
 def _check_loss(out: Any, loss: Any) -> None:
@@ -383,35 +403,39 @@ class _Measure:
         return self.cache[key]
 
 
-#: The budgets of torch's partitioner (``torch._functorch.config.activation_memory_budget``) ``plan(compile=True)``
-#: tries, highest (least recompute) first, as a candidate beside memsave's regions.
-PARTITIONER_BUDGETS = (0.75, 0.5, 0.25, 0.0)
+#: How many partitioner budgets (``torch._functorch.config.activation_memory_budget``) ``plan(compile=True)``
+#: measures when it bisects [0, 1] for the highest one whose compiled peak fits (0.5, then 0.75 or 0.25, ...).
+PARTITIONER_PROBES = 4
 
 
 def _partitioner_plan(prof: Profile, stepper: _Stepper, budget_bytes: int, slots: int) -> Optional[Plan]:
-    """No memsave region, torch's partitioner recomputing at the highest of :data:`PARTITIONER_BUDGETS` whose
-    measured compiled peak fits ``budget_bytes``; None when none fits."""
-    for partitioner in PARTITIONER_BUDGETS:
+    """No memsave region, torch's partitioner at the highest budget found to fit ``budget_bytes``: a bisection of
+    [0, 1] over :data:`PARTITIONER_PROBES` measured compiled peaks, then 0.0 when none of them fitted. torch's peak
+    is not monotonic in its budget, so this is the highest fitting budget among those measured. None when none fits.
+    """
+    found: Optional[Tuple[float, int]] = None
+    low, high = 0.0, 1.0
+    for _ in range(PARTITIONER_PROBES):
+        partitioner = (low + high) / 2
         peak = stepper.peak(partitioner)
         if peak <= budget_bytes:
-            p = prof.make_plan(prof.chain.solve(None, "none", slots), prof.chain, "optimal", budget_bytes)
-            p.measured_peak_bytes, p.activation_memory_budget = peak, partitioner
-            return p
-    return None
+            found, low = (partitioner, peak), partitioner
+        else:
+            high = partitioner
+    if found is None:
+        peak = stepper.peak(0.0)
+        found = (0.0, peak) if peak <= budget_bytes else None
+    if found is None:
+        return None
+    p = prof.make_plan(prof.chain.solve(None, "none", slots), prof.chain, "optimal", budget_bytes)
+    p.activation_memory_budget, p.measured_peak_bytes = found
+    return p
 
 
 def _fastest_compiled(stepper: _Stepper, plans: Sequence[Plan]) -> Plan:
-    """The plan whose compiled step measured fastest (each compiled and timed in turn; the first on a tie)."""
-
-    def seconds(p: Plan) -> float:
-        changed = apply_regions(stepper.model, p)
-        try:
-            return stepper.compiled_seconds(p.activation_memory_budget)
-        finally:
-            for m in changed:
-                unwrap_module(m)
-
-    return min(plans, key=seconds)
+    """The plan whose compiled step measured fastest, all timed in one interleaved block (the first on a tie)."""
+    ratios = stepper.compiled_ratios(plans)
+    return plans[min(range(len(plans)), key=lambda i: ratios[i])]
 
 
 def _search_compiled(
