@@ -21,9 +21,11 @@ Variants (budgets ``B(f)`` at a fraction ``f`` of the way from ``wrap``'s measur
 * ``compile f``: ``torch.compile(model)`` under ``torch._functorch.config.activation_memory_budget = a(f)``, the
   budget matched as the fraction of eager's activation bytes that ``B(f)`` leaves room for:
   ``a(f) = (B(f) - (eager peak - eager activations)) / eager activations``, clamped to [0, 1]. Each compiled row
-  compiles from a reset dynamo (its first step's time is in the row; inductor's FX-graph and autograd caches off)
-  and is timed interleaved with eager in a block of its own, since a dynamo reset invalidates the other compiled
-  models. Off with ``--no-compile``; a failure is recorded with its reason, not dropped.
+  compiles a program of its own (``compile_at``: a backend per row, its partitioner budget bound to it; its first
+  step's time is in the row, inductor's FX-graph and autograd caches off), and all compiled rows of a model are
+  timed together with eager in one interleaved block (memsave's ``time_interleaved``: each row's median per-round
+  ratio to eager's, more rounds while a ratio is uncertain), so that they are compared under the same load. Off with
+  ``--no-compile``; a failure is recorded with its reason, not dropped.
 
 Columns: ``peak`` (allocator-level, one step above its start), ``time`` (median of ``--repeats`` interleaved steps,
 A B C ... C B A, as a ratio to eager's median from the same interleaved block), ``recompute`` (the FLOPs backward runs
@@ -78,6 +80,8 @@ from benchmarks.real_models import (
     start_run,
     torch_checkpoint_blocks,
 )
+from memsave.measurement.timing import Timing, time_interleaved
+from memsave.recompute.planning.partitioner import compile_at
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75)
 KINDS = ("module", "selective", "compile", "plan + compile")
@@ -245,14 +249,15 @@ def compiled_rows(
     eager_peak: int,
     eager_acts: int,
 ) -> None:
-    """The rows run under ``torch.compile``, each compiled from a reset dynamo and timed interleaved with eager in
-    a block of its own: torch's per-block checkpoint and ``memsave.wrap`` compiled, torch's
+    """The rows run under ``torch.compile``: torch's per-block checkpoint and ``memsave.wrap`` compiled, torch's
     ``activation_memory_budget`` at its default and matched to each budget, and ``memsave.plan(..., compile=True)``
-    at each budget and at the peak each of torch's matched rows reached (``plan + compile @ compile f``)."""
+    at each budget and at the peak each of torch's matched rows reached (``plan + compile @ compile f``). Each row
+    compiles a program of its own (:func:`compile_at`: no row reuses another's graphs, whatever its partitioner
+    budget) and all are timed in one interleaved block with eager (:func:`compiled_block`)."""
+    compiled: Dict[str, Runner] = {}
 
-    def run(key: str, kind: str, model: torch.nn.Module, amb: float = 1.0, **extra: Any) -> None:
-        torch._dynamo.reset()  # compile afresh, not from the last row's cached graphs
-        runner = Runner(key, model, torch.compile(model), case, context=lambda: compile_context(amb))
+    def run(key: str, kind: str, model: torch.nn.Module, amb: Optional[float] = None, **extra: Any) -> None:
+        runner = Runner(key, model, compile_at(model, amb), case, context=compile_context)
         try:
             add(runner, kind, **extra)
         except Exception as e:
@@ -260,17 +265,11 @@ def compiled_rows(
             log(f"  {key}: {rows[key]['skipped']}")
             return
         rows[key]["compile_seconds"] = rows[key]["first_step_s"]
-        block = interleaved_times({"eager": eager, key: runner}, repeats, device)
-        rows[key].update(
-            step_s=statistics.median(block[key]),
-            times_s=block[key],
-            eager_times_s=block["eager"],
-            time_ratio=statistics.median(block[key]) / statistics.median(block["eager"]),
-        )
+        compiled[key] = runner
 
     def plan_row(key: str, budget: int) -> None:
         model, t0 = copy.deepcopy(base), time.perf_counter()
-        try:
+        try:  # planning resets dynamo: the rows compiled so far compile again on their next step, as they were
             p = memsave.plan(
                 model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs, compile=True
             )
@@ -279,14 +278,13 @@ def compiled_rows(
             log(f"  {key}: {rows[key]['skipped']}")
             return
         extra = _plan_row_extra(p, budget, time.perf_counter() - t0)
-        partitioner = 1.0 if p.activation_memory_budget is None else p.activation_memory_budget
-        run(key, "plan + compile", memsave.wrap(model, p), partitioner, **extra)  # compiled as p.compile would
+        run(key, "plan + compile", memsave.wrap(model, p), p.activation_memory_budget, **extra)  # as p.compile
 
     blocks = copy.deepcopy(base)
     torch_checkpoint_blocks(blocks)
     run("torch blocks + compile", "blocks + compile", blocks)
     run("wrap + compile", "blocks + compile", memsave.wrap(copy.deepcopy(base)))
-    run("compile default", "compile", copy.deepcopy(base), 1.0, activation_memory_budget=1.0)
+    run("compile default", "compile", copy.deepcopy(base), None, activation_memory_budget=1.0)
     for f, budget in budgets.items():
         amb = matched_activation_budget(budget, eager_peak, eager_acts)
         run(
@@ -298,6 +296,29 @@ def compiled_rows(
         torch_row = rows.get(f"compile {_pct(f)}", {})
         if "peak_bytes" in torch_row:
             plan_row(f"plan + compile @ compile {_pct(f)}", int(torch_row["peak_bytes"]))
+    for key, timing in compiled_block(eager, compiled, repeats).items():
+        rows[key].update(
+            step_s=timing.median_seconds,
+            times_s=list(timing.times),
+            time_ratio=timing.ratio,
+            time_ratio_iqr=timing.ratio_iqr,
+            timed_rounds=timing.rounds,
+        )
+
+
+def compiled_block(eager: Runner, compiled: Dict[str, Runner], repeats: int) -> Dict[str, Timing]:
+    """Eager and every compiled row timed in one interleaved block (:func:`memsave.measurement.timing
+    .time_interleaved`: ``repeats`` rounds or more, up to 4x while a ratio is uncertain; each round A B C ... then
+    ... C B A; each row's time as the median of its per-round ratio to eager's in the same round), so that compiled
+    rows are compared with each other under the same load. Returns the compiled rows' timings."""
+    steps = {"eager": eager.step, **{key: runner.step for key, runner in compiled.items()}}
+    if len(steps) == 1:
+        return {}
+    with compile_context():  # rows a plan's dynamo reset dropped compile again in the warm-up
+        timing = time_interleaved(steps, rounds=repeats, min_windows=1, max_windows=1, reference="eager")
+    for runner in (eager, *compiled.values()):
+        runner.model.zero_grad(set_to_none=True)
+    return {key: timing[key] for key in compiled}
 
 
 def merge_compiled(path: str, meta: dict, results: List[dict]) -> Tuple[dict, List[dict]]:
@@ -403,6 +424,8 @@ def _note(r: dict) -> str:
         parts.append(f"torch's partitioner at {r['plan_activation_memory_budget']:.2f}")
     if "compile_seconds" in r:
         parts.append(f"first step (compiling) {r['compile_seconds']:.0f} s")
+    if "time_ratio_iqr" in r:
+        parts.append(f"time IQR {r['time_ratio_iqr']:.2f} over {r['timed_rounds']} rounds")
     return "; ".join(parts)
 
 
@@ -450,7 +473,9 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
         "`torch.compile` under `activation_memory_budget` matched to the budget (the fraction of eager's activation "
         "bytes the budget leaves room for). Peak: allocator-level, above the step's start. Time: median of "
         f"{meta['repeats']} interleaved steps as a ratio to eager's median in the same interleaved block (the "
-        "compiled rows each in a block of their own with eager). Recompute: FLOPs backward runs beyond eager's "
+        "compiled rows of a model all in one block with eager: the median over rounds of each row's time over "
+        "eager's in the same round; the IQR of that ratio and the rounds timed in the note). "
+        "Recompute: FLOPs backward runs beyond eager's "
         "backward (`FlopCounterMode`) over eager's forward + backward FLOPs. Grad err: max |grad - eager's| / "
         "max |eager's| (0 = bitwise). `*`: on the model's frontier (no row has a lower-or-equal peak and time).",
         "",
