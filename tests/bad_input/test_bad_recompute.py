@@ -251,6 +251,22 @@ CASES = [
         PlanMismatchError,
         r"not a run of consecutive children",
     ),
+    # ---- Plan.compile (refused before the model is touched or anything compiles)
+    Case(
+        "plan-compile-mode-and-options",
+        lambda w: _edited_plan(lambda d: d.update(activation_memory_budget=0.5)).compile(
+            w.model, mode="default", options={}
+        ),
+        ValueError,
+        r"mode= or options=, not both",
+    ),
+    Case(
+        "plan-compile-other-model",
+        lambda w: _edited_plan(lambda d: None).compile(w.model),
+        PlanMismatchError,
+        r"modules of this model the plan does not know",
+        model=lambda: tiny_model(blocks=4),
+    ),
     # ---- unwrap
     Case("unwrap-str", lambda w: memsave.unwrap("str"), TypeError, r"unwrap: model must be .*got str"),
     Case("unwrap-None", lambda w: memsave.unwrap(None), TypeError, r"unwrap: model must be .*NoneType"),
@@ -369,6 +385,14 @@ CASES = [
     Case("from_json-None", lambda w: memsave.Plan.from_json(None), ValueError, r"not valid JSON"),
     Case("from_json-list", lambda w: memsave.Plan.from_json("[]"), ValueError, r"not a memsave plan of format"),
     Case("from_json-format-2", lambda w: memsave.Plan.from_json('{"format": 2}'), ValueError, r"format 1 \(got 2\)"),
+    Case(
+        "from_json-partitioner-budget-out-of-range",
+        lambda w: memsave.Plan.from_json(
+            _plan_json().replace('"activation_memory_budget": null', '"activation_memory_budget": 1.5')
+        ),
+        ValueError,
+        r"activation_memory_budget must be in \[0, 1\]",
+    ),
     Case("from_json-no-fields", lambda w: memsave.Plan.from_json('{"format": 1}'), ValueError, r"field .*strategy"),
     Case(
         "from_json-bad-segment",

@@ -316,14 +316,20 @@ class Plan(RegionPlan):
                 selective=[tuple(str(c) for c in cs) for cs in d.get("selective", [])],
                 compiled=bool(d.get("compiled", False)),
                 planning_seconds=float(d.get("planning_seconds", 0.0)),
-                activation_memory_budget=_optional_float(d.get("activation_memory_budget")),
+                activation_memory_budget=_partitioner_budget(d.get("activation_memory_budget")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
 
 
-def _optional_float(value: Any) -> Optional[float]:
-    return None if value is None else float(value)
+def _partitioner_budget(value: Any) -> Optional[float]:
+    """A plan's ``activation_memory_budget`` field: None, or a number in [0, 1] (ValueError otherwise)."""
+    if value is None:
+        return None
+    budget = float(value)
+    if not 0.0 <= budget <= 1.0:
+        raise ValueError(f"activation_memory_budget must be in [0, 1] or null, got {value!r}")
+    return budget
 
 
 # --------------------------------------------------------------------------------------------- applying a plan
