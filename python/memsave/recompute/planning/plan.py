@@ -228,18 +228,22 @@ class Plan(RegionPlan):
 
         Raises:
             PlanMismatchError, TypeError: as :meth:`apply_to`.
-            ValueError: both ``mode=`` and ``options=`` (as ``torch.compile``).
+            ValueError: both ``mode=`` and ``options=`` (``torch.compile`` raises RuntimeError there for a plan
+                without a partitioner budget); nothing is changed.
 
         Example:
             >>> plan = memsave.plan(model, x, budget=0.5, compile=True)
             >>> step_model = plan.compile(model)
             >>> loss_fn(step_model(x)).backward()
         """
+        # torch.compile only wraps (it compiles at the first call): bad arguments fail here, before the regions
+        # change the model in place, and the compiled module sees them.
         if self.activation_memory_budget is None:
-            return cast(nn.Module, torch.compile(self.apply_to(model), **compile_kwargs))
-        if compile_kwargs.get("mode") is not None and compile_kwargs.get("options") is not None:
-            raise ValueError("Plan.compile: give mode= or options=, not both (as torch.compile)")
-        return compile_at(self.apply_to(model), self.activation_memory_budget, **compile_kwargs)
+            compiled = cast(nn.Module, torch.compile(model, **compile_kwargs))
+        else:
+            compiled = compile_at(model, self.activation_memory_budget, **compile_kwargs)
+        self.apply_to(model)
+        return compiled
 
     def to_json(self) -> str:
         """Serialise the plan (a JSON string) so that :meth:`from_json` gives an equal plan.

@@ -424,9 +424,9 @@ def _partitioner_plan(prof: Profile, stepper: _Stepper, budget_bytes: int, slots
             high = partitioner
     if found is None:
         peak = stepper.peak(0.0)
-        found = (0.0, peak) if peak <= budget_bytes else None
-    if found is None:
-        return None
+        if peak > budget_bytes:
+            return None
+        found = (0.0, peak)
     p = prof.make_plan(prof.chain.solve(None, "none", slots), prof.chain, "optimal", budget_bytes)
     p.activation_memory_budget, p.measured_peak_bytes = found
     return p
