@@ -52,7 +52,7 @@ nvidia-smi -L | tee "$LOG_DIR/device.txt"
 # torch first (the pinned one when missing), so that the arch list can come from the GPU itself unless given; then
 # the CUDA build, forced when an earlier build in this tree has no CUDA kernels.
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  stage torch "$PY" -m pip install -q "${MEMSAVE_TORCH:-torch==2.11.0}" || exit 1
+  stage torch bash tools/setup.sh --torch-only || exit 1
 fi
 if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
   TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')"

@@ -5,19 +5,22 @@
 #   bash tools/setup.sh            # runtime + build
 #   bash tools/setup.sh --test     # also the test dependencies
 #   bash tools/setup.sh --rebuild  # rebuild even when no tracked source changed (while editing C++)
-# Environment: MEMSAVE_TORCH (pip requirement used only when torch is missing; default torch==2.11.0, built for
-# CUDA 13.0), MEMSAVE_CUDA=AUTO|ON|OFF, TORCH_CUDA_ARCH_LIST (default 9.0 here; set yours, e.g. "8.0;9.0").
+#   bash tools/setup.sh --torch-only  # only torch (the pinned one, when missing): gpu_check.sh's first stage
+# Environment: MEMSAVE_TORCH (pip requirement used only when torch is missing; default torch==2.15.0, the package
+# index's default wheel), MEMSAVE_CUDA=AUTO|ON|OFF, TORCH_CUDA_ARCH_LIST (default 9.0 here; set yours, e.g. "8.0;9.0").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 PY="${PYTHON:-python3}"
 WITH_TEST=0
 REBUILD=0
+TORCH_ONLY=0
 for arg in "$@"; do
   case "$arg" in
     --test) WITH_TEST=1 ;;
     --rebuild) REBUILD=1 ;;
-    *) echo "usage: bash tools/setup.sh [--test] [--rebuild]" >&2; exit 2 ;;
+    --torch-only) TORCH_ONLY=1 ;;
+    *) echo "usage: bash tools/setup.sh [--test] [--rebuild] [--torch-only]" >&2; exit 2 ;;
   esac
 done
 
@@ -25,9 +28,20 @@ pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-
 have_module() { "$PY" -c "import $1" >/dev/null 2>&1; }
 
 if ! have_module torch; then
-  echo "[setup] installing ${MEMSAVE_TORCH:-torch==2.11.0} (several GB the first time; pip caches it)"
-  pip_install "${MEMSAVE_TORCH:-torch==2.11.0}"
+  echo "[setup] installing ${MEMSAVE_TORCH:-torch==2.15.0} (several GB the first time; pip caches it)"
+  pip_install "${MEMSAVE_TORCH:-torch==2.15.0}"
 fi
+(( TORCH_ONLY )) && exit 0
+# Every later install is constrained to the installed torch (and, once there, torchvision): pip can never replace them.
+pins="$(mktemp)"
+trap 'rm -f "$pins"' EXIT
+write_pins() {
+  "$PY" -c 'from importlib.metadata import version as v, PackageNotFoundError as E
+for name in ("torch", "torchvision"):
+    try: print(f"{name}=={v(name)}")
+    except E: pass' > "$pins"
+}
+write_pins
 
 need=()
 for spec in "scikit_build_core:scikit-build-core>=0.10" "pybind11:pybind11>=2.12" "ninja:ninja" "numpy:numpy" "tqdm:tqdm"; do
@@ -43,20 +57,18 @@ if (( ${#need[@]} )); then
   echo "[setup] installing ${need[*]}"
   pip_install "${need[@]}"
 fi
-# torchvision for the CLI test (`estimate --model torchvision.models:resnet18` from a wheel): the release made for
-# the installed torch (torch 2.N.x pairs with torchvision 0.(N+15).x), --no-deps so that pip never replaces torch.
+# torchvision for the real-model tests: the newest release whose own torch requirement accepts the installed torch
+# (torch 2.N pairs with torchvision 0.(N+15); torch 2.15 has none of its own yet and takes 0.29, which asks for
+# torch >= 2.14), resolved by pip under the torch pin so that it never replaces torch.
 if [[ $WITH_TEST == 1 ]] && ! have_module torchvision; then
-  have_module PIL || pip_install pillow
-  tv="$("$PY" -c 'import torch; v = torch.__version__.split("+")[0].split("."); print(f"0.{int(v[1]) + 15}.{v[2]}")')"
-  echo "[setup] installing torchvision==$tv (--no-deps: keeps the installed torch)"
-  pip_install --no-deps "torchvision==$tv"
+  echo "[setup] installing torchvision (the newest release for $(cat "$pins"))"
+  pip_install -c "$pins" torchvision
+  write_pins
 fi
-# The model libraries the real-model tests build from configs with random weights (transformers, timm, peft): after
-# torchvision, with torch and torchvision pinned to the installed ones by a constraints file, so that pip can never
-# replace them (timm requires torchvision, peft requires accelerate; none pins torch). Exact versions, the ones the
-# suite was last run with: transformers renames layer arguments between minor releases (5.24: past_key_values ->
-# cache), and a CI run must not change with the day it runs on. lightning (optional: memsave.integrations.lightning)
-# the same way.
+# The model libraries the real-model tests build from configs with random weights (transformers, timm, peft,
+# lightning), under the same pins (timm requires torchvision, peft requires accelerate; none pins torch).
+# Exact versions, the current releases the suite was last run with: transformers renames layer arguments between
+# minor releases (5.24: past_key_values -> cache), and a CI run must not change with the day it runs on.
 have_version() { "$PY" -c "import sys, importlib.metadata as m; sys.exit(m.version('$1') != '$2')" >/dev/null 2>&1; }
 if [[ $WITH_TEST == 1 ]]; then
   hub=()
@@ -64,11 +76,8 @@ if [[ $WITH_TEST == 1 ]]; then
     have_version "${spec%%==*}" "${spec#*==}" || hub+=("$spec")
   done
   if (( ${#hub[@]} )); then
-    pins="$(mktemp)"
-    "$PY" -c 'from importlib.metadata import version as v; print("torch==" + v("torch")); print("torchvision==" + v("torchvision"))' > "$pins"
-    echo "[setup] installing ${hub[*]} (torch and torchvision kept: $(tr '\n' ' ' < "$pins"))"
+    echo "[setup] installing ${hub[*]} (kept: $(tr '\n' ' ' < "$pins"))"
     pip_install -c "$pins" "${hub[@]}"
-    rm -f "$pins"
   fi
 fi
 # The linters .ci/run runs before the tests, at the versions .pre-commit-config.yaml names.
@@ -94,7 +103,7 @@ export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=true CCACHE_SLOPPINESS="${CCACHE_
 
 # Rebuild only when a source changed since the last successful build (or memsave does not import).
 stamp="build/.memsave-build-stamp"
-sources_hash="$( (git ls-files -z -- csrc CMakeLists.txt pyproject.toml python/memsave/_build_config.py.in python/memsave/_version.py 2>/dev/null \
+sources_hash="$( (git ls-files -z -- csrc cmake CMakeLists.txt pyproject.toml python/memsave/_build_config.py.in python/memsave/_version.py 2>/dev/null \
                   | xargs -0 cat 2>/dev/null; "$PY" -c 'import torch; print(torch.__version__)') | sha1sum | cut -d' ' -f1)"
 if [[ $REBUILD == 0 && -f "$stamp" && "$(cat "$stamp")" == "$sources_hash" ]] && (cd /tmp && "$PY" -c "import memsave" 2>/dev/null) \
    && [[ "$("$PY" -c 'import memsave,os;print(os.path.dirname(memsave.__file__))' 2>/dev/null)" == "$ROOT/python/memsave" ]]; then
