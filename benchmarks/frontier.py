@@ -29,11 +29,11 @@ Variants (budgets ``B(f)`` at a fraction ``f`` of the way from ``wrap``'s measur
 
 Columns: ``peak`` (allocator-level, one step above its start), ``time`` (median of ``--repeats`` interleaved steps,
 A B C ... C B A, as a ratio to eager's median from the same interleaved block), ``recompute`` (the FLOPs backward runs
-beyond eager's backward, torch's ``FlopCounterMode``, as a fraction of eager's forward + backward FLOPs: the
-deterministic cost that the noisy time measures; n/a under compile, whose kernels do not dispatch), ``grad err``
-(max |grad - eager's| / max |eager's|; 0 = bitwise) and whether a plan's or compiled row's peak is within its
-budget. ``*`` marks the rows on a model's frontier: no other row has both a lower-or-equal peak and a lower-or-equal
-time.
+beyond eager's backward, by torch's FLOP formulas (``compat.count_flops``), as a fraction of eager's forward +
+backward FLOPs: the deterministic cost that the noisy time measures; n/a under compile, whose kernels do not
+dispatch), ``grad err`` (max |grad - eager's| / max |eager's|; 0 = bitwise) and whether a plan's or compiled
+row's peak is within its budget. ``*`` marks the rows on a model's frontier: no other row has both a lower-or-equal
+peak and a lower-or-equal time.
 
     python3 benchmarks/frontier.py                          # the committed CPU run (~25 minutes on 2 cores)
     python3 benchmarks/frontier.py --models gpt2 --no-compile --no-save
@@ -58,7 +58,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch._dynamo
-from torch.utils.flop_counter import FlopCounterMode
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
@@ -80,6 +79,7 @@ from benchmarks.real_models import (
     start_run,
     torch_checkpoint_blocks,
 )
+from memsave.common import compat
 from memsave.measurement.timing import Timing, time_interleaved
 from memsave.recompute.planning.partitioner import compile_at
 
@@ -94,18 +94,19 @@ def _pct(f: float) -> str:
 
 def step_flops(runner: Runner) -> Tuple[int, int]:
     """(forward FLOPs, backward FLOPs) of one seeded step of ``runner``, the backward's recompute included, counted
-    by torch's ``FlopCounterMode`` (matrix products, convolutions, attention; pointwise operators count 0)."""
+    by torch's FLOP formulas (``memsave.common.compat.count_flops``: matrix products, convolutions, attention;
+    pointwise operators count 0)."""
     case = runner.case
     runner.model.zero_grad(set_to_none=True)
     torch.manual_seed(5)
-    with FlopCounterMode(display=False) as forward:
+    with compat.count_flops() as forward:
         out = runner.call(*case.args, **case.kwargs)
         loss = case.loss_fn(out)
-    with FlopCounterMode(display=False) as backward:
+    with compat.count_flops() as backward:
         loss.backward()
     del out
     runner.model.zero_grad(set_to_none=True)
-    return int(forward.get_total_flops()), int(backward.get_total_flops())
+    return forward.total, backward.total
 
 
 def matched_activation_budget(budget: int, eager_peak: int, eager_activations: int) -> float:
@@ -476,7 +477,7 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
         "compiled rows of a model all in one block with eager: the median over rounds of each row's time over "
         "eager's in the same round; the IQR of that ratio and the rounds timed in the note). "
         "Recompute: FLOPs backward runs beyond eager's "
-        "backward (`FlopCounterMode`) over eager's forward + backward FLOPs. Grad err: max |grad - eager's| / "
+        "backward (torch's FLOP formulas) over eager's forward + backward FLOPs. Grad err: max |grad - eager's| / "
         "max |eager's| (0 = bitwise). `*`: on the model's frontier (no row has a lower-or-equal peak and time).",
         "",
     ]

@@ -7,7 +7,7 @@ On a Hugging Face GPT-2 (4 layers, d 256, 4 x 256 tokens, dropout 0.1) and a tim
 twice that, a selective variant recomputing what its kept classes leave: 5% when it keeps the matrix products and
 attention), so the choice it makes does not depend on how fast or loaded the machine is. At a budget halfway
 between per-block checkpoint's measured peak and eager's, the selective plan's measured peak meets the budget with at
-most half the recompute FLOPs (``FlopCounterMode`` over backward, minus eager's backward) of the module-level plan at
+most half the recompute FLOPs (``compat.count_flops`` over backward, minus eager's backward) of the module-level plan at
 the same budget, and its gradients are bitwise eager's. What the live planner chooses from measured timings is a
 benchmark claim (benchmarks/frontier.py, its recompute-FLOP columns). Plus: ``selective=False`` gives module-level
 plans, the summary and JSON show what each region keeps, older JSON loads, bad arguments are rejected, the binding
@@ -24,10 +24,10 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 import memsave
 from memsave._C import planner_simulate, planner_solve
+from memsave.common import compat
 from memsave.models import hub
 from memsave.recompute.selective import OPERATOR_CLASSES
 
@@ -67,14 +67,14 @@ def _step(model: nn.Module, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tens
 
 
 def _backward_flops(model: nn.Module, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor]) -> int:
-    """FLOPs of one backward (recompute included), counted by torch's FlopCounterMode."""
+    """FLOPs of one backward (recompute included), counted by torch's formulas (compat.count_flops)."""
     torch.manual_seed(123)
     loss = loss_fn(model(x))
-    with FlopCounterMode(display=False) as counter:
+    with compat.count_flops() as counter:
         loss.backward()
     for p in model.parameters():
         p.grad = None
-    return counter.get_total_flops()
+    return counter.total
 
 
 # Injected costs: the share of a stage's forward work in each operator class (matrix products and attention are

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from torch.utils import checkpoint as torch_ckpt
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 import memsave
+from memsave.common import compat
 
 aten = torch.ops.aten
 
@@ -146,13 +146,13 @@ def _gpt2() -> nn.Module:
 def _gpt2_step(model: nn.Module, ids: torch.Tensor, count: bool = False) -> Dict[str, Any]:
     torch.manual_seed(3)
     loss = model(input_ids=ids, labels=ids).loss
-    with _CountOps() as ops, FlopCounterMode(display=False) as flops:
+    with _CountOps() as ops, compat.count_flops() as flops:
         loss.backward()
     return {
         "loss": loss.detach(),
         "grads": {n: p.grad for n, p in model.named_parameters()},
         "addmm": ops.counts[aten.addmm],
-        "flops": flops.get_total_flops(),
+        "flops": flops.total,
     }
 
 
@@ -167,7 +167,7 @@ def test_wrap_with_selective_context_on_gpt2_is_exact_and_recomputes_less() -> N
         assert torch.equal(got["grads"][name], grad), name
     # GPT-2's Conv1D layers are addmm: 4 per block, all run again by whole regions, none by selective ones.
     assert got_whole["addmm"] == want["addmm"] + 8 and got["addmm"] == want["addmm"]
-    # FlopCounterMode counts matrix products, convolutions and attention: the selective recompute runs none of them.
+    # count_flops counts matrix products, convolutions and attention: the selective recompute runs none of them.
     assert want["flops"] == got["flops"] < got_whole["flops"]
 
 

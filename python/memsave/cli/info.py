@@ -6,6 +6,7 @@ from typing import List
 
 import torch
 
+from ..common import compat
 from ..extension import build_info, dispatch_table
 from .usage import ArgumentParser, add_traceback_flag
 
@@ -36,6 +37,7 @@ def main(argv: List[str]) -> int:
     info = build_info()
     print(f"memsave {info['version']}")
     print(f"  built against torch {info['torch_version']}, running torch {torch.__version__}")
+    print(f"  supported: {compat.SUPPORTED_TORCH}, {compat.SUPPORTED_PYTHON} (tested: docs/compatibility.md)")
     archs = info["cuda_archs"] or "-"
     print(f"  CUDA kernels: {'yes' if info['cuda'] else 'no'} (archs {archs}, runtime {info['cuda_runtime_version']})")
     print(f"  compiler: {info['compiler']}")

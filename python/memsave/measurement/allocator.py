@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ..common import compat
+
 __all__ = [
     "CpuEvents",
     "CpuMemoryStats",
@@ -90,15 +92,7 @@ def read_cpu_events(prof: Any, marker_prefix: Optional[str] = None) -> CpuEvents
         >>> read_cpu_events(prof).deltas[-1][1]
         4096
     """
-    try:
-        tree = prof.kineto_results.experimental_event_tree()
-        from torch._C._profiler import _EventType
-    except (AttributeError, ImportError) as e:  # pragma: no cover - guards a future torch that moves the results
-        raise RuntimeError(
-            f"memsave: this torch ({torch.__version__}) does not expose the profiler's event tree "
-            "(torch.autograd.profiler.profile().kineto_results.experimental_event_tree()); memsave's CPU memory "
-            "measure needs it"
-        ) from e
+    tree, _EventType = compat.profiler_event_tree(prof)
     raw: List[Tuple[int, int, int, int]] = []
     markers: Dict[str, int] = {}
     stack = list(tree)

@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, TypeVar, Union
 import torch
 from torch import nn
 
+from ..common import compat
 from .tracker import LiveTensorTracker
 from .units import format_bytes
 
@@ -248,15 +249,7 @@ def _module_bytes(model: nn.Module) -> int:
 
 
 def _check_snapshot_support() -> None:
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2] if p.isdigit())
-    if version < (2, 1):
-        raise RuntimeError(f"cuda_memory_snapshot needs torch >= 2.1 (running {torch.__version__})")
-    memory = getattr(torch.cuda, "memory", None)
-    if not (hasattr(memory, "_record_memory_history") and hasattr(memory, "_dump_snapshot")):
-        raise RuntimeError(
-            f"cuda_memory_snapshot: this torch ({torch.__version__}) has no torch.cuda.memory._record_memory_history / "
-            "_dump_snapshot; use torch.cuda.memory_summary() instead"
-        )
+    compat.cuda_memory_history()
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_memory_snapshot needs a CUDA device (the snapshot records the CUDA caching allocator)")
 

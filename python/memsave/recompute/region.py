@@ -98,6 +98,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._device import DeviceContext
 
+from ..common import compat
 from ..common.rng import RngState
 from ..errors import CheckpointError, InplaceModificationError, MemsaveWarning, RecomputeMismatchError
 from . import state
@@ -455,11 +456,9 @@ def _backward_key() -> Tuple[Optional[Hashable], bool]:
     torch's ``GraphExecGroup`` (backward calls sharing one recompute) wins over the graph task id; ``None`` outside
     any backward (``grad_fn._saved_*`` read from Python), where each read recomputes.
     """
-    group_cls = getattr(torch_checkpoint, "GraphExecGroup", None)
-    if group_cls is not None:
-        group = group_cls._get_current_group()
-        if group is not None:
-            return group, False
+    group = compat.checkpoint_exec_group()
+    if group is not None:
+        return group, False
     gid = torch._C._current_graph_task_id()
     return (None, False) if gid == -1 else (gid, True)
 
@@ -781,7 +780,7 @@ _DETERMINISM_CHECKS = ("default", "none")
 
 
 def _is_noop_context_fn(context_fn: Any) -> bool:
-    return context_fn is None or context_fn is getattr(torch_checkpoint, "noop_context_fn", None)
+    return context_fn is None or context_fn is compat.noop_context_fn()
 
 
 def _torch_options(
@@ -813,12 +812,9 @@ def _torch_options(
         )
     if not isinstance(debug, bool) or not isinstance(early_stop, bool):
         raise TypeError(f"memsave.{where}: debug and early_stop must be bools, got {debug!r} and {early_stop!r}")
-    global_early_stop = getattr(torch_checkpoint, "_enable_checkpoint_early_stop", None)
-    if global_early_stop is not None:
-        early_stop = bool(global_early_stop)
-    global_debug = getattr(torch_checkpoint, "_checkpoint_debug_enabled", None)
-    if global_debug is not None:
-        debug = bool(global_debug)
+    global_early_stop, global_debug = compat.checkpoint_global_switches()
+    early_stop = early_stop if global_early_stop is None else global_early_stop
+    debug = debug if global_debug is None else global_debug
     context_fn = check_context_fn(where, context_fn)
     return context_fn, determinism_check == "default", debug, early_stop
 

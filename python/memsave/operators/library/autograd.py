@@ -15,6 +15,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 import torch
 
+from ...common import compat
+
 
 # ----------------------------------------------------------------------------------------------------
 # Helpers shared by the operator registrations.
@@ -166,11 +168,7 @@ def register_no_output_fakes(*qualnames: str) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Autograd plumbing shared by the fused operators (batch_norm_act, inplace_abn, layer_norm_linear, act_linear).
 # ----------------------------------------------------------------------------------------------------
-if not hasattr(torch._C, "_AutoDispatchBelowAutograd") or not hasattr(torch._C, "_after_autograd_keyset"):
-    raise ImportError(
-        f"memsave's fused operators need torch._C._AutoDispatchBelowAutograd and torch._C._after_autograd_keyset, "
-        f"which torch {torch.__version__} lacks; use torch >= 2.5"
-    )
+compat.require_autograd_redispatch()
 
 _LIB = torch.library.Library("memsave", "FRAGMENT")
 

@@ -11,20 +11,19 @@ compiled program, compiled under whichever setting came first).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, ContextManager, Optional, Union
 
 import torch
 from torch import nn
+
+from ...common import compat
 
 __all__ = ["PartitionerBackend", "compile_at", "partitioner_context"]
 
 
 def partitioner_context(activation_memory_budget: Optional[float]) -> ContextManager[Any]:
     """torch's partitioner at ``activation_memory_budget`` for what is compiled inside (None: as torch has it)."""
-    if activation_memory_budget is None:
-        return contextlib.nullcontext()
-    return torch._functorch.config.patch(activation_memory_budget=activation_memory_budget)
+    return compat.partitioner_budget(activation_memory_budget)
 
 
 class PartitionerBackend:
@@ -61,11 +60,7 @@ class PartitionerBackend:
             raise ValueError("PartitionerBackend: give mode= or options=, not both (as torch.compile)")
         self.activation_memory_budget = activation_memory_budget
         self.compiler_name = f"{getattr(backend, '__name__', backend)} (partitioner budget {activation_memory_budget})"
-        self._inner: Callable[..., Any]
-        if backend == "inductor":
-            self._inner = torch._TorchCompileInductorWrapper(mode or "default", options, dynamic)
-        else:
-            self._inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
+        self._inner: Callable[..., Any] = compat.compile_backend(backend, mode, options, dynamic)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         # torch partitions forward and backward here, inside this call; the backward's later compile reads nothing

@@ -1,0 +1,213 @@
+"""The torch internals memsave relies on, in one place, each behind a feature check.
+
+memsave supports every torch from :data:`TORCH_FLOOR` up (each tested version is listed in
+docs/compatibility.md). What differs between those releases is reached only through this module: a function here
+checks that the feature is there (never a version compare, except for the floor itself) and raises
+:class:`RuntimeError` naming what this torch lacks, so that a future torch that moves an internal fails in one
+readable place instead of deep inside a step.
+
+Example:
+    >>> from memsave.common import compat
+    >>> compat.torch_version() >= compat.TORCH_FLOOR
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Optional, Tuple
+
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = [
+    "SUPPORTED_PYTHON",
+    "SUPPORTED_TORCH",
+    "TORCH_FLOOR",
+    "FlopCount",
+    "checkpoint_exec_group",
+    "checkpoint_global_switches",
+    "compile_backend",
+    "count_flops",
+    "cuda_memory_history",
+    "native_linear_cross_entropy",
+    "native_rms_norm",
+    "noop_context_fn",
+    "partitioner_budget",
+    "profiler_event_tree",
+    "require_autograd_redispatch",
+    "torch_version",
+]
+
+#: The oldest torch memsave builds and is tested against (major, minor).
+TORCH_FLOOR: Tuple[int, int] = (2, 11)
+#: The supported range as pip writes it (pyproject's dependency, README, ``memsave info``).
+SUPPORTED_TORCH = f"torch>={TORCH_FLOOR[0]}.{TORCH_FLOOR[1]}"
+#: The Python versions those torch releases ship wheels for.
+SUPPORTED_PYTHON = "Python>=3.10"
+
+
+def torch_version() -> Tuple[int, int]:
+    """Return the running torch's (major, minor) release, local tags and pre-release suffixes dropped.
+
+    Example:
+        >>> torch_version()  # under torch 2.15.0+cu132
+        (2, 15)
+    """
+    parts = torch.__version__.split("+")[0].split(".")
+    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def _missing(feature: str, where: str) -> RuntimeError:
+    return RuntimeError(
+        f"memsave: this torch ({torch.__version__}) has no {where}, which {feature} needs. memsave supports "
+        f"{SUPPORTED_TORCH}; see docs/compatibility.md for the versions it was tested with."
+    )
+
+
+def require_autograd_redispatch() -> None:
+    """Check the dispatcher entry points memsave's fused operators' autograd kernels redispatch with.
+
+    Raises:
+        ImportError: ``torch._C._AutoDispatchBelowAutograd`` or ``torch._C._after_autograd_keyset`` is missing.
+    """
+    if not hasattr(torch._C, "_AutoDispatchBelowAutograd") or not hasattr(torch._C, "_after_autograd_keyset"):
+        raise ImportError(str(_missing("memsave's fused operators", "torch._C._AutoDispatchBelowAutograd")))
+
+
+def partitioner_budget(activation_memory_budget: Optional[float]) -> ContextManager[Any]:
+    """torch's min-cut partitioner at ``activation_memory_budget`` for what is compiled inside (None: as it is).
+
+    Raises:
+        RuntimeError: this torch's functorch config has no ``activation_memory_budget``.
+    """
+    if activation_memory_budget is None:
+        return contextlib.nullcontext()
+    config = torch._functorch.config
+    if not hasattr(config, "activation_memory_budget"):
+        raise _missing("a partitioner budget", "torch._functorch.config.activation_memory_budget")
+    return config.patch(activation_memory_budget=activation_memory_budget)
+
+
+def compile_backend(
+    backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]
+) -> Callable[..., Any]:
+    """The callable ``torch.compile(backend=..., mode=..., options=..., dynamic=...)`` would compile graphs with.
+
+    Raises:
+        RuntimeError: this torch has no ``torch._TorchCompileInductorWrapper`` / ``torch._TorchCompileWrapper``.
+    """
+    if backend == "inductor":
+        wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+        if wrapper is None:
+            raise _missing("PartitionerBackend", "torch._TorchCompileInductorWrapper")
+        return wrapper(mode or "default", options, dynamic)
+    wrapper = getattr(torch, "_TorchCompileWrapper", None)
+    if wrapper is None:
+        raise _missing("PartitionerBackend", "torch._TorchCompileWrapper")
+    return wrapper(backend, mode, options, dynamic)
+
+
+def checkpoint_exec_group() -> Optional[Any]:
+    """The ``torch.utils.checkpoint.GraphExecGroup`` whose backward calls share one recompute now (None: none, or
+    a torch without the class)."""
+    group_cls = getattr(torch_checkpoint, "GraphExecGroup", None)
+    return None if group_cls is None else group_cls._get_current_group()
+
+
+def checkpoint_global_switches() -> Tuple[Optional[bool], Optional[bool]]:
+    """torch's global checkpoint switches ``(early_stop, debug)`` as set by ``set_checkpoint_early_stop`` and
+    ``set_checkpoint_debug_enabled`` (None: not set, or not in this torch)."""
+    early_stop = getattr(torch_checkpoint, "_enable_checkpoint_early_stop", None)
+    debug = getattr(torch_checkpoint, "_checkpoint_debug_enabled", None)
+    return (None if early_stop is None else bool(early_stop)), (None if debug is None else bool(debug))
+
+
+def noop_context_fn() -> Optional[Callable[[], Any]]:
+    """torch.utils.checkpoint's default ``context_fn`` (None where this torch has none)."""
+    return getattr(torch_checkpoint, "noop_context_fn", None)
+
+
+def profiler_event_tree(prof: Any) -> Tuple[list, Any]:
+    """The profiler's event tree and its event-type enum, from which CPU allocation events are read.
+
+    Raises:
+        RuntimeError: this torch does not expose ``kineto_results.experimental_event_tree()``.
+    """
+    try:
+        tree = prof.kineto_results.experimental_event_tree()
+        from torch._C._profiler import _EventType
+    except (AttributeError, ImportError) as exc:
+        where = "profiler event tree (kineto_results.experimental_event_tree)"
+        raise _missing("the CPU memory measure", where) from exc
+    return tree, _EventType
+
+
+def cuda_memory_history() -> Any:
+    """``torch.cuda.memory`` with its ``_record_memory_history`` / ``_dump_snapshot``.
+
+    Raises:
+        RuntimeError: this torch lacks them.
+    """
+    memory = getattr(torch.cuda, "memory", None)
+    if not (hasattr(memory, "_record_memory_history") and hasattr(memory, "_dump_snapshot")):
+        raise _missing("cuda_memory_snapshot", "torch.cuda.memory._record_memory_history / _dump_snapshot")
+    return memory
+
+
+def native_linear_cross_entropy() -> Optional[Callable[..., torch.Tensor]]:
+    """torch's own fused ``F.linear_cross_entropy`` (torch >= 2.15), or None where this torch has none."""
+    return getattr(torch.nn.functional, "linear_cross_entropy", None)
+
+
+def native_rms_norm() -> Optional[Callable[..., torch.Tensor]]:
+    """torch's own ``F.rms_norm``, or None where this torch has none."""
+    return getattr(torch.nn.functional, "rms_norm", None)
+
+
+class FlopCount(TorchDispatchMode):
+    """Count the FLOPs of the operators run inside, by torch's own formulas (matrix products, convolutions,
+    attention), without decomposing any operator.
+
+    torch's ``FlopCounterMode`` decomposes every operator it has no formula for, re-entering itself; from torch 2.15
+    on, that breaks a selective checkpoint region's recompute in backward (torch's cached-operator mode then meets
+    operators in another order than the forward stored them, "not found in storage"). Operators reach a dispatch
+    mode after their composite decomposition anyway, so the products are all seen here.
+
+    Attributes:
+        total: the FLOPs counted so far.
+
+    Example:
+        >>> with FlopCount() as flops:
+        ...     loss.backward()
+        >>> flops.total
+        1572864
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+        self._formulas = _flop_formulas()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = self._formulas.get(func.overloadpacket)
+        if formula is not None:
+            self.total += int(formula(*args, **kwargs, out_val=out))
+        return out
+
+
+def _flop_formulas() -> dict:
+    from torch.utils import flop_counter
+
+    registry = getattr(flop_counter, "flop_registry", None)
+    if not isinstance(registry, dict):
+        raise _missing("FlopCount", "torch.utils.flop_counter.flop_registry")
+    return registry
+
+
+def count_flops() -> FlopCount:
+    """A :class:`FlopCount` to use as a context manager (see there)."""
+    return FlopCount()
