@@ -41,6 +41,7 @@ _C = load_extension()  # before the parts: it registers the torch.ops.memsave sc
 
 from . import measurement, recompute, operators, amp  # noqa: E402,I001,F401  (registration order: the strategies list)
 from .amp import accumulate  # noqa: E402
+from .common.chunking import provide_chunking  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,
     InfeasibleBudgetError,
@@ -61,6 +62,7 @@ from .measurement import (  # noqa: E402
     register_strategy,
 )
 from .operators import convert, functional, nn  # noqa: E402
+from .recompute.chunked import chunked_method  # noqa: E402
 from .recompute import (  # noqa: E402
     Plan,
     checkpoint,
@@ -73,6 +75,9 @@ from .recompute import (  # noqa: E402
     unwrap,
     wrap,
 )
+
+# convert(mlp_chunks=...) (operators) slices MLPs with recompute's regions, reached through common/chunking.py.
+provide_chunking(chunked, chunked_method)
 
 # The public spellings memsave.functional / memsave.nn (import memsave.nn, from memsave.nn import ReLU).
 sys.modules[__name__ + ".functional"] = functional

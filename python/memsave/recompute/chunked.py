@@ -19,11 +19,12 @@ import contextlib
 import functools
 import inspect
 import math
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from ..common.chunking import Chunks, check_chunks
 from .region import run_region
 
 __all__ = [
@@ -33,10 +34,9 @@ __all__ = [
     "check_chunks",
     "chunked",
     "chunked_call",
+    "chunked_method",
     "is_chunked",
 ]
-
-Chunks = Union[int, str]
 
 #: ``chunks="auto"``: slices hold at most ``max(hidden, AUTO_CHUNK_POSITIONS)`` positions, ``hidden`` being the
 #: input's last dimension (the rule of Arctic Long Sequence Training's tiled MLP, ``ceil(length / hidden)`` slices,
@@ -56,22 +56,6 @@ def auto_chunks(length: int, hidden: int) -> int:
         32
     """
     return max(1, math.ceil(length / max(int(hidden), AUTO_CHUNK_POSITIONS)))
-
-
-def check_chunks(chunks: Any, where: str) -> Chunks:
-    """``chunks`` checked (an int >= 1 or ``"auto"``); ``where`` names the caller in the error.
-
-    Raises:
-        TypeError: neither an int nor a string.
-        ValueError: below 1, or a string other than ``"auto"``.
-    """
-    if isinstance(chunks, bool) or not isinstance(chunks, (int, str)):
-        raise TypeError(f"memsave.{where}: chunks must be an int >= 1 or 'auto', got {type(chunks).__name__}")
-    if isinstance(chunks, str) and chunks != "auto":
-        raise ValueError(f"memsave.{where}: chunks must be an int >= 1 or 'auto', got {chunks!r}")
-    if isinstance(chunks, int) and chunks < 1:
-        raise ValueError(f"memsave.{where}: chunks must be >= 1, got {chunks}")
-    return chunks
 
 
 def _slice_count(chunks: Chunks, x: torch.Tensor, dim: int) -> int:
@@ -234,4 +218,24 @@ def chunked(module: nn.Module, chunks: Chunks, dim: int = 1) -> nn.Module:
                 module.__dict__["forward"] = previous
         return module
     module.__dict__["forward"] = ChunkedForward(module, chunks, dim, type(module).__name__, previous)
+    return module
+
+
+def chunked_method(module: nn.Module, method: str, chunks: Chunks, dim: int, name: str) -> nn.Module:
+    """Like :func:`chunked`, for another method of ``module`` than ``forward``: the module gets an instance-level
+    ``method`` that runs the class's (or a previous instance-level one) on ``chunks`` slices along ``dim``.
+
+    Calling it again replaces the slice count. ``name`` names the method in errors and in its regions' names.
+    :func:`memsave.convert` uses it for BERT's ``feed_forward_chunk`` (``mlp_chunks``).
+
+    Returns:
+        ``module``.
+
+    Example:
+        >>> chunked_method(bert_layer, "feed_forward_chunk", 4, 1, "encoder.layer.0.feed_forward_chunk")
+    """
+    previous = module.__dict__.get(method)
+    if isinstance(previous, ChunkedForward):
+        previous = previous.previous
+    module.__dict__[method] = ChunkedForward(module, chunks, dim, name, previous, method=method)
     return module

@@ -1,6 +1,6 @@
 """memsave.convert: swap memory-efficient modules into an existing model, in place, keeping its state_dict keys.
 
-Two kinds of rewrite, both extensible:
+Three kinds of rewrite, each extensible:
 
 * **module swaps** — one torch module for one memsave module: ``nn.ReLU -> memsave.nn.ReLU``,
   ``nn.LeakyReLU -> memsave.nn.LeakyReLU``, ``nn.MaxPool2d -> memsave.nn.MaxPool2d`` (exact types: subclasses are
@@ -14,7 +14,8 @@ Two kinds of rewrite, both extensible:
   fused, the MLP a GatedMLP), GPT-2's and BERT's MLPs (activation -> Linear), timm's ViT Mlp and Block
   (activation -> fc2, LayerNorm -> qkv/fc1), and a causal LM's loss (with ``labels``, ``linear_cross_entropy`` from
   the last hidden state: the logits are never built and ``.logits`` is an empty ``[batch, seq, 0]`` tensor). A rule
-  is applied to a module before its children are visited; what it does not replace is visited as usual.
+  is applied to a module before its children are visited; what it does not replace is visited as usual. More with
+  :func:`registry.add_module_rule`.
 
 Lossless by default
 -------------------
@@ -52,7 +53,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from torch import nn
 
-from ...recompute.chunked import check_chunks
+from ...common.chunking import check_chunks
 from .model_zoo import chunk_mlps
 from .registry import (
     DEPENDS,

@@ -36,7 +36,7 @@ from typing import Any, List, Optional, Tuple, Union, cast
 
 from torch import nn
 
-from ...recompute.chunked import ChunkedForward, chunked
+from ...common.chunking import chunk_method, chunk_module
 from ..functional import GATED_ACTIVATIONS
 from ..nn import (
     ActLinear,
@@ -358,12 +358,9 @@ def chunk_mlps(model: nn.Module, chunks: Union[int, str]) -> List[str]:
         qualified = f"{name}.{attr}" if name else attr
         target = getattr(layer, attr, None)
         if isinstance(target, nn.Module):
-            chunked(target, chunks, dim=1)
+            chunk_module(target, chunks, 1)
         elif callable(target):  # a bound method: the layer gets an instance-level chunked one
-            previous = layer.__dict__.get(attr)
-            if isinstance(previous, ChunkedForward):
-                previous = previous.previous
-            layer.__dict__[attr] = ChunkedForward(layer, chunks, 1, qualified, previous, method=attr)
+            chunk_method(layer, attr, chunks, 1, qualified)
         else:
             continue
         done.append(qualified)
