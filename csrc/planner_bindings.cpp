@@ -1,6 +1,6 @@
 // Python face of the planner: chains go in as plain dicts, results come back as dicts, so that the Python side
-// (memsave.planning) can build, store and print them without extra classes. Errors in a chain or schedule raise
-// ValueError (from std::invalid_argument) or TypeError, naming the stage and field.
+// (memsave.recompute.planning) can build, store and print them without extra classes. Errors in a chain or schedule
+// raise ValueError (from std::invalid_argument) or TypeError, naming the stage and field.
 #include "planner_bindings.h"
 
 #include <pybind11/stl.h>

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [
     ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
     ROOT / "benchmarks" / "README.md",
     ROOT / "CHANGELOG.md",
     *sorted((ROOT / "docs").glob("*.md")),
@@ -63,7 +64,9 @@ def test_the_anchor_check_can_fail(tmp_path: Path) -> None:
 
 
 def test_no_reference_to_files_or_trackers_outside_the_repository() -> None:
-    sources = _tracked("python", "benchmarks/*.py", "tests", "examples", "tools", "docs", "README.md")
+    sources = _tracked(
+        "python", "benchmarks/*.py", "tests", "examples", "tools", "docs", "README.md", "CONTRIBUTING.md"
+    )
     stale = re.compile(r"DESIGN\.md|\b[Ii]ssue \d+\b|\bitem \d+\b")
     hits = [
         f"{p.relative_to(ROOT)}:{n}"
@@ -73,3 +76,34 @@ def test_no_reference_to_files_or_trackers_outside_the_repository() -> None:
         if stale.search(line) and "pytorch" not in line.lower()
     ]
     assert not hits, f"references to a file or tracker that is not in the repository: {hits}"
+
+
+#: The folders at the repository's root that CONTRIBUTING.md's recipes name files in.
+ROOT_FOLDERS = ("csrc/", "python/", "tests/", "tools/", "docs/", "benchmarks/", "examples/", ".ci/")
+
+
+def _missing_paths(text: str, root: Path) -> List[str]:
+    """The repository paths quoted in ``text`` (code spans starting with a root folder) that match no file or
+    folder; ``<family>`` and ``<op>`` match any name."""
+    missing = []
+    for span in re.findall(r"`([^`\s]+)`", text):
+        if not span.startswith(ROOT_FOLDERS):
+            continue
+        pattern = re.sub(r"<[^>]*>", "*", span.rstrip("/"))
+        if not any(root.glob(pattern)) if "*" in pattern else not (root / pattern).exists():
+            missing.append(span)
+    return missing
+
+
+def test_every_path_in_the_contributing_recipes_exists() -> None:
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    assert "csrc/ops/<family>/<op>_math.h" in text
+    missing = _missing_paths(text, ROOT)
+    assert not missing, f"CONTRIBUTING.md names paths that do not exist: {missing}"
+
+
+def test_the_contributing_path_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "csrc" / "ops" / "x").mkdir(parents=True)
+    (tmp_path / "csrc" / "ops" / "x" / "y_math.h").write_text("")
+    text = "`csrc/ops/<family>/<op>_math.h` `csrc/ops/<family>/` `tools/gone.sh` `memsave.convert` `bash x`"
+    assert _missing_paths(text, tmp_path) == ["tools/gone.sh"]

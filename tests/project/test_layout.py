@@ -1,9 +1,12 @@
 """The package's architecture rules, checked on its source: no import cycle inside memsave (module-level or deferred
-imports alike), no private name imported from another part, and every part visible as a subpackage."""
+imports alike), no private name imported from another part, every part visible as a subpackage, every import allowed
+by the table of docs/architecture.md, and that document's layout block naming files that exist and every source file.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -13,6 +16,8 @@ import memsave
 
 PACKAGE = Path(memsave.__file__).resolve().parent
 PARTS = ("recompute", "operators", "amp", "measurement")
+ROOT = Path(__file__).resolve().parents[2]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
 def _module_name(path: Path) -> str:
@@ -137,3 +142,204 @@ def test_public_spellings_of_functional_and_nn() -> None:
 
     assert memsave.nn is memsave.operators.nn and memsave.functional is memsave.operators.functional
     assert ReLU is memsave.operators.nn.ReLU
+
+
+# ---- the import table of docs/architecture.md ----------------------------------------------------------------------
+
+Table = Dict[str, Tuple[Tuple[str, ...], Set[str]]]
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    following = text.find("\n## ", start + len(heading))
+    return text[start : following if following >= 0 else len(text)]
+
+
+def _rules_table(text: str) -> Table:
+    """part -> (its module specs, the parts it may import), from the table under "## Rules between parts"."""
+    rows = [line for line in _section(text, "## Rules between parts").splitlines() if line.startswith("|")]
+    table: Table = {}
+    for row in rows[2:]:  # the header and the separator
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        assert len(cells) == 3, f"architecture.md: a row of the import table needs 3 cells: {row!r}"
+        part, modules, allowed = (re.findall(r"`([^`]+)`", c) for c in cells)
+        assert len(part) == 1 and modules, f"architecture.md: bad row of the import table: {row!r}"
+        table[part[0]] = (tuple(modules), set(allowed))
+    return table
+
+
+def _spec_covers(spec: str, module: str) -> bool:
+    """Whether a module spec of the table (``common/``, ``errors.py``, ``_C``, ``__init__.py``) covers ``module``."""
+    if spec.endswith("/"):
+        prefix = "memsave." + spec[:-1].replace("/", ".")
+        return module == prefix or module.startswith(prefix + ".")
+    name = spec[: -len(".py")] if spec.endswith(".py") else spec
+    return module == ("memsave" if name == "__init__" else f"memsave.{name}")
+
+
+def _owners(module: str, table: Table) -> List[str]:
+    return [part for part, (specs, _) in table.items() if any(_spec_covers(s, module) for s in specs)]
+
+
+def _forbidden_imports(table: Table, imports: Dict[str, List[Tuple[str, int]]]) -> List[str]:
+    """``importer:line imports target`` for every import the table does not allow (``imports``: importer ->
+    (imported module, line))."""
+    bad = []
+    for importer, targets in sorted(imports.items()):
+        (source,) = _owners(importer, table)
+        for target, line in sorted(set(targets), key=lambda t: (t[1], t[0])):
+            owners = _owners(target, table)
+            if len(owners) != 1:
+                bad.append(f"{importer}:{line} imports {target}, which no row (or several) of the table owns")
+            elif owners[0] != source and owners[0] not in table[source][1]:
+                bad.append(f"{importer}:{line} imports {target}: {source} may not import {owners[0]}")
+    return bad
+
+
+def test_the_import_table_names_only_its_own_parts() -> None:
+    table = _rules_table(ARCHITECTURE.read_text())
+    assert {"recompute", "operators", "amp", "measurement", "common", "cli"} <= set(table)
+    unknown = {(part, a) for part, (_, allowed) in table.items() for a in allowed if a not in table}
+    assert not unknown, f"architecture.md: the import table allows parts it has no row for: {sorted(unknown)}"
+
+
+def test_every_module_belongs_to_exactly_one_row_of_the_import_table() -> None:
+    table = _rules_table(ARCHITECTURE.read_text())
+    wrong = {m: _owners(m, table) for m in _modules() if len(_owners(m, table)) != 1}
+    assert not wrong, f"modules owned by no row or several rows of architecture.md's import table: {wrong}"
+
+
+def test_every_import_is_allowed_by_the_architecture_table() -> None:
+    table = _rules_table(ARCHITECTURE.read_text())
+    modules = _modules()
+    imports = {name: [(t, line) for t, _, line in _imports(name, path, modules)] for name, path in modules.items()}
+    bad = _forbidden_imports(table, imports)
+    assert not bad, "imports that docs/architecture.md's table does not allow:\n" + "\n".join(bad)
+
+
+def test_the_import_table_check_can_fail() -> None:
+    text = """## Rules between parts
+
+| part | modules | may import |
+| --- | --- | --- |
+| `common` | `common/` | nothing |
+| `recompute` | `recompute/` `_C` | `common` |
+| `operators` | `operators/` | `common` |
+"""
+    table = _rules_table(text)
+    assert table["recompute"] == (("recompute/", "_C"), {"common"}) and table["common"][1] == set()
+    ok = {"memsave.operators.convert.model_zoo": [("memsave.common.chunking", 39), ("memsave.operators.nn", 40)]}
+    assert _forbidden_imports(table, ok) == []
+    bad = {"memsave.operators.convert.model_zoo": [("memsave.recompute.chunked", 39), ("memsave.cli", 41)]}
+    assert _forbidden_imports(table, bad) == [
+        "memsave.operators.convert.model_zoo:39 imports memsave.recompute.chunked: operators may not import recompute",
+        "memsave.operators.convert.model_zoo:41 imports memsave.cli, which no row (or several) of the table owns",
+    ]
+
+
+# ---- the layout block of docs/architecture.md ----------------------------------------------------------------------
+
+#: What a file named in the layout block ends with; other words (memsave.plan, amp:fp16) are prose.
+FILE_SUFFIXES = (".py", ".py.in", ".h", ".cpp", ".cu", ".cuh", ".md", ".sh", ".txt", ".ipynb", ".json", ".toml")
+NAME = re.compile(r"[\w<>*-]+(/[\w<>*-]+)*(\.\w+)*(/\.\w+)*/?")
+
+
+def _layout_block(text: str) -> str:
+    section = _section(text, "## Layout")
+    return section[section.index("```\n") + 4 : section.rindex("```")]
+
+
+def _glob(directory: Path, name: str) -> List[Path]:
+    pattern = re.sub(r"<[^>]*>", "*", name.rstrip("/"))
+    return sorted(directory.glob(pattern)) if "*" in pattern else [p for p in [directory / pattern] if p.exists()]
+
+
+def _layout_names(block: str, root: Path) -> List[Tuple[int, str, List[Path]]]:
+    """(line, name, the paths it names) for every file or folder the layout block names; no paths: it names nothing.
+
+    The block is a tree drawn with indentation: a line at column 0 starts at the repository root; a name ending in
+    ``/`` is a folder, holding the names after it on its line and on the more indented lines below. A name is looked
+    up in the innermost folder that holds it, then in each enclosing one (``recompute/ operators/ amp/`` are
+    siblings). ``<family>`` and ``*`` match any name; ``planner_bindings.cpp/.h`` names a .cpp and a .h file.
+    """
+    out: List[Tuple[int, str, List[Path]]] = []
+    stack: List[Tuple[int, List[Path]]] = []  # (column, the folders a folder name matched)
+    for number, line in enumerate(block.splitlines(), 1):
+        for index, word in enumerate(re.finditer(r"\S+", line)):
+            column, name = word.start(), word.group().strip(",;:()")
+            if index == 0:
+                stack = [entry for entry in stack if entry[0] < column]
+            is_path = NAME.fullmatch(name) and (name.endswith("/") or name.split("/.")[0].endswith(FILE_SUFFIXES))
+            if not is_path and not (column == 0 and "/" in name):  # .ci/run: a path from the root
+                continue
+            first, *other_suffixes = name.split("/.") if not name.endswith("/") else [name]
+            names = [first] + [first[: first.rindex(".") + 1] + s for s in other_suffixes]
+            folders = [root] if column == 0 else [d for _, dirs in reversed(stack) for d in dirs]
+            for one in names:
+                found = next((hits for d in folders for hits in [_glob(d, one)] if hits), [])
+                out.append((number, one, found))
+                if one.endswith("/") and found:
+                    stack.append((column, found))
+    return out
+
+
+def _families() -> List[str]:
+    return sorted(d.name for d in (ROOT / "csrc" / "ops").iterdir() if d.is_dir() and d.name != "common")
+
+
+def _needs_a_name(path: Path, families: List[str]) -> bool:
+    """Whether the layout block must name this source file (one family's modules and files are named as a rule)."""
+    rel = path.relative_to(ROOT)
+    if path.name == "__init__.py" and rel.parent != Path("python/memsave"):
+        return False
+    per_family = {"library", "functional", "nn"}
+    if rel.parts[:3] == ("python", "memsave", "operators") and rel.parts[3] in per_family:
+        return path.stem not in families
+    return not (rel.parts[:2] == ("csrc", "ops") and rel.parts[2] in families)
+
+
+def test_every_name_in_the_layout_block_exists() -> None:
+    names = _layout_names(_layout_block(ARCHITECTURE.read_text()), ROOT)
+    assert len(names) > 100
+    missing = [f"line {n} of the block: {name}" for n, name, found in names if not found]
+    assert not missing, "docs/architecture.md's layout names what does not exist:\n" + "\n".join(missing)
+
+
+def test_every_source_file_is_named_in_the_layout_block() -> None:
+    named = {p.resolve() for _, _, found in _layout_names(_layout_block(ARCHITECTURE.read_text()), ROOT) for p in found}
+    families = _families()
+    sources = [*sorted(PACKAGE.rglob("*.py")), *sorted(p for p in (ROOT / "csrc").rglob("*") if p.is_file())]
+    absent = [str(p.relative_to(ROOT)) for p in sources if _needs_a_name(p, families) and p.resolve() not in named]
+    assert not absent, "source files docs/architecture.md's layout does not name:\n" + "\n".join(absent)
+
+
+def test_every_operator_family_is_in_the_layout_and_has_its_registration() -> None:
+    block = _layout_block(ARCHITECTURE.read_text())
+    families = _families()
+    assert {"masks", "rms_norm", "gated_mlp", "amp"} <= set(families)
+    lines = block.splitlines()
+    ops_line = next(line for line in lines if "ops/<family>/" in line)
+    library = lines.index(next(line for line in lines if "library/" in line))
+    for family in families:
+        assert (PACKAGE / "operators" / "library" / f"{family}.py").is_file(), f"{family}: no library/{family}.py"
+        word = re.compile(rf"(?<![\w/]){family}(?![\w/.])")
+        assert word.search(ops_line), f"{family}: not in the layout's ops/<family>/ list"
+        assert word.search(lines[library] + lines[library + 1]), f"{family}: not in the layout's library/ list"
+
+
+def test_the_layout_checks_can_fail(tmp_path: Path) -> None:
+    for path in ("pkg/sub/a.py", "pkg/sub/b.cpp", "pkg/sub/b.h", "pkg/ops/x/y_math.h", "pkg/top.py", "tools/t.sh"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    block = """pkg/
+  sub/    a.py (the a) b.cpp/.h, gone.py; memsave.plan amp:fp16
+          other.py
+  ops/<family>/ the math (*_math.h)
+  top.py  sub/
+tools/    t.sh, missing.sh
+"""
+    found = {name: [str(p.relative_to(tmp_path)) for p in paths] for _, name, paths in _layout_names(block, tmp_path)}
+    assert found["a.py"] == ["pkg/sub/a.py"] and found["b.h"] == ["pkg/sub/b.h"] and found["*_math.h"]
+    assert found["top.py"] == ["pkg/top.py"] and found["t.sh"] == ["tools/t.sh"]
+    assert [n for n, paths in found.items() if not paths] == ["gone.py", "other.py", "missing.sh"]
+    assert "memsave.plan" not in found and "amp:fp16" not in found
