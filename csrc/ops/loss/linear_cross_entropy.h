@@ -65,13 +65,20 @@ inline LceShape check_linear_cross_entropy_args(const at::Tensor& hidden, const 
 }
 
 // Tiles of the logits: the forward and the backward visit [rows x classes] in tiles of at most tile_rows x
-// tile_classes, which is the only place logits ever live. Default: at most kLceTileElements logits per tile
-// (4 Mi: 16 MiB in float32, 8 MiB in 16-bit), all rows at once up to kLceMaxTileRows, and at least
-// kLceMinTileClasses classes so that each tile's matmul stays large enough to run at full speed. Explicit sizes
-// (the operators' tile_rows / tile_classes arguments; tests use small ones) override either.
+// tile_classes, which is the only place logits ever live. Default: no more logits per tile than hidden has
+// elements (a tile never outweighs the input it is made from, so a small head peaks no higher than a chunked loss
+// whose chunks match the input), within [kLceMinTileElements, kLceTileElements] (4 Mi: 16 MiB in float32); all
+// rows at once up to budget / kLceMinTileClasses, and at least kLceMinTileClasses classes so that each tile's
+// matmul stays large enough to run at full speed. Explicit tile_rows / tile_classes (tests use small ones) override.
 constexpr int64_t kLceTileElements = int64_t{1} << 22;
+constexpr int64_t kLceMinTileElements = int64_t{1} << 16;
 constexpr int64_t kLceMinTileClasses = 256;
-constexpr int64_t kLceMaxTileRows = kLceTileElements / kLceMinTileClasses;
+
+// The default number of logits per tile for `rows` x `hidden` inputs (see above).
+inline int64_t lce_tile_elements(int64_t rows, int64_t hidden) {
+  const int64_t input = rows > 0 && hidden > kLceTileElements / rows ? kLceTileElements : rows * hidden;
+  return std::min(kLceTileElements, std::max(kLceMinTileElements, input));
+}
 
 struct LceTiles {
   int64_t rows;
@@ -81,10 +88,11 @@ struct LceTiles {
 inline LceTiles lce_tiles(const LceShape& s, int64_t tile_rows, int64_t tile_classes, const char* op) {
   TORCH_CHECK_VALUE(tile_rows >= 0 && tile_classes >= 0, "memsave.", op,
                     ": tile_rows and tile_classes must be >= 0 (0: automatic), got ", tile_rows, " and ", tile_classes);
+  const int64_t budget = lce_tile_elements(s.rows, s.hidden);
   const int64_t rows =
-      std::max<int64_t>(1, tile_rows > 0 ? std::min(tile_rows, s.rows) : std::min(s.rows, kLceMaxTileRows));
+      std::max<int64_t>(1, tile_rows > 0 ? std::min(tile_rows, s.rows) : std::min(s.rows, budget / kLceMinTileClasses));
   const int64_t classes = tile_classes > 0 ? std::min(tile_classes, s.classes)
-                                           : std::min(s.classes, std::max(kLceMinTileClasses, kLceTileElements / rows));
+                                           : std::min(s.classes, std::max(kLceMinTileClasses, budget / rows));
   return LceTiles{rows, classes};
 }
 
