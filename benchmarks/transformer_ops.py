@@ -11,12 +11,19 @@ rms_norm_qkv           LlamaRMSNorm -> q/k/v Linears (1024 -> 3 x 1024) fuse_rms
 gated_mlp              LlamaMLP: down(act(gate(x)) * up(x))            memsave.nn.GatedMLP (same Linears)
 =====================  ==============================================  =============================================
 
+The rms_norm cases have a third variant, ``torch``: torch's own ``F.rms_norm`` (where this torch has it,
+``memsave.common.compat.native_rms_norm``) with the same weight and eps, so that the line under each of them answers
+whether memsave's peak is at or below torch's native op's and its time too (time ratios within ``TIME_TOLERANCE``,
+0.02, for timing noise).
+
 Per case and variant: ``peak`` = allocator-level peak of one forward+backward above its start (CPU: the profiler's
 allocation events, memsave.measurement.allocator; CUDA: max_memory_allocated), ``kept`` = bytes forward leaves
-allocated (what autograd keeps for backward, plus the output), ``time`` = median of ``--repeats`` steps; the two
-variants run interleaved (A B B A ...) so that load changing during the run hits both alike, and each is reported as
-a ratio to eager. The input requires grad (as an activation inside a model does); gradients are set to None before
-each step.
+allocated (what autograd keeps for backward, plus the output), ``time`` = median of ``--repeats`` steps; the
+variants run interleaved (A B C, C B A, ...) so that load changing during the run hits all alike, and each is
+reported as a ratio to eager. ``err`` = the largest max |variant - ref| / max |ref| of the output, the input's
+gradient and each parameter's gradient, where ref is the eager module in float64 on a float64 copy of the input
+(eager's own error is shown beside the others'). The input requires grad (as an activation inside a model does);
+gradients are set to None before each step.
 
     python3 benchmarks/transformer_ops.py                       # CPU, float32 (+ rms_norm in bfloat16)
     python3 benchmarks/transformer_ops.py --device cuda         # on a GPU: float32 and bfloat16
@@ -42,12 +49,29 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.harness import RunClock, cuda_missing, finish_run, interleaved_times, output_arguments
+from benchmarks.harness import RunClock, cuda_missing, finish_run, interleaved_times, output_arguments, rel_diff
+from memsave.common import compat
 from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
 from memsave.models.eager import LlamaMLP, LlamaRMSNorm
 from memsave.nn import GatedMLP, RMSNorm, fuse_rms_norm_linear
 
 Step = Callable[[], None]
+
+#: Slack on the time-ratio comparison of memsave against torch's native op (timing noise of interleaved medians).
+TIME_TOLERANCE = 0.02
+
+
+class TorchRMSNorm(nn.Module):
+    """torch's own ``F.rms_norm`` with a LlamaRMSNorm's weight (same key, ``weight``) and eps."""
+
+    def __init__(self, eager: LlamaRMSNorm) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(eager.weight.detach().clone())
+        self.eps = eager.variance_epsilon
+        self.fn = compat.native_rms_norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class QKV(nn.Module):
@@ -75,13 +99,14 @@ def fused_qkv(eager: QKV) -> nn.Module:
 
 def cases(
     rows: int, hidden: int, dtype_names: List[str]
-) -> Dict[str, Tuple[Callable[[], Tuple[nn.Module, nn.Module]], Tuple[int, int], str]]:
-    """name -> (builder of (eager module, memsave module), input shape, dtype name)."""
-    out: Dict[str, Tuple[Callable[[], Tuple[nn.Module, nn.Module]], Tuple[int, int], str]] = {}
+) -> Dict[str, Tuple[Callable[[], Tuple[nn.Module, ...]], Tuple[int, int], str]]:
+    """name -> (builder of (eager module, memsave module[, torch's native module]), input shape, dtype name)."""
+    out: Dict[str, Tuple[Callable[[], Tuple[nn.Module, ...]], Tuple[int, int], str]] = {}
 
-    def norm() -> Tuple[nn.Module, nn.Module]:
+    def norm() -> Tuple[nn.Module, ...]:
         eager = LlamaRMSNorm(hidden)
-        return eager, RMSNorm.from_module(copy.deepcopy(eager))
+        ours = RMSNorm.from_module(copy.deepcopy(eager))
+        return (eager, ours) if compat.native_rms_norm() is None else (eager, ours, TorchRMSNorm(eager))
 
     def qkv() -> Tuple[nn.Module, nn.Module]:
         eager = QKV(hidden)
@@ -134,24 +159,64 @@ def kept_bytes(model: nn.Module, x: torch.Tensor, device: torch.device) -> int:
     return cpu_memory_stats(lambda: model(leaf)).net_bytes
 
 
+def forward_backward(model: nn.Module, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """One forward+backward: the outputs (``out0``, ...), the input's gradient (``input``) and the parameters'
+    gradients (by name)."""
+    leaf = x.detach().clone().requires_grad_()
+    for q in model.parameters():
+        q.grad = None
+    out = model(leaf)
+    outs = out if isinstance(out, tuple) else (out,)
+    sum(o.double().sum() for o in outs).backward()
+    got = {f"out{i}": o.detach() for i, o in enumerate(outs)}
+    got["input"] = leaf.grad
+    got.update((n, q.grad) for n, q in model.named_parameters())
+    for q in model.parameters():
+        q.grad = None
+    return got
+
+
+def max_rel_err(got: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]) -> float:
+    """The largest max |got - ref| / max |ref| over the outputs and gradients of :func:`forward_backward`.
+
+    Raises:
+        RuntimeError: ``got`` lacks one of ``ref``'s tensors (a parameter named otherwise, a missing gradient).
+    """
+    missing = sorted(k for k in ref if got.get(k) is None)
+    if missing:
+        raise RuntimeError(f"transformer_ops: no {missing[:5]} to compare with the float64 reference")
+    return max(rel_diff(got[k], ref[k]) for k in ref)
+
+
 def bench_case(build, shape, dtype: torch.dtype, device: torch.device, repeats: int) -> dict:
     torch.manual_seed(0)
-    eager, ours = build()
-    eager, ours = eager.to(device, dtype), ours.to(device, dtype)
+    built = build()
+    names = ("eager", "memsave", "torch")[: len(built)]
     x = torch.randn(shape, device=device, dtype=dtype)
-    steps = {"eager": make_step(eager, x), "memsave": make_step(ours, x)}
-    models = {"eager": eager, "memsave": ours}
-    row: dict = {}
-    for name in ("eager", "memsave"):
+    ref = forward_backward(copy.deepcopy(built[0]).to(device, torch.float64), x.double())
+    models = {name: built[i].to(device, dtype) for i, name in enumerate(names)}
+    steps = {name: make_step(m, x) for name, m in models.items()}
+    row: dict = dict(variants=list(names))
+    for name in names:
+        row[f"{name}_err"] = max_rel_err(forward_backward(models[name], x), ref)
         steps[name]()  # warm-up (and first-call allocations)
         row[f"{name}_peak_bytes"] = step_peak_bytes(steps[name], device)
         row[f"{name}_kept_bytes"] = kept_bytes(models[name], x, device)
-    times = interleaved_times(steps, repeats, device)  # A B B A ...
-    for name in ("eager", "memsave"):
+    del ref
+    times = interleaved_times(steps, repeats, device)  # A B C, C B A, ...
+    for name in names:
         row[f"{name}_s"] = statistics.median(times[name])
     row["peak_ratio"] = row["memsave_peak_bytes"] / row["eager_peak_bytes"]
     row["kept_ratio"] = row["memsave_kept_bytes"] / row["eager_kept_bytes"]
     row["time_ratio"] = row["memsave_s"] / row["eager_s"]
+    if "torch" in names:
+        row["torch_peak_ratio"] = row["torch_peak_bytes"] / row["eager_peak_bytes"]
+        row["torch_kept_ratio"] = row["torch_kept_bytes"] / row["eager_kept_bytes"]
+        row["torch_time_ratio"] = row["torch_s"] / row["eager_s"]
+        row["verdict_time_tolerance"] = TIME_TOLERANCE
+        row["verdict_peak_ok"] = row["memsave_peak_bytes"] <= row["torch_peak_bytes"]
+        row["verdict_time_ok"] = row["time_ratio"] <= row["torch_time_ratio"] + TIME_TOLERANCE
+        row["verdict"] = row["verdict_peak_ok"] and row["verdict_time_ok"]
     return row
 
 
@@ -182,7 +247,7 @@ def main(argv=None) -> int:
     )
     print(
         f"{'case':<30} {'eager peak':>11} {'memsave':>9} {'ratio':>6} {'eager kept':>11} {'memsave':>9} {'ratio':>6} "
-        f"{'eager ms':>9} {'memsave':>8} {'ratio':>6}"
+        f"{'eager ms':>9} {'memsave':>8} {'ratio':>6} {'eager err':>9} {'memsave':>8}"
     )
     mib = 2.0**20
     for name, (build, shape, dt) in all_cases.items():
@@ -192,9 +257,21 @@ def main(argv=None) -> int:
         print(
             f"{name:<30} {r['eager_peak_bytes'] / mib:>9.1f}Mi {r['memsave_peak_bytes'] / mib:>7.1f}Mi "
             f"{r['peak_ratio']:>6.2f} {r['eager_kept_bytes'] / mib:>9.1f}Mi {r['memsave_kept_bytes'] / mib:>7.1f}Mi "
-            f"{r['kept_ratio']:>6.2f} {1e3 * r['eager_s']:>9.1f} {1e3 * r['memsave_s']:>8.1f} {r['time_ratio']:>6.2f}",
+            f"{r['kept_ratio']:>6.2f} {1e3 * r['eager_s']:>9.1f} {1e3 * r['memsave_s']:>8.1f} {r['time_ratio']:>6.2f} "
+            f"{r['eager_err']:>9.1e} {r['memsave_err']:>8.1e}",
             flush=True,
         )
+        if "torch" in r["variants"]:
+            print(
+                f"{'  torch F.rms_norm':<30} {'':>11} {r['torch_peak_bytes'] / mib:>7.1f}Mi "
+                f"{r['torch_peak_ratio']:>6.2f} {'':>11} {r['torch_kept_bytes'] / mib:>7.1f}Mi "
+                f"{r['torch_kept_ratio']:>6.2f} {'':>9} "
+                f"{1e3 * r['torch_s']:>8.1f} {r['torch_time_ratio']:>6.2f} {'':>9} {r['torch_err']:>8.1e}\n"
+                f"{'':<30} memsave at or below torch F.rms_norm (peak <=, time ratio <= +{TIME_TOLERANCE}): "
+                f"{'yes' if r['verdict'] else 'no'} (peak {'<=' if r['verdict_peak_ok'] else '>'}, time "
+                f"{r['time_ratio']:.2f} {'<=' if r['verdict_time_ok'] else '>'} {r['torch_time_ratio']:.2f})",
+                flush=True,
+            )
     finish_run("transformer_ops", args, argv, clock, dict(rows=rows), repeats=args.repeats)
     return 0
 

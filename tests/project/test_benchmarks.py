@@ -30,7 +30,7 @@ def test_sequential_view_is_the_same_computation(name):
 
 def test_build_is_seeded_and_checks_names():
     a, b = bench_models.build("resnet50", "tiny", seed=3), bench_models.build("resnet50", "tiny", seed=3)
-    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True))
     assert torch.equal(a.inputs[0], b.inputs[0])
     with pytest.raises(ValueError, match="vgg16"):
         bench_models.build("alexnet")
@@ -156,3 +156,52 @@ def test_per_block_checkpoint_halves_activations_at_cpu_size(name):
         assert tc <= 0.5 * eager
         assert ms <= 0.5 * eager
         assert ms <= tc
+
+
+def test_linear_cross_entropy_benchmark_reports_every_variant_and_the_verdict(tmp_path, capsys):
+    """benchmarks/linear_cross_entropy.py at a tiny case: eager, memsave and (where this torch has
+    F.linear_cross_entropy) torch's reference and chunked paths are all measured, each against the float64
+    reference, and the verdict fields are written to the JSON and the markdown. No timing is asserted."""
+    from benchmarks import linear_cross_entropy as bench_lce
+
+    from memsave.common import compat
+
+    out = tmp_path / "lce.json"
+    assert bench_lce.main(["--cases", "64x16x100:float32", "--repeats", "2", "--out", str(out)]) == 0
+    has_torch = compat.native_linear_cross_entropy() is not None
+    expected = ["eager", "memsave"] + (["torch", "torch_chunked"] if has_torch else [])
+    data = json.loads(out.read_text())
+    assert {"device", "torch", "threads", "load_average_start", "load_average_end"} <= set(data["meta"])
+    (row,) = data["rows"]
+    assert row["case"] == "64x16x100:float32" and row["variants"] == expected
+    for name in expected:
+        assert row[f"{name}_peak_bytes"] > 0 and row[f"{name}_time_ratio"] > 0, name
+        assert len(row[f"{name}_times_s"]) == 2, name
+        for err in ("loss_err", "grad_hidden_err", "grad_weight_err"):
+            assert 0 <= row[f"{name}_{err}"] < 1e-4, (name, err, row[f"{name}_{err}"])
+    assert {"verdict", "verdict_peak_ok", "verdict_time_ok", "verdict_time_tolerance"} <= set(row)
+    assert isinstance(row["verdict"], bool) if has_torch else row["verdict"] is None
+    md = (tmp_path / "lce.md").read_text()
+    for label in ("eager", "memsave") + (("torch", "torch chunked") if has_torch else ()):
+        assert f"| 64x16x100:float32 | {label} |" in md, label
+    assert "Verdict:" in md and "| verdict |" in md
+    assert "verdict:" in capsys.readouterr().out
+
+
+def test_transformer_ops_rms_norm_has_torchs_native_variant(tmp_path):
+    """benchmarks/transformer_ops.py's rms_norm case measures torch's F.rms_norm beside memsave's, with the errors
+    against float64 and the verdict."""
+    from benchmarks import transformer_ops
+
+    from memsave.common import compat
+
+    out = tmp_path / "ops.json"
+    argv = ["--rows", "32", "--hidden", "64", "--repeats", "2", "--dtypes", "float32", "--cases", "rms_norm float32"]
+    assert transformer_ops.main([*argv, "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    has_torch = compat.native_rms_norm() is not None
+    assert row["variants"] == ["eager", "memsave"] + (["torch"] if has_torch else [])
+    for name in row["variants"]:
+        assert 0 <= row[f"{name}_err"] < 1e-4 and row[f"{name}_peak_bytes"] > 0, name
+    if has_torch:
+        assert row["torch_time_ratio"] > 0 and isinstance(row["verdict"], bool)
