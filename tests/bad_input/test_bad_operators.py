@@ -21,6 +21,7 @@ def meta(*shape: int) -> torch.Tensor:
 
 X = r(4, 8)
 IMG = r(2, 3, 8, 8)
+NO_CHANNELS = r(2, 0, 4, 4)
 
 CASES = [
     # ---- memsave.nn constructors
@@ -188,6 +189,25 @@ CASES = [
         lambda w: F.batch_norm_act(IMG, torch.zeros(5), torch.ones(5)),
         ValueError,
         r"running_mean must have shape \[3\]",
+    ),
+    # ---- zero channels in training: the per-channel check divided by size(1) and killed the interpreter (SIGFPE)
+    Case(
+        "batch_norm_act-zero-channels",
+        lambda w: F.batch_norm_act(NO_CHANNELS, None, None, training=True),
+        ValueError,
+        r"batch_norm_act: input has no channels",
+    ),
+    Case(
+        "inplace_abn-zero-channels",
+        lambda w: F.inplace_abn(NO_CHANNELS.clone(), None, None, training=True),
+        ValueError,
+        r"inplace_abn: input has no channels",
+    ),
+    Case(
+        "batch_norm_act_conv2d-zero-channels",
+        lambda w: F.batch_norm_act_conv2d(NO_CHANNELS, None, None, None, None, r(4, 0, 1, 1), training=True),
+        ValueError,
+        r"input has no channels",
     ),
 ]
 

@@ -104,7 +104,10 @@ inline void check_bn_forward_args(const at::Tensor& input, const c10::optional<a
                     ": eval mode (training=False) normalizes with running_mean/running_var, which were not given; "
                     "pass them, or training=True to use the batch statistics");
   if (training) {
-    TORCH_CHECK_VALUE(input.numel() / input.size(1) > 1 || input.numel() == 0, "memsave.", op,
+    // Zero channels first: the division below would be by zero (SIGFPE).
+    TORCH_CHECK_VALUE(input.size(1) > 0, "memsave.", op, ": input has no channels (size ", input.sizes(),
+                      "); training computes statistics per channel, so it needs at least one");
+    TORCH_CHECK_VALUE(input.numel() == 0 || input.numel() / input.size(1) > 1, "memsave.", op,
                       ": expected more than 1 value per channel when training, got input size ", input.sizes());
   }
 }

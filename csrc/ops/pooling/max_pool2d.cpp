@@ -69,7 +69,7 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_out, const at::Tensor&
     const scalar_t* go = b.g.const_data_ptr<scalar_t>();
     const uint8_t* code = b.argmax.const_data_ptr<uint8_t>();
     scalar_t* gi = b.grad_in.mutable_data_ptr<scalar_t>();
-    const int64_t grain = std::max<int64_t>(1, 32768 / (b.OH * b.OW));
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, b.OH * b.OW));
     // One task per plane: overlapping windows add into the same input element, in torch's order.
     at::parallel_for(0, planes, grain, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
