@@ -536,3 +536,283 @@ def test_cuda_unscale_and_update_do_not_synchronize() -> None:
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     assert scaler.last_step_skipped is False
+
+
+# ------------------------------------------------------------------ optimizers that unscale and skip by themselves
+# torch's fused Adam/AdamW/SGD set _step_supports_amp_scaling: the scaler must not unscale their gradients nor skip
+# their step, but hand them optimizer.grad_scale and optimizer.found_inf for the step. A scale that is not a power
+# of two makes the difference visible: the optimizer's grad / scale and a separate grad * (1 / scale) round apart.
+FUSED = {
+    "Adam": lambda params: torch.optim.Adam(params, lr=0.01, fused=True),
+    "AdamW": lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, fused=True),
+    "SGD": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, fused=True),
+}
+
+
+def _fused_run(scaler, make_opt, clip: bool, dtype: torch.dtype = torch.float32, steps: int = 12):
+    """Train with a fused optimizer; after every step: (scale, growth tracker, optimizer.step calls so far),
+    parameters and gradients."""
+    model = _net(3).to(dtype)
+    opt = make_opt(model.parameters())
+    calls = []
+    opt.register_step_post_hook(lambda *_: calls.append(1))
+    data = torch.Generator().manual_seed(4)
+    records = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(model(torch.randn(4, 6, generator=data).to(dtype)).float().pow(2).mean()).backward()
+        _inject(step, model)
+        if clip:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        scaler.step(opt)
+        assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")  # removed after the step
+        scaler.update()
+        records.append(
+            (
+                (scaler.get_scale(), scaler._get_growth_tracker(), len(calls)),
+                [p.detach().clone() for p in model.parameters()],
+                [p.grad.clone() for p in model.parameters()],
+            )
+        )
+    return records
+
+
+@pytest.mark.parametrize("clip", [False, True], ids=["step-unscales", "unscale_-first"])
+@pytest.mark.parametrize("name", sorted(FUSED))
+def test_fused_optimizer_steps_exactly_as_with_torch_scaler(name: str, clip: bool) -> None:
+    kw = dict(init_scale=1000.0, growth_factor=3.0, growth_interval=3)
+    ours = _fused_run(GradScaler("cpu", **kw), FUSED[name], clip)
+    theirs = _fused_run(torch.amp.GradScaler("cpu", **kw), FUSED[name], clip)
+    skipped = []
+    for step, ((c1, p1, g1), (c2, p2, g2)) in enumerate(zip(ours, theirs)):
+        # Scale and tracker as torch's, and the optimizer stepped on every iteration (it skips by itself).
+        assert c1 == c2 and c1[2] == step + 1, f"step {step}: scale/tracker/calls {c1} != torch's {c2}"
+        assert all(torch.equal(a, b) for a, b in zip(p1, p2)), f"step {step}: parameters differ from torch's"
+        # Without unscale_, the fused kernel divides the gradients by the scale itself, as with torch's scaler;
+        # exactly equal, NaN (injected) where torch's has NaN.
+        same = [torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True) for a, b in zip(g1, g2)]
+        assert all(same), f"step {step}: gradients differ from torch's"
+        previous = ours[step - 1][1] if step else None
+        skipped.append(previous is not None and all(torch.equal(a, b) for a, b in zip(previous, p1)))
+    assert [i for i, s in enumerate(skipped) if s] == [2, 5, 6, 7, 9]  # exactly the injected overflows
+
+
+def test_fused_optimizer_with_float16_parameters_matches_torch() -> None:
+    # torch only checks (never divides) the gradients of a self-unscaling optimizer, so float16 ones are allowed.
+    kw = dict(init_scale=1000.0, growth_interval=3)
+    ours = _fused_run(GradScaler("cpu", **kw), FUSED["SGD"], False, torch.float16, steps=8)
+    theirs = _fused_run(torch.amp.GradScaler("cpu", **kw), FUSED["SGD"], False, torch.float16, steps=8)
+    for (c1, p1, _), (c2, p2, _) in zip(ours, theirs):
+        assert c1 == c2 and all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+class _Recording(torch.optim.SGD):
+    """A fused SGD that records what the scaler handed it on each step: (grad_scale, found_inf) as floats."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, lr=0.1, fused=True)
+        self.seen: List[Tuple[Optional[float], float]] = []
+
+    def step(self, closure=None):  # type: ignore[override]
+        grad_scale = getattr(self, "grad_scale", None)
+        self.seen.append((None if grad_scale is None else float(grad_scale), float(self.found_inf)))
+        return super().step(closure)
+
+
+def _protocol_run(scaler) -> Tuple[List[Tuple[Optional[float], float]], List[Optional[bool]]]:
+    model = _net()
+    opt = _Recording(model.parameters())
+    skipped = []
+    for step in range(6):
+        opt.zero_grad()
+        scaler.scale(model(torch.randn(2, 6, generator=torch.Generator().manual_seed(step))).sum()).backward()
+        if step in (1, 4):
+            model[2].bias.grad[1] = math.inf
+        if step in (3, 4):
+            scaler.unscale_(opt)  # already unscaled: grad_scale None, found_inf from unscale_
+        if step == 5:
+            opt.grad_scale = torch.full((), 0.25)  # one the optimizer holds: multiplied in, then removed
+        scaler.step(opt)
+        assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+        skipped.append(getattr(scaler, "last_step_skipped", None))
+        scaler.update(new_scale=48.0 if step == 0 else None)
+    return opt.seen, skipped
+
+
+def test_fused_optimizer_is_always_stepped_with_grad_scale_and_found_inf() -> None:
+    ours, skipped = _protocol_run(GradScaler("cpu", init_scale=64.0, growth_interval=100))
+    theirs, _ = _protocol_run(torch.amp.GradScaler("cpu", init_scale=64.0, growth_interval=100))
+    assert ours == theirs
+    # Called on every step, the overflowing ones (found_inf 1) included; None after unscale_; 0.25 * the scale.
+    assert ours == [(64.0, 0.0), (48.0, 1.0), (24.0, 0.0), (None, 0.0), (None, 1.0), (3.0, 0.0)]
+    assert skipped == [False, True, False, False, True, False]
+
+
+class _TakesGradScaler(torch.optim.SGD):
+    """The older contract: step(grad_scaler=...) receives the scaler and does the checking itself."""
+
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, grad_scaler=None):  # type: ignore[override]
+        assert grad_scaler is not None
+        found = sum(grad_scaler._check_inf_per_device(self).values())
+        self.grad_scale, self.found_inf = grad_scaler._get_scale_async(), found
+        try:
+            return super().step(closure)
+        finally:
+            del self.grad_scale, self.found_inf
+
+
+def test_optimizer_taking_grad_scaler_gets_the_scaler_with_a_future_warning() -> None:
+    def run(scaler):
+        model = _net()
+        opt = _TakesGradScaler(model.parameters(), lr=0.1, fused=True)
+        for step in range(4):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(2, 6, generator=torch.Generator().manual_seed(step))).sum()).backward()
+            if step == 2:
+                model[0].weight.grad[0, 0] = math.nan
+            with pytest.warns(FutureWarning, match="grad_scale"):
+                scaler.step(opt)
+            scaler.update()
+        return [p.detach() for p in model.parameters()], scaler.get_scale()
+
+    (p1, s1), (p2, s2) = run(GradScaler("cpu", init_scale=1000.0)), run(torch.amp.GradScaler("cpu", init_scale=1000.0))
+    assert s1 == s2 == 500.0 and all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+def test_fused_optimizer_without_gradients_or_twice_raises() -> None:
+    model, scaler = _net(), GradScaler("cpu", init_scale=1000.0)
+    opt = FUSED["Adam"](model.parameters())
+    scaler.scale(model(torch.randn(2, 6)).sum())  # no backward
+    with pytest.raises(RuntimeError, match="found no gradients"):
+        scaler.step(opt)
+    assert not hasattr(opt, "grad_scale")
+    _backward(model, scaler)
+    scaled = [p.grad.clone() for p in model.parameters()]
+    scaler.step(opt)
+    # The scaler only checked them; the fused kernel divided them by the scale (not times 1 / 1000, rounded).
+    assert all(torch.equal(g / 1000.0, p.grad) for g, p in zip(scaled, model.parameters()))
+    with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
+        scaler.step(opt)
+
+
+def test_fused_optimizer_overflow_diagnostics() -> None:
+    model = _net()
+    scaler = GradScaler("cpu", overflow_diagnostics=model)
+    opt = FUSED["Adam"](model.parameters())
+    calls = []
+    opt.register_step_post_hook(lambda *_: calls.append(1))
+    for step in range(3):
+        opt.zero_grad()
+        _backward(model, scaler)
+        _inject(step, model)  # step 2: model[0].weight
+        scaler.step(opt)
+        scaler.update()
+    assert scaler.last_overflow == ["0.weight"] and scaler.last_step_skipped is True
+    assert len(calls) == 3  # the optimizer itself skipped the overflowing step
+
+
+# ------------------------------------------------------------ setters, update(new_scale=), load_state_dict: checked
+# Each refused value: the setting, the value, and what the constructor raises for it.
+REFUSED = [
+    ("scale", 0.0),
+    ("scale", -1.0),
+    ("scale", math.nan),
+    ("scale", math.inf),
+    ("scale", 1e39),  # inf in float32
+    ("scale", 1e-46),  # zero in float32
+    ("scale", "big"),
+    ("growth_factor", 0.5),
+    ("growth_factor", 1.0),
+    ("growth_factor", math.inf),
+    ("growth_factor", None),
+    ("backoff_factor", 2.0),
+    ("backoff_factor", 0.0),
+    ("backoff_factor", math.nan),
+    ("growth_interval", 0),
+    ("growth_interval", 2.5),
+    ("growth_interval", "10"),
+    ("growth_interval", 2**31),
+    ("hysteresis", 0),
+    ("hysteresis", 1.5),
+    ("hysteresis", True),
+]
+CONSTRUCTOR_ARGUMENT = {"scale": "init_scale"}
+
+
+def _constructor_error(setting: str, value) -> BaseException:
+    with pytest.raises((TypeError, ValueError)) as info:
+        GradScaler("cpu", **{CONSTRUCTOR_ARGUMENT.get(setting, setting): value})
+    return info.value
+
+
+def _started(hysteresis: int = 2) -> Tuple[GradScaler, nn.Module]:
+    scaler = GradScaler("cpu", init_scale=2.0**10, growth_interval=5, hysteresis=hysteresis)
+    model = _net()
+    _train(scaler, steps=3, model=model)
+    return scaler, model
+
+
+@pytest.mark.parametrize("setting,value", REFUSED, ids=[f"{s}={v!r}" for s, v in REFUSED])
+def test_every_entry_point_refuses_what_the_constructor_refuses(setting: str, value) -> None:
+    expected = _constructor_error(setting, value)
+    name = CONSTRUCTOR_ARGUMENT.get(setting, setting)
+    scaler, _ = _started()
+    before = scaler.state_dict()
+    calls = {}
+    if setting == "scale":
+        calls["new_scale"] = lambda: scaler.update(new_scale=value)
+    else:
+        calls[setting] = lambda: getattr(scaler, f"set_{setting}")(value)
+    key = "scale" if setting == "scale" else setting
+    calls[f"state_dict['{key}']"] = lambda: scaler.load_state_dict({**before, key: value})
+    for reported, call in calls.items():
+        with pytest.raises(type(expected)) as info:
+            call()
+        # The constructor's message, naming the argument as this entry point calls it.
+        assert str(info.value) == str(expected).replace(name, reported, 1), reported
+        assert scaler.state_dict() == before, f"{reported} changed the scaler"
+
+
+@pytest.mark.parametrize("bad", [0.0, -2.0, math.nan, math.inf, 1e39])
+def test_update_refuses_a_bad_new_scale_tensor(bad: float) -> None:
+    scaler, _ = _started()
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=r"new_scale must be a finite number > 0"):
+        scaler.update(new_scale=torch.full((), bad, dtype=torch.float64))
+    assert scaler.state_dict() == before
+    with pytest.raises(TypeError, match="real number"):
+        scaler.update(new_scale=torch.ones((), dtype=torch.complex64))
+    scaler.update(new_scale=torch.full((), 3.0))  # a good one is taken, and the scaler goes on
+    assert scaler.get_scale() == 3.0
+
+
+def test_load_state_dict_is_all_or_nothing() -> None:
+    scaler, _ = _started(hysteresis=3)
+    before = scaler.state_dict()
+    good = {**before, "scale": 8.0, "growth_factor": 4.0, "backoff_factor": 0.25, "growth_interval": 7}
+    for key, bad in [("hysteresis", 0), ("_hysteresis_tracker", -1), ("_growth_tracker", 2**31), ("scale", 0)]:
+        with pytest.raises(ValueError, match=rf"state_dict\['{key}'\] must be"):
+            scaler.load_state_dict({**good, key: bad})
+        assert scaler.state_dict() == before, key  # the good entries before the bad one were not assigned
+    with pytest.raises(TypeError, match=r"state_dict\['growth_interval'\] must be an int, got str"):
+        scaler.load_state_dict({**good, "growth_interval": "7"})
+    scaler.load_state_dict({**good, "growth_interval": 7.0})  # a whole float is an int
+    assert scaler.state_dict() == {**good, "growth_interval": 7}
+    assert type(scaler.get_growth_interval()) is int
+
+
+def test_scale_zero_can_no_longer_reach_the_weights() -> None:
+    # The reported failure: a scale of 0 made the next step write NaN into every weight without skipping it.
+    scaler, model = _started()
+    for sabotage in (
+        lambda: scaler.update(new_scale=0.0),
+        lambda: scaler.load_state_dict({**scaler.state_dict(), "scale": 0.0}),
+    ):
+        with pytest.raises(ValueError):
+            sabotage()
+    _train(scaler, steps=2, model=model, inject=None)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert scaler.get_scale() == 2.0**10

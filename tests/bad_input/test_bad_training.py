@@ -41,6 +41,31 @@ def scaler(**kwargs: Any) -> Any:
     return lambda w: memsave.amp.GradScaler("cpu", **kwargs)
 
 
+def new_scale(value: Any) -> Any:
+    """update(new_scale=value) on the world's scaler, once scale() has created its scale tensor."""
+
+    def call(w: World) -> None:
+        w.scaler.scale(w.x.sum())
+        w.scaler.update(new_scale=value)
+
+    return call
+
+
+def load(**changes: Any) -> Any:
+    """load_state_dict of a state that differs from the world's scaler in every entry, with ``changes``: a partial
+    load would show in the scaler's state_dict."""
+    state = {
+        "scale": 2.0**4,
+        "growth_factor": 4.0,
+        "backoff_factor": 0.25,
+        "growth_interval": 7,
+        "_growth_tracker": 2,
+        "hysteresis": 3,
+        "_hysteresis_tracker": 1,
+    }
+    return lambda w: w.scaler.load_state_dict({**state, **changes})
+
+
 def acc(*args: Any, **kwargs: Any) -> Any:
     return lambda w: memsave.accumulate(w.model, w.optimizer, *args, **kwargs)
 
@@ -93,6 +118,118 @@ CASES = [
         lambda w: w.scaler.load_state_dict(3),
         TypeError,
         r"state_dict",
+    ),
+    # ---- GradScaler setters, update(new_scale=) and load_state_dict: checked as the constructor checks
+    Case(
+        "scaler-set_growth_factor-0.5",
+        lambda w: w.scaler.set_growth_factor(0.5),
+        ValueError,
+        r"growth_factor must be > 1\.0 and finite, got 0\.5",
+    ),
+    Case(
+        "scaler-set_growth_factor-str",
+        lambda w: w.scaler.set_growth_factor("2"),
+        TypeError,
+        r"growth_factor must be a number .*got str",
+    ),
+    Case(
+        "scaler-set_backoff_factor-2",
+        lambda w: w.scaler.set_backoff_factor(2.0),
+        ValueError,
+        r"backoff_factor must be in \(0, 1\), got 2\.0",
+    ),
+    Case(
+        "scaler-set_backoff_factor-0",
+        lambda w: w.scaler.set_backoff_factor(0.0),
+        ValueError,
+        r"backoff_factor must be in \(0, 1\), got 0\.0",
+    ),
+    Case(
+        "scaler-set_growth_interval-0",
+        lambda w: w.scaler.set_growth_interval(0),
+        ValueError,
+        r"growth_interval must be >= 1 .*got 0",
+    ),
+    Case(
+        "scaler-set_growth_interval-2.5",  # refused, not truncated to 2
+        lambda w: w.scaler.set_growth_interval(2.5),
+        ValueError,
+        r"growth_interval must be >= 1 \(an int.*got 2\.5",
+    ),
+    Case(
+        "scaler-set_growth_interval-str",
+        lambda w: w.scaler.set_growth_interval("10"),
+        TypeError,
+        r"growth_interval must be an int, got str",
+    ),
+    Case(
+        "scaler-set_hysteresis-0",
+        lambda w: w.scaler.set_hysteresis(0),
+        ValueError,
+        r"hysteresis must be an int in \[1, 2\*\*31 - 1\], got 0",
+    ),
+    Case("scaler-update-new_scale-0", new_scale(0.0), ValueError, r"new_scale must be a finite number > 0.*got 0\.0"),
+    Case("scaler-update-new_scale-negative", new_scale(-1.0), ValueError, r"new_scale must be a finite .*got -1\.0"),
+    Case("scaler-update-new_scale-nan", new_scale(float("nan")), ValueError, r"new_scale must be a finite .*got nan"),
+    Case("scaler-update-new_scale-inf", new_scale(float("inf")), ValueError, r"new_scale must be a finite .*got inf"),
+    Case(
+        "scaler-update-new_scale-tensor-0",
+        new_scale(torch.zeros(())),
+        ValueError,
+        r"new_scale must be a finite number > 0.*got 0\.0",
+    ),
+    Case(
+        "scaler-update-new_scale-tensor-float32-overflow",
+        new_scale(torch.full((), 1e39, dtype=torch.float64)),
+        ValueError,
+        r"new_scale must be a finite number > 0.*got 1e\+39 \(inf in float32\)",
+    ),
+    Case("scaler-update-new_scale-str", new_scale("big"), TypeError, r"new_scale must be a number .*got str"),
+    Case("scaler-load-scale-0", load(scale=0.0), ValueError, r"state_dict\['scale'\] must be a finite number > 0"),
+    Case("scaler-load-scale-negative", load(scale=-1.0), ValueError, r"state_dict\['scale'\] must be a finite"),
+    Case("scaler-load-scale-nan", load(scale=float("nan")), ValueError, r"state_dict\['scale'\] must be a finite"),
+    Case("scaler-load-scale-inf", load(scale=float("inf")), ValueError, r"state_dict\['scale'\] must be a finite"),
+    Case(
+        "scaler-load-growth_factor-0.5",
+        load(growth_factor=0.5),
+        ValueError,
+        r"state_dict\['growth_factor'\] must be > 1\.0",
+    ),
+    Case(
+        "scaler-load-backoff_factor-2",
+        load(backoff_factor=2.0),
+        ValueError,
+        r"state_dict\['backoff_factor'\] must be in \(0, 1\)",
+    ),
+    Case(
+        "scaler-load-growth_interval-0",
+        load(growth_interval=0),
+        ValueError,
+        r"state_dict\['growth_interval'\] must be >= 1",
+    ),
+    Case(
+        "scaler-load-growth_interval-2.5",
+        load(growth_interval=2.5),
+        ValueError,
+        r"state_dict\['growth_interval'\] must be >= 1 .*got 2\.5",
+    ),
+    Case(
+        "scaler-load-hysteresis-0",  # checked after the valid entries: none of them may be assigned
+        load(hysteresis=0),
+        ValueError,
+        r"state_dict\['hysteresis'\] must be an int in \[1",
+    ),
+    Case(
+        "scaler-load-growth_tracker-negative",
+        load(_growth_tracker=-1),
+        ValueError,
+        r"state_dict\['_growth_tracker'\] must be an int in \[0",
+    ),
+    Case(
+        "scaler-load-hysteresis_tracker-str",
+        load(_hysteresis_tracker="1"),
+        TypeError,
+        r"state_dict\['_hysteresis_tracker'\] must be an int, got str",
     ),
     # ---- accumulate
     Case("accumulate-steps-0", acc(0), ValueError, r"steps must be an int >= 1 .*got 0"),

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import math
+import numbers
 import warnings
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
@@ -74,6 +76,86 @@ def _fresh_optimizer_state() -> Dict[str, Any]:
     return {"stage": _Stage.READY, "found_inf_per_device": {}, "diagnostics": []}
 
 
+_INT32_MAX = 2**31 - 1  # the trackers are int32 tensors
+
+
+def _as_int(name: str, value: Any, low: int, rule: str) -> int:
+    # An int, or a float holding a whole number (2000.0); 2.5 is refused rather than truncated.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if isinstance(value, numbers.Integral):
+        whole = int(value)
+    elif math.isfinite(float(value)) and float(value).is_integer():
+        whole = int(float(value))
+    else:
+        raise ValueError(f"{name} must be {rule}, got {value}")
+    if not low <= whole <= _INT32_MAX:
+        raise ValueError(f"{name} must be {rule}, got {value}")
+    return whole
+
+
+def _as_float(name: str, value: Any, example: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number (e.g. {example}), got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:  # an int too large for a double
+        return math.inf
+
+
+def _check_scale(name: str, value: Any) -> float:
+    number = _as_float(name, value, "2.0**16")
+    # The scale lives in a float32 tensor: 1e39 would become inf there and 1e-46 zero.
+    as_float32 = float(torch.tensor(number, dtype=torch.float64).float()) if math.isfinite(number) else number
+    if not (math.isfinite(as_float32) and as_float32 > 0.0):
+        # 0 turns every gradient into NaN after one step; a negative scale silently ascends the loss.
+        detail = f" ({as_float32} in float32)" if as_float32 != number else ""
+        raise ValueError(f"{name} must be a finite number > 0 (e.g. 2.0**16), got {value}{detail}")
+    return number
+
+
+def _check_growth_factor(name: str, value: Any) -> float:
+    number = _as_float(name, value, "2.0")
+    if not (number > 1.0 and math.isfinite(number)):
+        raise ValueError(f"{name} must be > 1.0 and finite, got {value}")
+    return number
+
+
+def _check_backoff_factor(name: str, value: Any) -> float:
+    number = _as_float(name, value, "0.5")
+    if not 0.0 < number < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value}")
+    return number
+
+
+_SETTINGS: Dict[str, Any] = {
+    "scale": _check_scale,
+    "growth_factor": _check_growth_factor,
+    "backoff_factor": _check_backoff_factor,
+    "growth_interval": lambda name, v: _as_int(name, v, 1, ">= 1 (an int, at most 2**31 - 1)"),
+    "hysteresis": lambda name, v: _as_int(name, v, 1, "an int in [1, 2**31 - 1]"),
+    "growth_tracker": lambda name, v: _as_int(name, v, 0, "an int in [0, 2**31 - 1]"),
+    "overflow_tracker": lambda name, v: _as_int(name, v, 0, "an int in [0, 2**31 - 1]"),
+}
+
+
+def _validated(settings: Mapping[str, Tuple[str, Any]]) -> Dict[str, Any]:
+    """The one check of GradScaler settings, used by the constructor, the setters, update(new_scale=) and
+    load_state_dict.
+
+    ``settings`` maps a setting (a key of ``_SETTINGS``) to ``(the name to report, the value given)``. Every value is
+    checked before anything is returned, so a caller that assigns only the result changes nothing on error.
+
+    Returns:
+        the values as float (scale, factors) or int (interval, hysteresis, trackers), by setting.
+
+    Raises:
+        TypeError: for a value that is not a number (an int where an int is needed).
+        ValueError: for a number out of the setting's range, naming it as given.
+    """
+    return {key: _SETTINGS[key](name, value) for key, (name, value) in settings.items()}
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel_device_types() -> Tuple[str, ...]:
 
@@ -98,9 +180,11 @@ class GradScaler:
             steps), and :attr:`last_overflow` names them after an overflow.
 
     Raises:
-        TypeError: for an init_scale that is not a number.
-        ValueError: for a device that is not a torch device type, an init_scale that is not a finite number > 0, a
-            growth factor <= 1, a backoff factor outside (0, 1), or a growth interval or hysteresis below 1.
+        TypeError: for a setting that is not a number (growth_interval and hysteresis: not an int).
+        ValueError: for a device that is not a torch device type, an init_scale that is not a finite number > 0
+            (in float32), a growth factor <= 1 or infinite, a backoff factor outside (0, 1), or a growth interval or
+            hysteresis that is not a whole number in [1, 2**31 - 1]. The setters, ``update(new_scale=...)`` and
+            :meth:`load_state_dict` check their values the same way.
 
     Example:
         >>> scaler = memsave.amp.GradScaler("cuda", hysteresis=2, overflow_diagnostics=model)
@@ -125,8 +209,15 @@ class GradScaler:
             self._device = torch.device(device).type
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"device must be a torch device type such as 'cuda' or 'cpu', got {device!r}") from exc
-        if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)):
-            raise TypeError(f"init_scale must be a number (e.g. 2.0**16), got {type(init_scale).__name__}")
+        checked = _validated(
+            {
+                "scale": ("init_scale", init_scale),
+                "growth_factor": ("growth_factor", growth_factor),
+                "backoff_factor": ("backoff_factor", backoff_factor),
+                "growth_interval": ("growth_interval", growth_interval),
+                "hysteresis": ("hysteresis", hysteresis),
+            }
+        )
         self._enabled = bool(enabled)
         if self._device == "cuda" and self._enabled and not torch.cuda.is_available():
             warnings.warn(
@@ -135,22 +226,11 @@ class GradScaler:
                 stacklevel=2,
             )
             self._enabled = False
-        if not (math.isfinite(float(init_scale)) and float(init_scale) > 0.0):
-            # 0 turns every gradient into NaN after one step; a negative scale silently ascends the loss.
-            raise ValueError(f"init_scale must be a finite number > 0 (e.g. 2.0**16), got {init_scale}")
-        if not growth_factor > 1.0:
-            raise ValueError(f"growth_factor must be > 1.0, got {growth_factor}")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
-        if int(growth_interval) < 1:
-            raise ValueError(f"growth_interval must be >= 1, got {growth_interval}")
-        if int(hysteresis) < 1 or int(hysteresis) > 2**31 - 1:
-            raise ValueError(f"hysteresis must be an int in [1, 2**31 - 1], got {hysteresis}")
-        self._init_scale = float(init_scale)
-        self._growth_factor = float(growth_factor)
-        self._backoff_factor = float(backoff_factor)
-        self._growth_interval = int(growth_interval)
-        self._hysteresis = int(hysteresis)
+        self._init_scale: float = checked["scale"]
+        self._growth_factor: float = checked["growth_factor"]
+        self._backoff_factor: float = checked["backoff_factor"]
+        self._growth_interval: int = checked["growth_interval"]
+        self._hysteresis: int = checked["hysteresis"]
         self._init_growth_tracker = 0
         self._init_overflow_tracker = 0
         # Created lazily on the loss's device by the first scale(), as in torch.
@@ -164,7 +244,8 @@ class GradScaler:
             self._param_names = {id(p): n for n, p in overflow_diagnostics.named_parameters(remove_duplicate=False)}
         self._last_overflow: List[str] = []
         self._overflow_in_iteration = False
-        self._last_step_skipped: Optional[bool] = None
+        # A bool, or the found_inf flag of a self-skipping optimizer's step (read when asked).
+        self._last_step_skipped: Union[bool, torch.Tensor, None] = None
 
     # ------------------------------------------------------------------------------------------------ constructors
     @classmethod
@@ -346,6 +427,15 @@ class GradScaler:
 
         This is the one place that synchronizes with the device (to decide whether to skip).
 
+        An optimizer that unscales and skips by itself (``optimizer._step_supports_amp_scaling = True``: torch's
+        ``fused=True`` Adam, AdamW, SGD, ...) is always stepped, as by torch.amp.GradScaler: the scaler only checks
+        its gradients for inf/NaN (without dividing them, unless :meth:`unscale_` already did) and hands it, for the
+        duration of ``optimizer.step``, two attributes: ``optimizer.grad_scale`` (the scale tensor, times any
+        ``grad_scale`` the optimizer already had; None when :meth:`unscale_` was called) and ``optimizer.found_inf``
+        (the sum of the inf/NaN flags). Such a step does not synchronize (with ``overflow_diagnostics`` on, it does
+        once), and :attr:`last_step_skipped` reads the flag when asked. An optimizer whose ``step`` takes a
+        ``grad_scaler`` argument gets the scaler itself instead, with a ``FutureWarning``, as torch does.
+
         Args:
             optimizer: the optimizer to step.
             *args: forwarded to ``optimizer.step``.
@@ -370,27 +460,106 @@ class GradScaler:
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("step() has already been called for this optimizer since the last update()")
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return self._step_scaling_optimizer(optimizer, state, args, kwargs)
         if state["stage"] is _Stage.READY:
             self.unscale_(optimizer)
-        found_per_device = state["found_inf_per_device"]
+        found_per_device = self._require_found(state)
+        skipped = _any_found(found_per_device.values())
+        result = None
+        if not skipped:
+            result = optimizer.step(*args, **kwargs)
+        else:
+            self._record_overflow(state)
+        state["stage"] = _Stage.STEPPED
+        self._last_step_skipped = skipped
+        return result
+
+    def _require_found(self, state: Dict[str, Any]) -> Dict[torch.device, torch.Tensor]:
+        found_per_device: Dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
         if not found_per_device:
             state["stage"] = _Stage.READY
             raise RuntimeError(
                 "GradScaler.step() found no gradients in this optimizer: run scaler.scale(loss).backward() before "
                 "step(), and check that the optimizer's parameters take part in the loss (requires_grad=True)"
             )
-        skipped = _any_found(found_per_device.values())
-        result = None
-        if not skipped:
+        return found_per_device
+
+    def _record_overflow(self, state: Dict[str, Any]) -> None:
+        if not self._diagnostics:
+            return
+        names = [name for names, flags in state["diagnostics"] for name, bad in zip(names, flags.tolist()) if bad]
+        # Several optimizers overflowing in one iteration report together.
+        self._last_overflow = self._last_overflow + names if self._overflow_in_iteration else names
+        self._overflow_in_iteration = True
+
+    def _step_scaling_optimizer(
+        self, optimizer: torch.optim.Optimizer, state: Dict[str, Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Any:
+        """step() of an optimizer that unscales and skips by itself: it is always stepped (see :meth:`step`)."""
+        scale, _, _ = self._require_scale("step")
+        if _step_takes_grad_scaler(optimizer):
+            # The older contract: the optimizer gets the scaler and does everything itself (torch warns too).
+            warnings.warn(
+                "GradScaler will stop passing itself to optimizer.step(grad_scaler=...): like torch.amp.GradScaler, "
+                "it is moving to setting `optimizer.grad_scale` and `optimizer.found_inf` (tensors) for the "
+                "optimizer to use. Update the optimizer to read those attributes.",
+                FutureWarning,
+                stacklevel=3,
+            )
+            result = optimizer.step(*args, **{**kwargs, "grad_scaler": self})
+            state["stage"] = _Stage.STEPPED
+            found = state["found_inf_per_device"]
+            self._last_step_skipped = _sum_flags(found.values(), scale.device) if found else None
+            return result
+        if state["stage"] is _Stage.READY:
+            self._check_inf_per_device(optimizer)
+        found_inf = _sum_flags(self._require_found(state).values(), scale.device)
+        if state["stage"] is _Stage.UNSCALED:
+            grad_scale = getattr(optimizer, "grad_scale", None)  # the gradients are already divided
+        else:
+            # Multiplied into a scale the optimizer already holds (a fresh tensor either way, never the scaler's).
+            held = getattr(optimizer, "grad_scale", None)
+            grad_scale = scale * (1 if held is None else held)
+        optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
+        optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+        try:
             result = optimizer.step(*args, **kwargs)
-        elif self._diagnostics:
-            names = [name for names, flags in state["diagnostics"] for name, bad in zip(names, flags.tolist()) if bad]
-            # Several optimizers overflowing in one iteration report together.
-            self._last_overflow = self._last_overflow + names if self._overflow_in_iteration else names
-            self._overflow_in_iteration = True
+        finally:
+            # Also on error: a stale grad_scale would be multiplied into the next step's.
+            for attribute in ("grad_scale", "found_inf"):
+                if attribute in vars(optimizer):
+                    delattr(optimizer, attribute)
         state["stage"] = _Stage.STEPPED
-        self._last_step_skipped = skipped
+        if self._diagnostics:  # naming the parameters needs to know now: one synchronization
+            self._last_step_skipped = bool(found_inf.item())
+            if self._last_step_skipped:
+                self._record_overflow(state)
+        else:
+            self._last_step_skipped = found_inf  # read (one synchronization) by last_step_skipped when asked
         return result
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> Dict[torch.device, torch.Tensor]:
+        """Check the optimizer's gradients for inf/NaN without dividing them (inverse scale 1; float16 allowed).
+
+        For optimizers that unscale by themselves; also called by those that take ``grad_scaler=`` (torch's name).
+        """
+        scale, _, _ = self._require_scale("step")
+        state = self._per_optimizer_states[id(optimizer)]
+        state["diagnostics"] = []
+        one = torch.ones((), dtype=torch.float32, device=scale.device)
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, one, found_inf, allow_fp16=True)
+        return state["found_inf_per_device"]
+
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> Dict[torch.device, torch.Tensor]:
+        """The inf/NaN flags recorded for ``optimizer`` this iteration, by device (torch's name)."""
+        found: Dict[torch.device, torch.Tensor] = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        return found
+
+    def _get_scale_async(self) -> Optional[torch.Tensor]:
+        """The scale tensor itself, without synchronizing (None before the first :meth:`scale`; torch's name)."""
+        return self._scale
 
     # ------------------------------------------------------------------------------------------------------ update
     def update(self, new_scale: Optional[Union[float, torch.Tensor]] = None) -> None:
@@ -401,11 +570,13 @@ class GradScaler:
 
         Args:
             new_scale: set the scale to this value instead (a float or a one-element float32 tensor on the
-                scaler's device).
+                scaler's device), checked like ``init_scale`` (a tensor's value is read: one synchronization).
 
         Raises:
             RuntimeError: when no optimizer was unscaled or stepped since the last update.
-            ValueError: for an unusable ``new_scale``.
+            TypeError: for a ``new_scale`` that is not a number or a real tensor.
+            ValueError: for a ``new_scale`` that is not a finite number > 0 (in float32), or a tensor with more than
+                one element, on another device type or requiring grad. The scaler is unchanged then.
 
         Example:
             >>> scaler.step(optimizer)
@@ -421,9 +592,13 @@ class GradScaler:
                         "new_scale must be a float or a one-element tensor on the scaler's device with "
                         "requires_grad=False"
                     )
-                scale.copy_(new_scale.reshape(()))
+                if new_scale.is_complex() or new_scale.dtype == torch.bool:
+                    raise TypeError(f"new_scale must hold a real number, got a {new_scale.dtype} tensor")
+                # Checking the value reads it: one synchronization, on this rare call only.
+                _validated({"scale": ("new_scale", new_scale.detach().reshape(()).item())})
+                scale.copy_(new_scale.detach().reshape(()))
             else:
-                scale.fill_(float(new_scale))
+                scale.fill_(_validated({"scale": ("new_scale", new_scale)})["scale"])
         else:
             found = [
                 f.to(scale.device, non_blocking=True)
@@ -465,34 +640,32 @@ class GradScaler:
         return self._growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
-        """Set the growth factor."""
-        self._growth_factor = float(new_factor)
+        """Set the growth factor (a finite number > 1, checked as by the constructor)."""
+        self._growth_factor = _validated({"growth_factor": ("growth_factor", new_factor)})["growth_factor"]
 
     def get_backoff_factor(self) -> float:
         """The factor the scale backs off by after an overflow."""
         return self._backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        """Set the backoff factor."""
-        self._backoff_factor = float(new_factor)
+        """Set the backoff factor (in (0, 1), checked as by the constructor)."""
+        self._backoff_factor = _validated({"backoff_factor": ("backoff_factor", new_factor)})["backoff_factor"]
 
     def get_growth_interval(self) -> int:
         """The number of consecutive clean steps before the scale grows."""
         return self._growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
-        """Set the growth interval."""
-        self._growth_interval = int(new_interval)
+        """Set the growth interval (an int >= 1, checked as by the constructor)."""
+        self._growth_interval = _validated({"growth_interval": ("growth_interval", new_interval)})["growth_interval"]
 
     def get_hysteresis(self) -> int:
         """The number of consecutive overflowing steps before the scale backs off."""
         return self._hysteresis
 
     def set_hysteresis(self, hysteresis: int) -> None:
-        """Set the hysteresis (>= 1)."""
-        if int(hysteresis) < 1:
-            raise ValueError(f"hysteresis must be >= 1, got {hysteresis}")
-        self._hysteresis = int(hysteresis)
+        """Set the hysteresis (an int >= 1, checked as by the constructor)."""
+        self._hysteresis = _validated({"hysteresis": ("hysteresis", hysteresis)})["hysteresis"]
 
     def _get_growth_tracker(self) -> int:
         if not self._enabled:
@@ -521,7 +694,10 @@ class GradScaler:
 
     @property
     def last_step_skipped(self) -> Optional[bool]:
-        """Whether the last :meth:`step` skipped the optimizer step (None before the first step)."""
+        """Whether the last :meth:`step` skipped the optimizer step (None before the first step). After the step of
+        an optimizer that skips by itself (``fused=True``) this reads its inf/NaN flag: one synchronization."""
+        if isinstance(self._last_step_skipped, torch.Tensor):
+            self._last_step_skipped = bool(self._last_step_skipped.item())
         return self._last_step_skipped
 
     # ------------------------------------------------------------------------------------------------ state_dict
@@ -560,9 +736,12 @@ class GradScaler:
             state_dict: the state to load.
 
         Raises:
-            TypeError: when ``state_dict`` is not a mapping.
+            TypeError: when ``state_dict`` is not a mapping, or an entry is not a number (an int where the
+                constructor needs one).
             RuntimeError: for an empty dict (saved from a disabled scaler).
             KeyError: when one of torch's five entries is missing.
+            ValueError: for an entry the constructor would refuse (scale 0, growth_factor 0.5, ...) or a tracker
+                outside [0, 2**31 - 1]. Nothing is loaded then: every entry is checked before any is assigned.
 
         Example:
             >>> scaler.load_state_dict(torch_scaler.state_dict())
@@ -584,14 +763,30 @@ class GradScaler:
         ]
         if missing:
             raise KeyError(f"GradScaler state_dict lacks {missing}; pass the dict GradScaler.state_dict() returned")
-        self._init_scale = float(state_dict["scale"])
-        self._growth_factor = float(state_dict["growth_factor"])
-        self._backoff_factor = float(state_dict["backoff_factor"])
-        self._growth_interval = int(state_dict["growth_interval"])
-        self._init_growth_tracker = int(state_dict["_growth_tracker"])
-        if "hysteresis" in state_dict:
-            self._hysteresis = int(state_dict["hysteresis"])
-        self._init_overflow_tracker = int(state_dict.get("_hysteresis_tracker", 0))
+        # Every entry is checked (as the constructor checks its arguments) before any is assigned.
+        entries = {
+            "scale": "scale",
+            "growth_factor": "growth_factor",
+            "backoff_factor": "backoff_factor",
+            "growth_interval": "growth_interval",
+            "growth_tracker": "_growth_tracker",
+            "hysteresis": "hysteresis",
+            "overflow_tracker": "_hysteresis_tracker",
+        }
+        checked = _validated(
+            {
+                setting: (f"state_dict[{key!r}]", state_dict[key])
+                for setting, key in entries.items()
+                if key in state_dict
+            }
+        )
+        self._init_scale = checked["scale"]
+        self._growth_factor = checked["growth_factor"]
+        self._backoff_factor = checked["backoff_factor"]
+        self._growth_interval = checked["growth_interval"]
+        self._init_growth_tracker = checked["growth_tracker"]
+        self._hysteresis = checked.get("hysteresis", self._hysteresis)
+        self._init_overflow_tracker = checked.get("overflow_tracker", 0)
         if self._scale is not None:
             self._scale.fill_(self._init_scale)
         if self._growth_tracker is not None:
@@ -615,6 +810,7 @@ class GradScaler:
             state["_growth_tracker"] = None
             state["_overflow_tracker"] = None
         state["_per_optimizer_states"] = None
+        state["_last_step_skipped"] = self.last_step_skipped
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -629,6 +825,23 @@ class GradScaler:
             f"backoff_factor={self._backoff_factor}, growth_interval={self._growth_interval}, "
             f"hysteresis={self._hysteresis})"
         )
+
+
+def _step_takes_grad_scaler(optimizer: torch.optim.Optimizer) -> bool:
+    try:
+        return "grad_scaler" in inspect.signature(optimizer.step).parameters
+    except (TypeError, ValueError):  # a step without an inspectable signature
+        return False
+
+
+def _sum_flags(flags: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The per-device found_inf flags added up on ``device``, in a new tensor (no synchronization)."""
+    total: Optional[torch.Tensor] = None
+    for flag in flags:
+        flag = flag.to(device, non_blocking=True)
+        total = flag.clone() if total is None else total + flag
+    assert total is not None
+    return total
 
 
 def _any_found(flags: Iterable[torch.Tensor]) -> bool:
