@@ -26,10 +26,10 @@ def linear_cross_entropy(
     A language model's head and loss: torch's two operators build the ``[rows, num_classes]`` logits, keep their
     log-softmax for backward and make a gradient of the same size in backward -- the largest tensors of a training
     step at a large vocabulary. This computes the logits one tile at a time (no more of them than ``hidden`` has
-    elements, and at most 4 Mi: 16 MiB in float32), folds each tile into a per-row log-sum-exp (an online log-sum-exp over the classes), and keeps only
-    that log-sum-exp (one float per row) for backward, which makes the logits again tile by tile and accumulates the
-    weight gradient in one buffer. Costs one more matmul of the logits' size than the eager composition; saves
-    about ``3 x rows x num_classes`` floats of peak memory.
+    elements, and at most 4 Mi: 16 MiB in float32), folds each tile into a per-row log-sum-exp (an online
+    log-sum-exp over the classes), and keeps only that log-sum-exp (one float per row) for backward, which makes the
+    logits again tile by tile and accumulates the weight gradient in one buffer. Costs one more matmul of the
+    logits' size than the eager composition; saves about ``3 x rows x num_classes`` floats of peak memory.
 
     The class dimension is the last one: ``hidden [..., in_features]`` and ``target [...]`` are flattened to rows
     (for 2-D hidden this is exactly ``F.cross_entropy(F.linear(hidden, weight, bias), target, ...)``; for more
