@@ -11,8 +11,8 @@ The script first measures one training step of each configuration (peak and acti
 
 Run::
 
-    python3 examples/amp_accumulate.py                 # --size cpu on a CPU, --size full on a GPU
-    python3 examples/amp_accumulate.py --size tiny     # seconds
+    python3 examples/amp_accumulate.py                         # --size cpu on a CPU, --size full on a GPU
+    python3 examples/amp_accumulate.py --size tiny --steps 1   # seconds; what the tests run
     python3 examples/amp_accumulate.py --dtype float16 --device cuda
 
 Note: the UNet has BatchNorm, whose statistics see a micro-batch, not the whole batch, so accumulation is not
@@ -23,23 +23,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # the UNet lives in benchmarks/models.py
-    sys.path.insert(0, str(ROOT))
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from benchmarks.strategies_amp import AutocastRunner  # noqa: E402
-
-import memsave  # noqa: E402
-from memsave.amp import GradScaler  # noqa: E402
-from memsave.measurement.units import format_bytes  # noqa: E402
-from memsave.models import UNet  # noqa: E402
-from memsave.recompute.wrapping import wrap  # noqa: E402
+import memsave
+from memsave.amp import GradScaler
+from memsave.measurement import format_bytes
+from memsave.models import UNet
 
 SIZES = {  # micro-batch b, micro-batches per step K, image side, first-level width, training windows
     "full": dict(micro=4, k=4, image=256, width=64, windows=4),
@@ -48,10 +41,24 @@ SIZES = {  # micro-batch b, micro-batches per step K, image side, first-level wi
 }
 
 
+class Autocast(nn.Module):
+    """Runs ``model``'s forward under ``torch.autocast(device_type, dtype)``; backward runs outside autocast, as
+    torch recommends. The parameters stay float32 (``model`` is a submodule: ``parameters()`` are its own)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device_type = next(self.model.parameters()).device.type
+        with torch.autocast(device_type=device_type, dtype=self.dtype):
+            return self.model(x)
+
+
 def checkpointed(model: UNet) -> UNet:
     """memsave.wrap around every UNet block (inc, down1..4, up1..4, outc)."""
     names = set(model.checkpoint_blocks())
-    return wrap(model, lambda name, module: name in names)
+    return memsave.wrap(model, lambda name, module: name in names)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -89,10 +96,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     configs = [
         ("float32, one batch of K*b", copy.deepcopy(base), x, target),
         ("float32, K x b accumulated", copy.deepcopy(base), x[:b], target[:b]),
-        (f"{str(dtype)[6:]} autocast, K x b", AutocastRunner(copy.deepcopy(base), dtype), x[:b], target[:b]),
+        (f"{str(dtype)[6:]} autocast, K x b", Autocast(copy.deepcopy(base), dtype), x[:b], target[:b]),
         (
             f"{str(dtype)[6:]} + memsave checkpoint, K x b",
-            AutocastRunner(checkpointed(copy.deepcopy(base)), dtype),
+            Autocast(checkpointed(copy.deepcopy(base)), dtype),
             x[:b],
             target[:b],
         ),
@@ -115,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
     # Train the last configuration: checkpointing + autocast + scaler + accumulation.
     model = checkpointed(copy.deepcopy(base))
-    runner = AutocastRunner(model, dtype)
+    runner = Autocast(model, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = GradScaler.for_autocast(device.type, dtype, init_scale=2.0**14)  # pass-through for bfloat16
     losses: List[float] = []
