@@ -14,7 +14,7 @@ which transformers releases have them.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, TypeVar
 
 from torch import nn
 from transformers import TrainerCallback
@@ -24,6 +24,9 @@ from ..recompute.switch import claim, has_switch
 from .step_memory import StepMemoryProbe
 
 __all__ = ["MemoryCallback", "check_version", "enable"]
+
+#: The model's own class: :func:`enable` returns the model it was given, typed as it was.
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 #: The oldest transformers whose checkpointing switch takes keyword options (``gradient_checkpointing_kwargs``).
 MIN_VERSION = (4, 35)
@@ -46,7 +49,7 @@ def check_version(version: str = transformers_version) -> None:
         )
 
 
-def enable(model: nn.Module, **checkpoint_options: Any) -> nn.Module:
+def enable(model: ModuleT, **checkpoint_options: Any) -> ModuleT:
     """Make ``model``'s own checkpointing switch use memsave, in place.
 
     After this, ``model.gradient_checkpointing_enable(...)``, ``model.activation_checkpointing_enable(...)`` and
@@ -64,7 +67,7 @@ def enable(model: nn.Module, **checkpoint_options: Any) -> nn.Module:
             ``preserve_rng_state``, ``strict``, ``context_fn`` (``memsave.selective("matmul")``, say).
 
     Returns:
-        ``model`` itself (its switch not yet turned on).
+        ``model`` itself, typed as the class it was given (its switch not yet turned on).
 
     Raises:
         TypeError: ``model`` has no checkpointing switch, or an option that :func:`memsave.wrap` does not take.

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..common.chunking import Chunks, check_chunks
 from .region import run_region
+from .wrapping import ModuleT
 
 __all__ = [
     "AUTO_CHUNK_POSITIONS",
@@ -168,7 +169,7 @@ def is_chunked(module: nn.Module) -> bool:
     return isinstance(module.__dict__.get("forward"), ChunkedForward)
 
 
-def chunked(module: nn.Module, chunks: Chunks, dim: int = 1) -> nn.Module:
+def chunked(module: ModuleT, chunks: Chunks, dim: int = 1) -> ModuleT:
     """Run a position-wise module on ``chunks`` slices of its input along ``dim``, each recomputed in its own backward.
 
     In place, like :func:`memsave.wrap`: the module gets an instance-level ``forward``; no wrapper module is
@@ -191,7 +192,7 @@ def chunked(module: nn.Module, chunks: Chunks, dim: int = 1) -> nn.Module:
         dim: the sequence dimension (1 for ``[batch, sequence, hidden]``).
 
     Returns:
-        ``module``.
+        ``module``, typed as the class it was given.
 
     Raises:
         TypeError: ``module`` is not an ``nn.Module``, ``chunks`` or ``dim`` has a wrong type; at call time, a first

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
 import torch
 from torch import nn
@@ -38,6 +38,10 @@ __all__ = [
 
 Policy = Union[str, Type[nn.Module], Tuple[Type[nn.Module], ...], Callable[[str, nn.Module], bool]]
 
+#: The model's own class: :func:`wrap` and :func:`unwrap` return the model they were given, typed as it was
+#: (``memsave.wrap(llama).generate(...)`` type-checks).
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
 _TAG = "[memsave.checkpoint]"
 
 #: Called with the model at the end of every :func:`wrap` that wrapped something, and of every :func:`unwrap`:
@@ -46,7 +50,7 @@ WRAP_HOOKS: List[Callable[[nn.Module], None]] = []
 UNWRAP_HOOKS: List[Callable[[nn.Module], None]] = []
 
 
-def _run_hooks(hooks: Sequence[Callable[[nn.Module], None]], model: nn.Module) -> nn.Module:
+def _run_hooks(hooks: Sequence[Callable[[nn.Module], None]], model: ModuleT) -> ModuleT:
     for hook in hooks:
         hook(model)
     return model
@@ -374,13 +378,13 @@ def _resolve_policy(policy: Any) -> Callable[[str, nn.Module], bool]:
 
 
 def wrap(
-    model: nn.Module,
+    model: ModuleT,
     policy: Optional[Union[Policy, RegionPlan]] = None,
     *,
     preserve_rng_state: bool = True,
     strict: bool = False,
     context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
-) -> nn.Module:
+) -> ModuleT:
     """Checkpoint, in place, every submodule of ``model`` (the model itself included) that ``policy`` selects;
     with no policy, the model's repeated blocks (:func:`memsave.find_blocks`).
 
@@ -406,7 +410,7 @@ def wrap(
             ``functools.partial(create_selective_checkpoint_contexts, policy_fn)``. Not with a plan.
 
     Returns:
-        ``model`` itself.
+        ``model`` itself, typed as the class it was given (``memsave.wrap(llama).generate(...)`` type-checks).
 
     The change is all or nothing: if anything fails (a predicate that raises, a plan naming a module the model
     lacks), the model is left exactly as it was.
@@ -441,7 +445,8 @@ def wrap(
                 "plan without context_fn, or wrap with a module policy and context_fn instead."
             )
         with all_or_nothing(model):
-            return _run_hooks(WRAP_HOOKS, policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict))
+            policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict)  # in place: returns model
+            return _run_hooks(WRAP_HOOKS, model)
     if policy is None:
         blocks = set(find_blocks(model))
         if not blocks:
@@ -483,14 +488,14 @@ def wrap(
     return _run_hooks(WRAP_HOOKS, model) if matched else model
 
 
-def unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: ModuleT) -> ModuleT:
     """Undo :func:`wrap` on ``model`` and all its submodules, in place: back to plain eager (all or nothing).
 
     Args:
         model: a model (partly) wrapped by :func:`wrap`; modules that are not wrapped are left alone.
 
     Returns:
-        ``model`` itself.
+        ``model`` itself, typed as the class it was given.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.

@@ -49,7 +49,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from torch import nn
 
@@ -73,6 +73,9 @@ from .registry import (
 __all__ = ["ConvertEntry", "ConvertReport", "convert", "plan_convert"]
 
 Selector = Union[type, str]
+
+#: The model's own class: :func:`convert` returns the model it was given, typed as it was.
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 # ---- the report -------------------------------------------------------------------------------------------------
@@ -501,7 +504,7 @@ def _convert(
 
 
 def convert(
-    model: nn.Module,
+    model: ModuleT,
     include: Optional[Iterable[Selector]] = None,
     exclude: Optional[Iterable[Selector]] = None,
     verbose: bool = False,
@@ -509,7 +512,7 @@ def convert(
     fuse: bool = False,
     dropout: bool = False,
     mlp_chunks: Optional[Union[int, str]] = None,
-) -> nn.Module:
+) -> ModuleT:
     """Swap memory-efficient modules into ``model``, recursively and in place; state_dict keys do not change.
 
     Replaces ``nn.ReLU``, ``nn.LeakyReLU`` and ``nn.MaxPool2d`` (exact types) by their :mod:`memsave.nn`
@@ -536,7 +539,7 @@ def convert(
             max(hidden, 256))`` slices). Gradients equal up to float rounding. ``None`` (default): unchunked.
 
     Returns:
-        ``model`` itself.
+        ``model`` itself, typed as the class it was given (``memsave.convert(llama).generate(...)`` type-checks).
 
     Raises:
         TypeError: ``model`` is not an nn.Module, or include/exclude hold something else than classes and strings.
