@@ -32,9 +32,29 @@ CASES = [
     case("bench @ --size huge", r"argument --size: invalid choice: 'huge'"),
     case("bench @ --seed x", r"argument --seed: invalid int value: 'x'"),
     case("bench @ --breakdown -1", r"--breakdown must be >= 0, got -1"),
+    # A value with a minus sign reaches memsave's own check (argparse alone: "expected one argument").
+    case(
+        "bench --model bad_input.checking:tiny_model --input -32,256",
+        r"--input '-32,256': every dimension must be >= 1",
+    ),
+    case(
+        "bench --model bad_input.checking:tiny_model --inp -32,256", r"--input '-32,256': every dimension must be >= 1"
+    ),
+    case("bench --model bad_input.checking:tiny_model --input=-4,8", r"--input '-4,8': every dimension must be >= 1"),
+    case("bench --model bad_input.checking:tiny_model --input 4,-8", r"--input '4,-8': every dimension must be >= 1"),
+    case(
+        "bench --model bad_input.checking:tiny_model --input tokens:-2,8:50",
+        r"every dimension must be >= 1 \(sizes are positive\), got -2",
+    ),
+    case("bench @ --batch -1", r"--batch must be >= 1, got -1"),
+    case("bench @ --steps -3", r"--steps must be >= 1, got -3"),
+    case("estimate @ --memory -5GiB", r"--memory '-5GiB': a memory size must be positive"),
+    case("estimate @ --memory -5", r"--memory '-5': a memory size must be positive"),
     case("bench @ --model-kwargs {bad", r"--model-kwargs is not valid JSON"),
     case("bench @ --dtype float7", r"unrecognized arguments: --dtype float7"),
     case("estimate @ --memory lots", r"--memory: cannot parse 'lots'"),
+    # The command line's spelling of a size (a unit), not the Python API's (an int of bytes).
+    case("estimate @ --memory 12XB", r"--memory: cannot parse '12XB' .*; write a size with a unit: .*--memory 24GiB$"),
     case("estimate @ --device tpu", r"--device must be cpu or cuda"),
     case("estimate @ --batch 0", r"--batch must be >= 1"),
     case("estimate @ --strategies bogus", r"--strategies: unknown strategy 'bogus'"),

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import List
 
@@ -19,8 +20,9 @@ import torch
 
 import memsave
 from memsave.cli import main, options
-from memsave.cli.usage import CommandError, UsageError
+from memsave.cli.usage import ArgumentParser, CommandError, UsageError, run_command
 from memsave.cli.user_model import InputSpec, parse_input
+from memsave.errors import MemsaveWarning
 from memsave.measurement import default_loss
 
 REPO = Path(__file__).resolve().parents[2]
@@ -350,6 +352,91 @@ def test_traceback_escape_hatch(user_models, monkeypatch):
     monkeypatch.setenv("MEMSAVE_TRACEBACK", "1")
     with pytest.raises(CommandError):
         main(argv)
+
+
+# ------------------------------------------------------------------------------------------------ warnings
+def _warn_and_parse(argv: List[str]) -> int:
+    # A subcommand as the CLI's are: its parser (with --steps and a switch), then memsave's and another library's
+    # warnings, written for the Python API.
+    p = ArgumentParser(prog="python -m memsave bench")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--no-progress", action="store_true")
+    p.parse_args(argv)
+    warnings.warn("compare: step times spread widely;\n  time more rounds (steps=...)", MemsaveWarning, stacklevel=1)
+    warnings.warn("measure: no bar (no_progress=...), a loss (loss_fn=...)", MemsaveWarning, stacklevel=1)
+    warnings.warn("a deprecation of another library", UserWarning, stacklevel=1)
+    return 0
+
+
+def test_warnings_of_a_command_are_one_line_naming_its_flags(capsys, monkeypatch):
+    monkeypatch.delenv("MEMSAVE_TRACEBACK", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert run_command(_warn_and_parse, ["--steps", "1"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "memsave: warning: compare: step times spread widely; time more rounds (--steps N)",
+        # a switch is its flag; a keyword the command has no flag for stays as it is
+        "memsave: warning: measure: no bar (--no-progress), a loss (loss_fn=...)",
+        "memsave: warning: UserWarning: a deprecation of another library",
+    ]
+    # --traceback: Python's own display (file and line), for debugging
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run_command(_warn_and_parse, ["--traceback"]) == 0
+    assert str(caught[0].message).endswith("(steps=...)") and capsys.readouterr().err == ""
+
+
+def test_warnings_filtered_out_stay_hidden(capsys, monkeypatch):
+    monkeypatch.delenv("MEMSAVE_TRACEBACK", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PYTHONWARNINGS=ignore
+        assert run_command(_warn_and_parse, []) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow  # a real bench run (timing rounds): seconds on 2 loaded cores
+def test_bench_timing_warning_is_one_line_with_the_steps_flag(user_models, capsys, monkeypatch):
+    from memsave.measurement import comparison, timing
+
+    monkeypatch.delenv("MEMSAVE_TRACEBACK", raising=False)
+    # Every timing "spreads widely": the warning a loaded machine gets.
+    monkeypatch.setattr(comparison, "spread_warning", lambda t, where: timing.spread_warning(t, where, threshold=-1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["bench", "--steps", "1", "--no-progress", "--strategies", "eager", *_CNN]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err, "no warning printed"
+    assert all(line.startswith("memsave: warning: compare: step times spread widely") for line in err), err
+    assert all(line.endswith("or time more rounds (--steps N)") for line in err), err
+    assert not [line for line in err if "steps=" in line or ".py" in line], err
+
+
+@pytest.mark.slow
+def test_module_entry_point_prints_warnings_in_one_line(user_models, tmp_path):
+    # The process as a user runs it, on a machine where timings spread: stderr holds only memsave's one-line
+    # warnings, no file paths, no Python source lines, no torch log lines.
+    script = (
+        "import sys\n"
+        "from memsave.measurement import comparison, timing\n"
+        "from memsave.cli.main import main\n"
+        "comparison.spread_warning = lambda t, where: timing.spread_warning(t, where, threshold=-1)\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = dict(os.environ, MEMSAVE_TRACEBACK="", PYTHONPATH=str(user_models))
+    env.pop("PYTHONWARNINGS", None)
+    r = subprocess.run(
+        [sys.executable, "-c", script, "bench", "--steps", "1", "--no-progress", *_CNN],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("USDT:")]
+    assert lines and all(line.startswith("memsave: warning: ") for line in lines), r.stderr
+    assert not [line for line in lines if ".py" in line or "steps=" in line], r.stderr
+    assert "(--steps N)" in lines[0]
 
 
 def test_help_documents_the_model_and_input_forms(capsys):

@@ -177,15 +177,17 @@ def parse_memory(text: str, flag: str = "--memory") -> int:
         >>> parse_memory("24GiB")
         25769803776
     """
+    how = f"B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB (powers of 1024), e.g. {flag} 24GiB"
     if re.fullmatch(r"\s*[0-9.eE+_]+\s*", text or ""):
-        raise UsageError(
-            f"{flag} {text!r} has no unit; write it with one: B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB "
-            f"(powers of 1024), e.g. {flag} 24GiB"
-        )
+        raise UsageError(f"{flag} {text!r} has no unit; write it with one: {how}")
+    if (text or "").strip().startswith("-"):
+        raise UsageError(f"{flag} {text!r}: a memory size must be positive; write one with a unit: {how}")
     try:
         return parse_bytes(text, what=flag)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        # parse_bytes explains the Python API's spellings (an int of bytes); the command line takes a unit only.
+        message, python_how, _ = str(e).partition("; write bytes as an int")
+        raise UsageError(f"{message}; write a size with a unit: {how}" if python_how else message) from None
 
 
 def _split_strategies(text: str) -> List[str]:

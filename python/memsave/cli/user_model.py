@@ -53,7 +53,8 @@ __all__ = [
     "parse_model_kwargs",
 ]
 
-_DIMS = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
+# Signed, so that a negative size gets its own message ("every dimension must be >= 1"), not "not a shape".
+_DIMS = re.compile(r"^\s*-?\d+(\s*,\s*-?\d+)*\s*$")
 
 
 def is_user_model(name: str) -> bool:
@@ -150,8 +151,9 @@ def parse_input(text: str) -> InputSpec:
     if not _DIMS.match(body):
         raise UsageError(f"--input {text!r}: not a shape; {forms}")
     shape = tuple(int(d) for d in body.split(","))
-    if any(d < 1 for d in shape):
-        raise UsageError(f"--input {text!r}: every dimension must be >= 1")
+    bad = [d for d in shape if d < 1]
+    if bad:
+        raise UsageError(f"--input {text!r}: every dimension must be >= 1 (sizes are positive), got {bad[0]}")
     if kind == "float":
         return InputSpec(shape)
     if vocab_text is None or not vocab_text.strip().isdigit() or int(vocab_text) < 1:
