@@ -576,7 +576,7 @@ def matched_peak(rows: Dict[str, dict]) -> List[str]:
     torch's, as a fraction of eager's step (a gain where negative). Noted ``within +0.05`` when memsave's time is
     at most torch's + :data:`CLEAR`.
 
-    Example:
+    Examples:
         >>> matched_peak({"compile 50%": dict(kind="compile", peak_bytes=10, time_ratio=0.9),
         ...               "plan + compile 50%": dict(kind="plan + compile", peak_bytes=9, time_ratio=0.92)})[0][-35:]
         "+0.02 of eager's step, within +0.05"

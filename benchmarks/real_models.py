@@ -149,7 +149,7 @@ def build(name: str, quick: bool = False) -> Case:
     Raises:
         ValueError: an unknown name.
 
-    Example:
+    Examples:
         >>> case = build("gpt2", quick=True)
         >>> case.loss_fn(case.model(*case.args, **case.kwargs)).backward()
     """

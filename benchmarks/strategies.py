@@ -39,7 +39,7 @@ def get(names: Sequence[str]) -> List[Strategy]:
     Raises:
         ValueError: an unknown name (the message lists the registered ones).
 
-    Example:
+    Examples:
         >>> [s.name for s in get(["checkpoint:blocks"])]
         ['eager', 'checkpoint:blocks']
     """

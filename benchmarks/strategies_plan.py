@@ -39,7 +39,7 @@ PLAN_RANGE_POINTS: Tuple[float, ...] = (0.25, 0.5, 0.75)
 def range_budget(smallest: int, eager: int, point: float) -> int:
     """The budget ``point`` of the way from ``smallest`` to ``eager`` bytes (rounded down).
 
-    Example:
+    Examples:
         >>> range_budget(100, 200, 0.25)
         125
     """

@@ -38,7 +38,7 @@ def message_lines(text: str) -> List[str]:
 def problems(text: str) -> List[str]:
     """What is wrong with a commit message (an empty list when nothing is).
 
-    Example:
+    Examples:
         >>> problems("fix: one line\\nbody without a blank line")
         ['line 2 must be blank: a blank line separates the subject from the body']
     """

@@ -80,10 +80,11 @@ if [[ $WITH_TEST == 1 ]]; then
     pip_install -c "$pins" "${hub[@]}"
   fi
 fi
-# The linters .ci/run runs before the tests, at the versions .pre-commit-config.yaml names.
+# The linters .ci/run runs before the tests, at the versions .pre-commit-config.yaml names, and the documentation
+# site's builder (mkdocs.yml: the API reference from the docstrings).
 if [[ $WITH_TEST == 1 ]]; then
   lint=()
-  for spec in "ruff==0.17.6" "mypy==2.4.1"; do
+  for spec in "ruff==0.17.6" "mypy==2.4.1" "mkdocs==1.6.1" "mkdocs-material==9.8.2" "mkdocstrings-python==2.0.11"; do
     have_version "${spec%%==*}" "${spec#*==}" || lint+=("$spec")
   done
   if (( ${#lint[@]} )); then

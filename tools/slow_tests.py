@@ -64,7 +64,7 @@ def timed_run(paths: List[str]) -> Dict[str, float]:
 def slow_ids(times: Dict[str, float], threshold: float) -> List[str]:
     """The ids that took ``threshold`` seconds or more, sorted.
 
-    Example:
+    Examples:
         >>> slow_ids({"a.py::t1": 3.0, "a.py::t2": 0.1}, 1.5)
         ['a.py::t1']
     """

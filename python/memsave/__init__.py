@@ -23,7 +23,7 @@ state and progress bar several parts share) and ``cli/`` (``python -m memsave``)
 ``memsave.functional`` and ``memsave.nn`` are the public spellings of ``memsave.operators.functional`` and
 ``memsave.operators.nn`` (``import memsave.nn`` and ``from memsave.nn import ReLU`` work).
 
-Example:
+Examples:
     >>> import memsave
     >>> memsave.wrap(model)                       # recompute each of its blocks (memsave.find_blocks) in backward
     >>> memsave.wrap(model, (MyBlock,))           # recompute every MyBlock in backward

@@ -62,7 +62,7 @@ def build_info() -> dict:
         dict with ``version``, ``torch_version`` (the torch it was compiled against), ``cuda`` (CUDA kernels built),
         ``cuda_archs``, ``cuda_runtime_version``, ``openmp`` and ``compiler``.
 
-    Example:
+    Examples:
         >>> memsave.build_info()["cuda"]
         True
     """
@@ -82,7 +82,7 @@ def dispatch_table() -> Dict[str, List[str]]:
         ``{"memsave::relu": ["CPU", "CUDA", "Meta", "Autograd"], ...}`` sorted by operator name. "Meta" is the
         fake kernel (used by torch.compile and FakeTensorMode); "Autograd" the registered backward.
 
-    Example:
+    Examples:
         >>> memsave.dispatch_table()["memsave::relu"]
         ['CPU', 'CUDA', 'Meta', 'Autograd']
     """

@@ -5,7 +5,7 @@ memory. The usual mistakes this object rules out: forgetting to divide the loss 
 scaled gradients, stepping or updating the scaler on every micro-batch, and all-reducing gradients under
 DistributedDataParallel on every micro-step instead of once per window.
 
-Example:
+Examples:
     >>> acc = memsave.accumulate(model, optimizer, steps=4, scaler=scaler, clip_grad_norm=1.0)
     >>> for x, y in loader:
     ...     with torch.autocast("cuda", dtype=torch.float16):
@@ -104,7 +104,7 @@ class Accumulator:
             True when this call ended a window and stepped (see :attr:`last_skipped` for whether the scaler skipped
             the optimizer step), False otherwise.
 
-        Example:
+        Examples:
             >>> if acc.backward(loss):
             ...     lr_scheduler.step()
         """
@@ -132,7 +132,7 @@ class Accumulator:
         Returns:
             True when it stepped, False when there was nothing to step.
 
-        Example:
+        Examples:
             >>> for x, y in loader:
             ...     acc.backward(loss_fn(model(x), y))
             >>> acc.flush()
@@ -249,7 +249,7 @@ def accumulate(
         TypeError: for a ``model`` that is not a Module, an ``optimizer`` that is not an Optimizer, a
             ``clip_grad_norm`` that is not a number, or a ``scaler`` without scale/unscale_/step/update.
 
-    Example:
+    Examples:
         >>> acc = memsave.accumulate(model, optimizer, steps=8, scaler=memsave.amp.GradScaler("cuda"))
         >>> for x, y in loader:
         ...     acc.backward(loss_fn(model(x), y))

@@ -16,7 +16,7 @@ overflow where float32 would not; scaling only costs time. Use ``GradScaler(...,
 or :meth:`GradScaler.for_autocast`: a disabled scaler is a pass-through (``scale`` returns the loss itself, ``step``
 calls ``optimizer.step()``, ``update`` does nothing) that costs no kernel launch and no synchronization.
 
-Example:
+Examples:
     >>> scaler = memsave.amp.GradScaler("cuda")
     >>> with torch.autocast("cuda", dtype=torch.float16):
     ...     loss = loss_fn(model(x), y)
@@ -57,7 +57,7 @@ def needs_grad_scaling(dtype: torch.dtype) -> bool:
     Returns:
         True for ``torch.float16``, False otherwise.
 
-    Example:
+    Examples:
         >>> scaler = memsave.amp.GradScaler("cpu", enabled=memsave.amp.needs_grad_scaling(torch.bfloat16))
         >>> scaler.is_enabled()
         False
@@ -186,7 +186,7 @@ class GradScaler:
             hysteresis that is not a whole number in [1, 2**31 - 1]. The setters, ``update(new_scale=...)`` and
             :meth:`load_state_dict` check their values the same way.
 
-    Example:
+    Examples:
         >>> scaler = memsave.amp.GradScaler("cuda", hysteresis=2, overflow_diagnostics=model)
         >>> scaler.scale(loss).backward()
         >>> scaler.step(optimizer); scaler.update()
@@ -260,7 +260,7 @@ class GradScaler:
         Returns:
             GradScaler: with ``enabled=needs_grad_scaling(dtype)``.
 
-        Example:
+        Examples:
             >>> scaler = memsave.amp.GradScaler.for_autocast("cpu", torch.bfloat16)   # pass-through
         """
         if "enabled" in kwargs:
@@ -293,7 +293,7 @@ class GradScaler:
             ValueError: when a tensor is on a device of another type than the scaler's, or outputs is not a tensor
                 or an iterable of tensors.
 
-        Example:
+        Examples:
             >>> scaler.scale(loss).backward()
         """
         if not self._enabled:
@@ -400,7 +400,7 @@ class GradScaler:
             RuntimeError: when called twice for one optimizer before :meth:`update`, after :meth:`step`, or before
                 :meth:`scale`.
 
-        Example:
+        Examples:
             >>> scaler.unscale_(optimizer)
             >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         """
@@ -448,7 +448,7 @@ class GradScaler:
             RuntimeError: when called twice before :meth:`update`, before :meth:`scale`, with a closure, or when the
                 optimizer has no gradients (backward was not run, or none of its parameters took part in the loss).
 
-        Example:
+        Examples:
             >>> scaler.step(optimizer)
         """
         if not self._enabled:
@@ -578,7 +578,7 @@ class GradScaler:
             ValueError: for a ``new_scale`` that is not a finite number > 0 (in float32), or a tensor with more than
                 one element, on another device type or requiring grad. The scaler is unchanged then.
 
-        Example:
+        Examples:
             >>> scaler.step(optimizer)
             >>> scaler.update()
         """
@@ -711,7 +711,7 @@ class GradScaler:
             dict with ``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``, ``_growth_tracker``,
             ``hysteresis`` and ``_hysteresis_tracker`` (consecutive overflows so far).
 
-        Example:
+        Examples:
             >>> torch.amp.GradScaler("cpu").load_state_dict(memsave_scaler.state_dict())
         """
         if not self._enabled:
@@ -743,7 +743,7 @@ class GradScaler:
             ValueError: for an entry the constructor would refuse (scale 0, growth_factor 0.5, ...) or a tracker
                 outside [0, 2**31 - 1]. Nothing is loaded then: every entry is checked before any is assigned.
 
-        Example:
+        Examples:
             >>> scaler.load_state_dict(torch_scaler.state_dict())
         """
         if not isinstance(state_dict, Mapping):

@@ -48,7 +48,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         CommandError: the model could not be built, or its eager step failed on its inputs.
         (``python -m memsave`` turns each into one line on stderr and an exit code.)
 
-    Example:
+    Examples:
         >>> main(["--model", "unet", "--size", "tiny", "--strategies", "eager,checkpoint:blocks"])
         0
     """

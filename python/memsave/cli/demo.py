@@ -97,7 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Raises:
         UsageError: a wrong command line (``python -m memsave demo`` prints it as one line, exit code 2).
 
-    Example:
+    Examples:
         >>> from memsave.cli import demo
         >>> demo.main(["--size", "tiny", "--steps", "3"])
         0

@@ -138,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         CommandError: the model could not be built, or its eager step failed on fake tensors.
         (``python -m memsave`` turns each into one line on stderr and an exit code.)
 
-    Example:
+    Examples:
         >>> main(["--model", "gpt2", "--size", "full", "--batch", "8", "--device", "cuda", "--memory", "24GiB"])
         0
     """

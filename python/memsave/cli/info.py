@@ -25,7 +25,7 @@ def main(argv: List[str]) -> int:
     Raises:
         UsageError: an unknown argument.
 
-    Example:
+    Examples:
         >>> main([])
         0
     """

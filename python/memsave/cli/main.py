@@ -67,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         SystemExit: on any failure, after one line ``memsave: error: ...`` on stderr: code 2 for a wrong command line,
             1 for a run that failed (see :mod:`memsave.cli.usage`); code 0 after ``--help``.
 
-    Example:
+    Examples:
         >>> main(["estimate", "--model", "torchvision.models:resnet18", "--input", "8,3,64,64", "--device", "cpu"])
         0
     """

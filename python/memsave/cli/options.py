@@ -173,7 +173,7 @@ def parse_memory(text: str, flag: str = "--memory") -> int:
     Raises:
         UsageError: a bare number (``64`` would be 64 bytes), or a size that does not parse.
 
-    Example:
+    Examples:
         >>> parse_memory("24GiB")
         25769803776
     """

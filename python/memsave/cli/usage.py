@@ -70,7 +70,7 @@ class ArgumentParser(argparse.ArgumentParser):
     options take values that start with a minus sign (``--input -32,256``: argparse alone reads ``-32,256`` as an
     option and fails with "expected one argument"; here the value reaches the option's own check).
 
-    Example:
+    Examples:
         >>> p = ArgumentParser(prog="python -m memsave bench")
         >>> p.parse_args(["--nope"])  # raises UsageError("unrecognized arguments: --nope (see ... --help)")
     """
@@ -120,7 +120,7 @@ def add_traceback_flag(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: a subcommand's parser.
 
-    Example:
+    Examples:
         >>> add_traceback_flag(ArgumentParser(prog="python -m memsave demo"))
     """
     parser.add_argument(
@@ -142,7 +142,7 @@ def parse_device(text: str) -> torch.device:
     Raises:
         UsageError: not a device torch knows, or neither CPU nor CUDA.
 
-    Example:
+    Examples:
         >>> parse_device("cuda:0")
         device(type='cuda', index=0)
     """
@@ -176,7 +176,7 @@ def cli_text(text: str) -> str:
     Returns:
         the message on one line; ``(steps=...)`` becomes ``(--steps N)`` in a command that has ``--steps``.
 
-    Example:
+    Examples:
         >>> cli_text("close other programs, or time more rounds\\n(steps=...)")   # in bench or demo
         'close other programs, or time more rounds (--steps N)'
     """
@@ -235,7 +235,7 @@ def one_line(exc: BaseException) -> str:
     Returns:
         e.g. ``"RuntimeError: Given groups=1, weight of size [64, 3, 7, 7], expected input[8, 4, 64, 64] ..."``.
 
-    Example:
+    Examples:
         >>> one_line(ValueError("bad\\n  details"))
         'ValueError: bad'
     """
@@ -262,7 +262,7 @@ def run_command(command: Callable[[List[str]], int], argv: Sequence[str]) -> int
     Warnings the command raises are printed as one line each, ``memsave: warning: ...`` (see :func:`cli_text`);
     with ``--traceback`` as Python prints them.
 
-    Example:
+    Examples:
         >>> run_command(lambda argv: 0, ["--traceback"])
         0
     """

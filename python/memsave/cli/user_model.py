@@ -66,7 +66,7 @@ def is_user_model(name: str) -> bool:
     Returns:
         True when it has the ``MODULE:CALLABLE`` form.
 
-    Example:
+    Examples:
         >>> is_user_model("torchvision.models:resnet18"), is_user_model("resnet50")
         (True, False)
     """
@@ -108,7 +108,7 @@ class InputSpec:
         Returns:
             a float32 (standard normal) or int64 (uniform token ids) tensor.
 
-        Example:
+        Examples:
             >>> InputSpec((2, 3)).make(torch.device("meta"), batch=5).shape
             torch.Size([5, 3])
         """
@@ -133,7 +133,7 @@ def parse_input(text: str) -> InputSpec:
     Raises:
         UsageError: anything else (the message shows both forms).
 
-    Example:
+    Examples:
         >>> parse_input("tokens:2,128:50257")
         InputSpec(shape=(2, 128), vocab=50257)
     """
@@ -175,7 +175,7 @@ def make_inputs(
     Returns:
         the tensors, in order.
 
-    Example:
+    Examples:
         >>> [t.shape for t in make_inputs([parse_input("2,3")], torch.device("cpu"), 0, batch=4)]
         [torch.Size([4, 3])]
     """
@@ -196,7 +196,7 @@ def parse_model_kwargs(text: Optional[str]) -> Dict[str, Any]:
     Raises:
         UsageError: not JSON, or not an object.
 
-    Example:
+    Examples:
         >>> parse_model_kwargs('{"num_classes": 10}')
         {'num_classes': 10}
     """
@@ -258,7 +258,7 @@ def load_callable(spec: str) -> Callable[..., Any]:
             or an attribute that is not callable.
         CommandError: the module exists but importing it raised.
 
-    Example:
+    Examples:
         >>> load_callable("torch.nn:Linear") is torch.nn.Linear
         True
     """
@@ -300,7 +300,7 @@ def build_user_model(spec: str, kwargs: Optional[Dict[str, Any]] = None, seed: i
         UsageError: as :func:`load_callable`, or the callable returned something that is not an ``nn.Module``.
         CommandError: importing the module or calling the callable raised.
 
-    Example:
+    Examples:
         >>> build_user_model("torch.nn:Linear", {"in_features": 4, "out_features": 2})
         Linear(in_features=4, out_features=2, bias=True)
     """

@@ -34,7 +34,7 @@ def check_chunks(chunks: Any, where: str) -> Chunks:
         TypeError: neither an int nor a string.
         ValueError: below 1, or a string other than ``"auto"``.
 
-    Example:
+    Examples:
         >>> check_chunks("auto", "convert: mlp_chunks")
         'auto'
     """
@@ -50,7 +50,7 @@ def check_chunks(chunks: Any, where: str) -> Chunks:
 def provide_chunking(chunk_module: ChunkModule, chunk_method: ChunkMethod) -> None:
     """Register the implementation of :func:`chunk_module` and :func:`chunk_method` (the recompute part's).
 
-    Example:
+    Examples:
         >>> provide_chunking(chunked, chunked_method)     # memsave/__init__.py, once
     """
     _PROVIDED[0] = (chunk_module, chunk_method)

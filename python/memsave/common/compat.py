@@ -6,7 +6,7 @@ checks that the feature is there (never a version compare, except for the floor 
 :class:`RuntimeError` naming what this torch lacks, so that a future torch that moves an internal fails in one
 readable place instead of deep inside a step.
 
-Example:
+Examples:
     >>> from memsave.common import compat
     >>> compat.torch_version() >= compat.TORCH_FLOOR
     True
@@ -51,7 +51,7 @@ SUPPORTED_PYTHON = "Python>=3.10"
 def torch_version() -> Tuple[int, int]:
     """Return the running torch's (major, minor) release, local tags and pre-release suffixes dropped.
 
-    Example:
+    Examples:
         >>> torch_version()  # under torch 2.15.0+cu132
         (2, 15)
     """
@@ -178,7 +178,7 @@ class FlopCount(TorchDispatchMode):
     Attributes:
         total: the FLOPs counted so far.
 
-    Example:
+    Examples:
         >>> with FlopCount() as flops:
         ...     loss.backward()
         >>> flops.total

@@ -16,7 +16,7 @@ def progress_bar(total: int, desc: str, unit: str = "it", delay: float = 1.0) ->
     Returns:
         the bar (call ``update(n)``, ``set_postfix_str(s)``, ``close()``), or None when tqdm is not installed.
 
-    Example:
+    Examples:
         >>> bar = progress_bar(3, "work")
         >>> for _ in range(3):
         ...     bar.update(1)

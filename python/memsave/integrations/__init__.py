@@ -13,7 +13,7 @@ the model's switch themselves (:mod:`memsave.recompute.switch`), so ``Trainer(ar
 activation_checkpointing=True)`` and ``model.gradient_checkpointing_enable()`` keep memsave's regions. accelerate
 needs nothing either: ``Accelerator.prepare`` on a wrapped or converted model trains as the plain one does.
 
-Example:
+Examples:
     >>> import memsave.integrations.transformers as ms_hf
     >>> ms_hf.enable(model)                         # model.gradient_checkpointing_enable() now means memsave
     >>> Trainer(model, args, callbacks=[ms_hf.MemoryCallback()])

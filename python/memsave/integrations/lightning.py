@@ -35,7 +35,7 @@ class MemoryMonitor(Callback):
     Attributes:
         history: ``{"step", "peak_bytes", "activation_bytes"}`` of every probed step.
 
-    Example:
+    Examples:
         >>> from memsave.integrations.lightning import MemoryMonitor
         >>> trainer = lightning.Trainer(max_steps=100, callbacks=[MemoryMonitor(every_n_steps=10)])
         >>> trainer.fit(module, loader); trainer.callback_metrics["peak_bytes"]

@@ -28,7 +28,7 @@ class StepMemoryProbe:
         device: the device to read; None: the device of the first parameter of the model given to :meth:`attach`
             (else the current CUDA device when CUDA is available, else the CPU).
 
-    Example:
+    Examples:
         >>> probe = StepMemoryProbe().attach(model)
         >>> probe.begin(); loss = model(x).sum(); loss.backward(); opt.step()
         >>> probe.end()

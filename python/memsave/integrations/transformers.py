@@ -38,7 +38,7 @@ def check_version(version: str = transformers_version) -> None:
     Raises:
         ImportError: an older transformers.
 
-    Example:
+    Examples:
         >>> check_version("5.24.0")
     """
     parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
@@ -73,7 +73,7 @@ def enable(model: ModuleT, **checkpoint_options: Any) -> ModuleT:
         TypeError: ``model`` has no checkpointing switch, or an option that :func:`memsave.wrap` does not take.
         ImportError: transformers is older than :data:`MIN_VERSION`.
 
-    Example:
+    Examples:
         >>> import memsave.integrations.transformers as ms_hf
         >>> ms_hf.enable(model)
         >>> model.gradient_checkpointing_enable()        # memsave's regions around each decoder layer
@@ -107,7 +107,7 @@ class MemoryCallback(TrainerCallback):
     Args:
         device: the device to read; None: the model's.
 
-    Example:
+    Examples:
         >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[MemoryCallback()])
         >>> trainer.train(); trainer.state.log_history[0]["peak_bytes"]
     """

@@ -86,7 +86,7 @@ def read_cpu_events(prof: Any, marker_prefix: Optional[str] = None) -> CpuEvents
     Raises:
         RuntimeError: this torch does not expose the profiler's event tree.
 
-    Example:
+    Examples:
         >>> with cpu_allocation_profiler() as prof:
         ...     x = torch.ones(1024)
         >>> read_cpu_events(prof).deltas[-1][1]
@@ -145,7 +145,7 @@ def cpu_memory_stats(fn: Callable[[], Any]) -> CpuMemoryStats:
     Returns:
         :class:`CpuMemoryStats`, with ``fn``'s return value in ``.result``.
 
-    Example:
+    Examples:
         >>> stats = cpu_memory_stats(lambda: torch.ones(1024))
         >>> stats.net_bytes
         4096
@@ -175,7 +175,7 @@ def cpu_peak_bytes(step_fn: Callable[[], Any]) -> int:
     Returns:
         the peak, in bytes, of (bytes allocated - bytes freed) since ``step_fn`` started.
 
-    Example:
+    Examples:
         >>> model, x = torch.nn.Linear(64, 64), torch.randn(32, 64)
         >>> cpu_peak_bytes(lambda: model(x).sum().backward()) > 0
         True
@@ -190,7 +190,7 @@ def step_peak_bytes(step_fn: Callable[[], Any], device: torch.device) -> int:
     CUDA: ``max_memory_allocated() - memory_allocated()`` around the call, peak statistics reset first (so
     ``max_memory_reserved`` afterwards is the call's too). CPU: :func:`cpu_peak_bytes`.
 
-    Example:
+    Examples:
         >>> step_peak_bytes(lambda: model(x).sum().backward(), torch.device("cpu")) > 0
         True
     """

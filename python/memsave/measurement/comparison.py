@@ -189,7 +189,7 @@ class Comparison:
     def breakdown(self, strategy: str = "eager", top: int = 10) -> str:
         """Text table of a row's activation bytes per module at the end of forward (the largest ``top``).
 
-        Example:
+        Examples:
             >>> print(result.breakdown("eager", top=5))
         """
         row = self[strategy]
@@ -211,7 +211,7 @@ class Comparison:
     def to_json(self, path: Optional[str] = None, indent: int = 2) -> str:
         """The comparison as JSON (written to ``path`` too when given).
 
-        Example:
+        Examples:
             >>> Comparison.from_json(result.to_json()).rows == result.rows
             True
         """
@@ -257,7 +257,7 @@ class Comparison:
         Raises:
             ImportError: matplotlib is not installed.
 
-        Example:
+        Examples:
             >>> fig = memsave.compare(model, x).plot(); fig.savefig("compare.png")
         """
         try:
@@ -366,7 +366,7 @@ def parse_strategies(strategies: Strategies) -> List[Strategy]:
             registered strategy's.
         TypeError: an entry that is neither a name, a :class:`Strategy` nor (in a mapping) a callable.
 
-    Example:
+    Examples:
         >>> [s.name for s in parse_strategies({"hf": lambda m: m, "wrap": "checkpoint:blocks"})]
         ['eager', 'hf', 'checkpoint:blocks']
     """
@@ -567,7 +567,7 @@ def compare(
         MemsaveWarning: the step times of a strategy spread over 10% of their median (the ratios are uncertain).
         RuntimeWarning: a strategy declared lossless gives gradients other than eager's (CPU).
 
-    Example:
+    Examples:
         >>> result = memsave.compare(model, x, strategies=["eager", "checkpoint:blocks", "convert"])
         >>> print(result)            # or just `result` as the last line of a notebook cell
         >>> memsave.compare(lm, ids, labels=ids, strategies={"hf": lambda m: m.gradient_checkpointing_enable() or m})

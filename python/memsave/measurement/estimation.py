@@ -93,7 +93,7 @@ OPTIMIZER_STATES: Dict[str, int] = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsp
 def cuda_block_bytes(nbytes: int) -> int:
     """Bytes the CUDA caching allocator accounts for an allocation of ``nbytes``: rounded up to 512, 0 stays 0.
 
-    Example:
+    Examples:
         >>> cuda_block_bytes(4), cuda_block_bytes(512), cuda_block_bytes(513)
         (512, 512, 1024)
     """
@@ -120,7 +120,7 @@ class CpuConvWorkspace:
     ``peak - outputs`` for the rest of the process. The probe allocates one layer's input, weight and output for a
     moment; nothing of the model itself is allocated.
 
-    Example:
+    Examples:
         >>> ws = CpuConvWorkspace()
         >>> ws(torch.ops.aten.convolution.default, (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), out)
         131072
@@ -564,7 +564,7 @@ def estimate(
         StrategyUnavailableError: the strategy needs a memsave module this build lacks.
         NoFakeKernelError: an operator of the model has no fake-tensor implementation.
 
-    Example:
+    Examples:
         >>> est = memsave.estimate(model, torch.empty(64, 3, 224, 224, device="meta"), device="cuda",
         ...                        strategy="checkpoint:blocks")
         >>> memsave.estimate(lm, ids, labels=ids, device="cuda").peak_bytes     # keyword inputs as the model takes
@@ -657,7 +657,7 @@ def max_batch_size(
         ValueError: ``memory`` does not parse, ``headroom`` is outside [0, 1), ``min_batch`` < 1 or
             ``max_batch`` < ``min_batch``.
 
-    Example:
+    Examples:
         >>> memsave.max_batch_size(model, lambda b: torch.empty(b, 3, 224, 224, device="meta"), "24GiB",
         ...                        strategy="checkpoint:blocks")
         212

@@ -76,7 +76,7 @@ def default_loss(output: Any) -> torch.Tensor:
     Raises:
         TypeError: the output holds no floating-point tensor that requires grad.
 
-    Example:
+    Examples:
         >>> default_loss((torch.ones(2, requires_grad=True), 3)).item()
         2.0
     """
@@ -103,7 +103,7 @@ def resolve_loss_fn(loss_fn: Optional[LossFn], where: str) -> LossFn:
     Raises:
         TypeError: ``loss_fn`` is not callable.
 
-    Example:
+    Examples:
         >>> resolve_loss_fn(None, "measure") is default_loss
         True
     """
@@ -129,7 +129,7 @@ def resolve_device(
     Raises:
         ValueError: they are on several devices, or not on ``device``, or ``device`` is not a torch device.
 
-    Example:
+    Examples:
         >>> resolve_device(torch.nn.Linear(2, 2), (torch.ones(2),), None)
         device(type='cpu')
     """
@@ -237,7 +237,7 @@ class SavedStepState:
         model: the model whose buffers and parameter gradients are saved.
         inputs: the step's inputs; gradients of leaf inputs that require grad are saved too.
 
-    Example:
+    Examples:
         >>> state = SavedStepState(model, (x,))
         >>> state.clear_grads(); model(x).sum().backward()
         >>> state.restore()          # gradients, buffers and RNG as before the step
@@ -309,7 +309,7 @@ def measure_memory(
     Returns:
         a :class:`StepMemory`.
 
-    Example:
+    Examples:
         >>> measure_memory(model, (x,), {}, default_loss, torch.device("cpu")).activation_bytes
     """
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
@@ -379,7 +379,7 @@ def measure(
     Warns:
         MemsaveWarning: the rounds' step times spread over 10% of their median.
 
-    Example:
+    Examples:
         >>> model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
         >>> m = measure(model, torch.randn(64, 256))
         >>> m.activation_bytes          # ReLU's output (saved for backward, and returned)

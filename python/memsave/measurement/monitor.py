@@ -68,7 +68,7 @@ class MemoryMonitor:
     The monitor is active between :meth:`start` and :meth:`stop` (or inside ``with monitor:``); :meth:`iterate`
     starts it and records a step after each item's loop body. ``history`` keeps every :class:`StepMemory`.
 
-    Example:
+    Examples:
         >>> monitor = memsave.MemoryMonitor(pbar=pbar)
         >>> for x, y in monitor.iterate(pbar):          # pbar = tqdm(loader)
         ...     loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
@@ -142,7 +142,7 @@ class MemoryMonitor:
     def reset_peak(self) -> None:
         """Start a new peak from now (as :meth:`step` does), without recording a step.
 
-        Example:
+        Examples:
             >>> monitor.reset_peak(); train_step(); monitor.current()["peak"]
         """
         if not self._active:
@@ -218,7 +218,7 @@ class MemoryMonitor:
     def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield the items of ``iterable``; record a step after each item's loop body. Starts and stops the monitor.
 
-        Example:
+        Examples:
             >>> for batch in monitor.iterate(tqdm(loader)):
             ...     train_step(batch)
         """
@@ -269,7 +269,7 @@ def cuda_memory_snapshot(path: Union[str, os.PathLike], max_entries: int = 100_0
     Raises:
         RuntimeError: no CUDA device, or a torch without the history API.
 
-    Example:
+    Examples:
         >>> with memsave.measurement.monitor.cuda_memory_snapshot("step.pickle"):
         ...     loss_fn(model(x)).backward()
     """

@@ -147,7 +147,7 @@ def register_strategy(
         ValueError: a bad name, an existing name without ``replace=True``, or neither ``apply`` nor ``context``
             for a strategy other than eager.
 
-    Example:
+    Examples:
         >>> register_strategy("channels_last", "NHWC memory format",
         ...                   apply=lambda model, arg, ctx: model.to(memory_format=torch.channels_last))
     """
@@ -177,7 +177,7 @@ def unregister_strategy(name: str) -> None:
     Raises:
         KeyError: no strategy kind is called ``name``.
 
-    Example:
+    Examples:
         >>> unregister_strategy("channels_last")
     """
     if name not in _REGISTRY:
@@ -188,7 +188,7 @@ def unregister_strategy(name: str) -> None:
 def strategy_definitions() -> List[StrategyDef]:
     """Every registered strategy kind, in registration order (for help texts and argument splitting).
 
-    Example:
+    Examples:
         >>> [d.name for d in strategy_definitions()][:2]
         ['eager', 'checkpoint']
     """
@@ -312,7 +312,7 @@ def parse_strategy(spec: Union[str, Strategy]) -> Strategy:
         ValueError: an unknown name, a missing or unexpected argument (the message lists the valid names).
         TypeError: ``spec`` is not a string.
 
-    Example:
+    Examples:
         >>> parse_strategy("convert+checkpoint:blocks").parts[1][1]
         'blocks'
     """
@@ -373,7 +373,7 @@ def strategy_from_callable(name: str, fn: Callable[[nn.Module], nn.Module]) -> S
         ValueError: ``name`` is empty or names a registered strategy.
         TypeError: ``fn`` is not callable.
 
-    Example:
+    Examples:
         >>> s = strategy_from_callable("hf_checkpointing", lambda m: (m.gradient_checkpointing_enable(), m)[1])
     """
     if not isinstance(name, str) or not name.strip():

@@ -78,7 +78,7 @@ def median_iqr(values: Sequence[float]) -> Tuple[float, float]:
     Raises:
         ValueError: ``values`` is empty.
 
-    Example:
+    Examples:
         >>> median_iqr([1.0, 2.0, 3.0, 4.0, 100.0])
         (3.0, 2.0)
     """
@@ -178,7 +178,7 @@ def time_interleaved(
             or precision, window counts out of order, or ``reference`` is not a variant.
         TypeError: a step is not callable.
 
-    Example:
+    Examples:
         >>> t = time_interleaved({"a": lambda: sum(range(1000)), "b": lambda: sum(range(1000))}, rounds=7)
         >>> t["b"].ratio, t["b"].ratio_iqr, t["b"].rounds       # about 1.0, small, 7 or more
     """
@@ -250,7 +250,7 @@ def spread_warning(timings: Sequence[Timing], where: str, threshold: float = SPR
     Returns:
         the message naming every variant over the threshold, or None.
 
-    Example:
+    Examples:
         >>> t = Timing("eager", 1.0, 0.3, 5, 1, (1.0,) * 5)
         >>> spread_warning([t], "compare")[:40]
         "compare: step times spread widely (IQR o"

@@ -89,7 +89,7 @@ class LiveTensorTracker(TorchDispatchMode):
     When the tracker exits, its finalizers are detached: the counters keep their values at exit and storages that
     die later no longer touch it.
 
-    Example:
+    Examples:
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
         >>> x = torch.randn(2, 4)
         >>> with LiveTensorTracker(root=model) as tracker:

@@ -112,7 +112,7 @@ def parse_bytes(value: Union[int, str], what: str = "memory") -> int:
             ``"50%"``), which only a budget can be.
         TypeError: ``value`` is neither an int nor a string.
 
-    Example:
+    Examples:
         >>> parse_bytes("1.5KiB")
         1536
     """
@@ -137,7 +137,7 @@ def parse_budget(budget: Budget, eager_peak_bytes: Optional[int] = None, what: s
         ValueError: the budget is not positive, the string cannot be parsed, or a fraction is given without
             ``eager_peak_bytes``.
 
-    Example:
+    Examples:
         >>> parse_budget("1.5 KiB")
         1536
         >>> parse_budget("50%", eager_peak_bytes=1000)
@@ -157,7 +157,7 @@ def is_fraction(budget: Budget) -> bool:
     Raises:
         TypeError, ValueError: as :func:`parse_budget`.
 
-    Example:
+    Examples:
         >>> is_fraction("50%"), is_fraction("2GiB")
         (True, False)
     """
@@ -173,7 +173,7 @@ def format_bytes(n: Optional[Union[int, float]]) -> str:
     Returns:
         e.g. ``"12.3 MiB"``; ``"-"`` for None.
 
-    Example:
+    Examples:
         >>> format_bytes(3 * 2**20)
         '3.00 MiB'
     """

@@ -60,7 +60,7 @@ def gpt2(
     Raises:
         ImportError: transformers is not installed.
 
-    Example:
+    Examples:
         >>> model = memsave.models.hub.gpt2(layers=2, hidden=32, vocab=101)
         >>> model(torch.randint(0, 101, (2, 16)), labels=...).loss
     """
@@ -88,7 +88,7 @@ def llama(*args: Any, **config: Any) -> nn.Module:
     Raises:
         ImportError: transformers is not installed.
 
-    Example:
+    Examples:
         >>> model = memsave.models.hub.llama(layers=2, hidden=64, vocab=256)
         >>> memsave.convert(model, fuse=True)
     """
@@ -127,7 +127,7 @@ def causal_lm(
         ImportError: transformers is not installed.
         AttributeError: transformers has no such family.
 
-    Example:
+    Examples:
         >>> model = memsave.models.hub.causal_lm("Mistral", layers=2, hidden=64, kv_heads=2, sliding_window=8)
     """
     tf = _transformers()
@@ -157,7 +157,7 @@ def bert(
     Raises:
         ImportError: transformers is not installed.
 
-    Example:
+    Examples:
         >>> model = memsave.models.hub.bert(layers=2, hidden=32, intermediate=64, vocab=96)
     """
     tf = _transformers()
@@ -186,7 +186,7 @@ def timm_vit(
     Raises:
         ImportError: timm is not installed.
 
-    Example:
+    Examples:
         >>> model = memsave.models.hub.timm_vit(size=32, patch=8, dim=32, depth=2, heads=2)
     """
     timm = _library("timm", "1.0.31")
@@ -216,7 +216,7 @@ def torchvision_vit(
     Raises:
         ImportError: torchvision is not installed.
 
-    Example:
+    Examples:
         >>> model = memsave.models.hub.torchvision_vit(size=32, patch=8, layers=2, heads=2, hidden=32, mlp=64)
     """
     models = _library("torchvision", "0.26.0").models

@@ -462,7 +462,7 @@ def build(name: str, size: str = "cpu", device: str = "cpu", seed: int = 0, batc
     Raises:
         ValueError: unknown model or size.
 
-    Example:
+    Examples:
         >>> case = build("unet", "tiny")
         >>> case.loss_fn(case.model(*case.inputs)).backward()
     """

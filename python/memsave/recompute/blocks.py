@@ -37,7 +37,7 @@ In each case a member nested inside another member is dropped (the outermost one
 ``named_modules()`` order. A model with no family (an ``nn.Sequential`` of single layers) has no blocks: the
 answer is empty, and ``memsave.wrap(model)`` warns that it checkpoints nothing.
 
-Example:
+Examples:
     >>> model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8), nn.GELU()),
     ...                       nn.Sequential(nn.Linear(8, 8), nn.GELU()), nn.Linear(8, 2))
     >>> find_blocks(model)          # the family of non-leaf Sequentials, not the Linear layers
@@ -92,7 +92,7 @@ def explain_blocks(model: nn.Module) -> BlockChoice:
         TypeError: ``model`` is not an ``nn.Module``.
         ValueError: ``model.checkpoint_blocks()`` names a submodule that does not exist.
 
-    Example:
+    Examples:
         >>> choice = memsave.recompute.blocks.explain_blocks(timm.create_model("regnety_002"))
         >>> choice.source, len(choice.names), choice.names[:2]
         ('structure', 13, ['s1.b1', 's2.b1'])
@@ -147,7 +147,7 @@ def find_blocks(model: nn.Module) -> List[str]:
         TypeError: ``model`` is not an ``nn.Module``.
         ValueError: ``model.checkpoint_blocks()`` names a submodule that does not exist.
 
-    Example:
+    Examples:
         >>> import torchvision
         >>> memsave.find_blocks(torchvision.models.resnet18())[:3]
         ['layer1.0', 'layer1.1', 'layer2.0']

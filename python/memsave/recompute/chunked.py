@@ -52,7 +52,7 @@ def auto_chunks(length: int, hidden: int) -> int:
     ``ceil(length / max(hidden, AUTO_CHUNK_POSITIONS))``: one slice per ``hidden`` positions (at least 256), so a
     slice's intermediates stay about the size of one of the module's weight matrices whatever the sequence length.
 
-    Example:
+    Examples:
         >>> memsave.recompute.chunked.auto_chunks(8192, 256)
         32
     """
@@ -162,7 +162,7 @@ class ChunkedForward:
 def is_chunked(module: nn.Module) -> bool:
     """Whether :func:`chunked` gave ``module`` a chunked forward.
 
-    Example:
+    Examples:
         >>> memsave.recompute.is_chunked(memsave.chunked(mlp, 4))
         True
     """
@@ -199,7 +199,7 @@ def chunked(module: ModuleT, chunks: Chunks, dim: int = 1) -> ModuleT:
             argument that is not a tensor or an output that is not a tensor or a tuple of tensors.
         ValueError: ``chunks`` < 1 or a string other than ``"auto"``; at call time, ``dim`` out of range.
 
-    Example:
+    Examples:
         >>> mlp = model.model.layers[0].mlp
         >>> memsave.chunked(mlp, 8)                         # [batch, seq, hidden]: 8 slices of seq / 8 positions
         >>> memsave.convert(model, fuse=True, mlp_chunks="auto")   # every MLP of a known model zoo
@@ -232,7 +232,7 @@ def chunked_method(module: nn.Module, method: str, chunks: Chunks, dim: int, nam
     Returns:
         ``module``.
 
-    Example:
+    Examples:
         >>> chunked_method(bert_layer, "feed_forward_chunk", 4, 1, "encoder.layer.0.feed_forward_chunk")
     """
     previous = module.__dict__.get(method)

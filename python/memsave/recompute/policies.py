@@ -43,7 +43,7 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
         ValueError: the policy selects nothing, or ``blocks`` finds no repeated blocks (the message lists the
             model's module classes).
 
-    Example:
+    Examples:
         >>> resolve_checkpoint_policy(gpt, "blocks")[:2]
         ['h.0', 'h.1']
     """

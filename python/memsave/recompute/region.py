@@ -919,7 +919,7 @@ def checkpoint(
     Warns:
         MemsaveWarning: ``use_reentrant=True``.
 
-    Example:
+    Examples:
         >>> block = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
         >>> y = memsave.checkpoint(block, x, use_reentrant=False)   # as with torch.utils.checkpoint
         >>> y.sum().backward()
@@ -976,7 +976,7 @@ def checkpointed(
         TypeError: ``fn`` or ``context_fn`` is not callable, ``name`` is not a str, or ``strict``,
             ``preserve_rng_state`` or ``early_stop`` is not a bool.
 
-    Example:
+    Examples:
         >>> class Block(nn.Module):
         ...     @memsave.checkpointed
         ...     def forward(self, x):
@@ -1087,7 +1087,7 @@ def checkpoint_sequential(
     Warns:
         MemsaveWarning: ``use_reentrant=True``.
 
-    Example:
+    Examples:
         >>> out = memsave.checkpoint_sequential(vgg.features, 2, images)
     """
     if isinstance(modules, (nn.Sequential, nn.ModuleList)):

@@ -65,7 +65,7 @@ def operators_of(operator_class: str) -> Tuple[Any, ...]:
     Raises:
         ValueError: an unknown class name.
 
-    Example:
+    Examples:
         >>> torch.ops.aten.mm.default in memsave.recompute.selective.operators_of("matmul")
         True
     """
@@ -98,7 +98,7 @@ def selective(*operator_classes: str) -> Callable[[], Tuple[Any, Any]]:
     Raises:
         ValueError: no class, or an unknown class name.
 
-    Example:
+    Examples:
         >>> keep_matmuls = memsave.selective("matmul", "attention")
         >>> y = memsave.checkpoint(block, x, use_reentrant=False, context_fn=keep_matmuls)
         >>> memsave.wrap(model, context_fn=keep_matmuls)      # every block: recompute only the cheap operators

@@ -82,7 +82,7 @@ def sequential_view(model: nn.Module) -> nn.Sequential:
     Raises:
         ValueError: the model is neither an ``nn.Sequential`` nor has an ``as_sequential()`` method.
 
-    Example:
+    Examples:
         >>> sequential_view(nn.Sequential(nn.Linear(2, 2))) is not None
         True
     """

@@ -161,7 +161,7 @@ def claim(model: nn.Module, mode: str, **options: Any) -> bool:
     Returns:
         True when some module of ``model`` has a switch (now memsave's).
 
-    Example:
+    Examples:
         >>> claim(hf_model, "enable", preserve_rng_state=True)
         True
     """
@@ -191,7 +191,7 @@ def release(model: nn.Module, mode: Optional[str] = None) -> None:
     """Take memsave's switch off ``model`` and its submodules (only those claimed in ``mode`` when given):
     transformers' own switch is in force again.
 
-    Example:
+    Examples:
         >>> release(hf_model)
     """
     for module in model.modules():

@@ -246,7 +246,7 @@ class WrappedRepr:
 def is_wrapped(module: nn.Module) -> bool:
     """Whether ``module`` itself is checkpointed by :func:`wrap` (its submodules are not looked at).
 
-    Example:
+    Examples:
         >>> [name for name, m in model.named_modules() if memsave.recompute.is_wrapped(m)]
         ['layers.0', 'layers.1']
     """
@@ -323,7 +323,7 @@ def all_or_nothing(model: nn.Module) -> Iterator[None]:
     Returns:
         A context manager; the body's exception propagates unchanged after the model is restored.
 
-    Example:
+    Examples:
         >>> with all_or_nothing(model):
         ...     for name, module in selected:
         ...         wrap_module(module, name)
@@ -427,7 +427,7 @@ def wrap(
         MemsaveWarning: the policy selected no module, or with no policy the model has no repeated blocks, so
             nothing is checkpointed.
 
-    Example:
+    Examples:
         >>> memsave.wrap(model)                                # recompute each of its blocks in backward
         >>> memsave.wrap(model, nn.TransformerEncoderLayer)   # recompute each layer of this class
         >>> memsave.wrap(model, "blocks")                      # the policy strings of checkpoint:<policy>
@@ -500,7 +500,7 @@ def unwrap(model: ModuleT) -> ModuleT:
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
 
-    Example:
+    Examples:
         >>> memsave.unwrap(model)
         >>> assert "[memsave.checkpoint]" not in repr(model)
     """

@@ -73,7 +73,7 @@ class CausalLMHead(nn.Linear):
         Returns:
             The head (unarmed).
 
-        Example:
+        Examples:
             >>> model.lm_head = CausalLMHead.from_linear(model.lm_head, labels_position=5)
         """
         head = cls.__new__(cls)

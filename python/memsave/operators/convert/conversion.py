@@ -456,7 +456,7 @@ def plan_convert(
     Returns:
         A :class:`ConvertReport`; ``print(report)`` shows the table.
 
-    Example:
+    Examples:
         >>> from memsave.operators.convert import plan_convert
         >>> print(plan_convert(model))
     """
@@ -544,12 +544,10 @@ def convert(
     Raises:
         TypeError: ``model`` is not an nn.Module, or include/exclude hold something else than classes and strings.
         ValueError: an include pattern matches no module of the model, or a registered pattern broke the state_dict
-            keys.
+            keys. Whatever fails (a rule, a pattern, an install), the model is left exactly as it was: module tree,
+            forwards, parameters, buffers and hooks.
 
-        Whatever fails (a rule, a pattern, an install), the model is left exactly as it was: module tree, forwards,
-        parameters, buffers and hooks.
-
-    Example:
+    Examples:
         >>> model = memsave.convert(torchvision.models.vgg16(), verbose=True)
         >>> llama = memsave.convert(transformers.LlamaForCausalLM(config), fuse=True)
         >>> llama(input_ids, labels=input_ids).loss.backward()         # no logits built; .logits is [batch, seq, 0]

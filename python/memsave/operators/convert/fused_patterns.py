@@ -132,7 +132,7 @@ def register_inplace_abn_pattern(priority: int = 20) -> None:
     Args:
         priority: tried before ``batch_norm_act`` (priority 10) by default.
 
-    Example:
+    Examples:
         >>> from memsave.operators.convert import register_inplace_abn_pattern
         >>> register_inplace_abn_pattern()
         >>> memsave.convert(model)

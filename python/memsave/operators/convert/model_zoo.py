@@ -92,7 +92,7 @@ def fused_activation(act: object) -> Union[Tuple[str, Optional[float]], str]:
     Returns:
         ``(name, param)`` for :func:`memsave.functional.act_linear` / ``gated_act``, or a one-line reason.
 
-    Example:
+    Examples:
         >>> fused_activation(transformers.activations.NewGELUActivation())
         ('gelu_tanh', None)
     """
@@ -346,7 +346,7 @@ def chunk_mlps(model: nn.Module, chunks: Union[int, str]) -> List[str]:
     Returns:
         the qualified names of the chunked MLPs (``"layers.0.mlp"``, ``"encoder.layer.0.feed_forward_chunk"``).
 
-    Example:
+    Examples:
         >>> chunk_mlps(llama, "auto")
         ['model.layers.0.mlp', 'model.layers.1.mlp']
     """

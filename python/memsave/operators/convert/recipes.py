@@ -81,7 +81,7 @@ def fuse_resnet50(model: nn.Module, inplace_abn: bool = False) -> nn.Module:
     Raises:
         TypeError: ``model`` is not the zoo's ResNet-50.
 
-    Example:
+    Examples:
         >>> model = fuse_resnet50(memsave.models.build("resnet50", "tiny").model)  # doctest: +SKIP
     """
     if not is_resnet50(model):
@@ -140,7 +140,7 @@ def fuse_sequentials(model: nn.Module, names: Sequence[str]) -> int:
     Raises:
         ValueError: an unknown pattern name.
 
-    Example:
+    Examples:
         >>> fuse_sequentials(nn.Sequential(nn.BatchNorm2d(3), nn.ReLU()), ["batch_norm_act"])
         1
     """
@@ -173,7 +173,7 @@ def fuse_gpt2(model: nn.Module) -> nn.Module:
     Raises:
         TypeError: ``model`` is not the zoo's GPT.
 
-    Example:
+    Examples:
         >>> model = fuse_gpt2(memsave.models.build("gpt2", "tiny").model)  # doctest: +SKIP
     """
     if type(model).__name__ != "GPT" or not hasattr(model, "h"):

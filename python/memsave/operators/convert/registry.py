@@ -140,7 +140,7 @@ def register_module_swap(
         note: one line for the summary: what the replacement keeps for backward instead of what.
         refuse: optional ``refuse(old) -> reason or None``; a reason leaves ``old`` in place, reported as skipped.
 
-    Example:
+    Examples:
         >>> from memsave.operators.convert import register_module_swap
         >>> register_module_swap(nn.GELU, lambda m: MyGELU(m.approximate), "keeps the input only")
     """
@@ -173,7 +173,7 @@ def register_sequential_pattern(
         note: one line for the summary: what the fused replacement keeps for backward.
         priority: patterns are tried highest priority first, then in registration order.
 
-    Example:
+    Examples:
         >>> from memsave.operators.convert import register_sequential_pattern
         >>> register_sequential_pattern(
         ...     "bn_relu", (nn.BatchNorm2d, nn.ReLU),
@@ -272,7 +272,7 @@ def qualified_class_name(module: nn.Module) -> str:
     Returns:
         The qualified class name, e.g. ``"transformers.models.llama.modeling_llama.LlamaMLP"``.
 
-    Example:
+    Examples:
         >>> qualified_class_name(torch.nn.ReLU())
         'torch.nn.modules.activation.ReLU'
     """
@@ -344,7 +344,7 @@ def add_module_rule(rule: ModuleRule) -> None:
     Raises:
         TypeError: a class name that is not a dotted ``"package.module.Class"`` string.
 
-    Example:
+    Examples:
         >>> add_module_rule(ModuleRule("my_mlp", ("mypkg.model.MyMLP",), rewrite_my_mlp))
     """
     for name in rule.class_names:
@@ -362,7 +362,7 @@ def module_rule_for(module: nn.Module) -> Optional[ModuleRule]:
     Returns:
         The rule :func:`memsave.convert` applies to it with ``fuse=True``, or None (subclasses have none).
 
-    Example:
+    Examples:
         >>> module_rule_for(llama.model.layers[0]).name
         'llama_decoder_layer'
     """

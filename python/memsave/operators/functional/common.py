@@ -31,7 +31,7 @@ _DEFAULT_PARAM = {"leaky_relu": 0.01, "elu": 1.0}
 def check_number(where: str, name: str, value: object) -> float:
     """``value`` as a float when it is a real number (not a bool), else TypeError naming the argument.
 
-    Example:
+    Examples:
         >>> check_number("memsave.functional.leaky_relu", "negative_slope", "a")
         Traceback (most recent call last):
         TypeError: memsave.functional.leaky_relu: negative_slope must be a number, got 'a'

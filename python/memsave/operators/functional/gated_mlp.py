@@ -44,7 +44,7 @@ def gated_act(gate: Tensor, up: Tensor, act: str = "silu") -> Tensor:
         ValueError: unknown activation, or ``up``'s shape differs from ``gate``'s.
         RuntimeError: ``up`` has another dtype or device than ``gate``.
 
-    Example:
+    Examples:
         >>> h = memsave.functional.gated_act(mlp.gate_proj(x), mlp.up_proj(x), "silu")
     """
     check_tensor("gated_act", gate)
@@ -73,7 +73,7 @@ def gated_act_linear(
         ValueError: unknown activation or shapes that do not chain.
         RuntimeError: tensors on different devices, or ``up`` of another dtype than ``gate``.
 
-    Example:
+    Examples:
         >>> y = memsave.functional.gated_act_linear(mlp.gate_proj(x), mlp.up_proj(x), mlp.down_proj.weight)
     """
     check_tensor("gated_act_linear", gate)

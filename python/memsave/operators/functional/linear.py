@@ -34,7 +34,7 @@ def layer_norm_linear(
     Returns:
         ``[..., out_features]`` tensor.
 
-    Example:
+    Examples:
         >>> ln, fc = torch.nn.LayerNorm(64), torch.nn.Linear(64, 256)
         >>> y = memsave.functional.layer_norm_linear(x, 64, ln.weight, ln.bias, fc.weight, fc.bias)
     """
@@ -66,7 +66,7 @@ def act_linear(
     Returns:
         ``[..., out_features]`` tensor.
 
-    Example:
+    Examples:
         >>> h = fc1(x)
         >>> y = memsave.functional.act_linear(h, fc2.weight, fc2.bias, act="gelu")
     """

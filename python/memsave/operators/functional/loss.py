@@ -59,7 +59,7 @@ def linear_cross_entropy(
             sync).
         RuntimeError: weight, target or bias on another device than hidden.
 
-    Example:
+    Examples:
         >>> hidden = model.transformer(input_ids).last_hidden_state[:, :-1]        # [batch, seq - 1, d]
         >>> loss = memsave.functional.linear_cross_entropy(hidden, model.lm_head.weight, input_ids[:, 1:])
         >>> loss.backward()

@@ -20,7 +20,7 @@ def relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     Returns:
         ``relu(input)``: a new tensor in the memory format of ``input``, or ``input`` itself when ``inplace``.
 
-    Example:
+    Examples:
         >>> x = torch.randn(4, 8, requires_grad=True)
         >>> y = memsave.functional.relu(x)
         >>> y.sum().backward()   # x.grad == (x > 0)
@@ -47,7 +47,7 @@ def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool 
     Returns:
         ``input > 0 ? input : input * negative_slope``.
 
-    Example:
+    Examples:
         >>> y = memsave.functional.leaky_relu(torch.randn(4, 8, requires_grad=True), 0.2)
     """
     check_tensor("leaky_relu", input)
@@ -80,7 +80,7 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     Raises:
         ValueError: ``p`` outside ``[0, 1]``.
 
-    Example:
+    Examples:
         >>> torch.manual_seed(0)
         >>> y = memsave.functional.dropout(torch.ones(8), p=0.5)   # entries are 0.0 or 2.0
     """

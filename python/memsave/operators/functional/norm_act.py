@@ -41,7 +41,7 @@ def batch_norm_act(
     Returns:
         The activated, normalized tensor (same shape, dtype and memory format as ``input``).
 
-    Example:
+    Examples:
         >>> x = torch.randn(8, 16, 32, 32, requires_grad=True)
         >>> rm, rv = torch.zeros(16), torch.ones(16)
         >>> y = memsave.functional.batch_norm_act(x, rm, rv, training=True, act="silu")
@@ -98,7 +98,7 @@ def batch_norm_act_conv2d(
     Returns:
         The convolution's output.
 
-    Example:
+    Examples:
         >>> y = memsave.functional.batch_norm_act_conv2d(h, bn.running_mean, bn.running_var, bn.weight, bn.bias,
         ...                                              conv.weight, conv.bias, training=True, padding=1)
     """
@@ -154,7 +154,7 @@ def inplace_abn(
     Returns:
         ``input`` itself, now holding the output.
 
-    Example:
+    Examples:
         >>> h = conv(x)                       # h is needed by nothing else
         >>> h = memsave.functional.inplace_abn(h, rm, rv, w, b, training=True)
     """

@@ -36,7 +36,7 @@ def pool_params(
         TypeError, ValueError: a value that is not an int or pair of ints, not positive, or a window over 256
             positions (the 1-byte argmax's limit).
 
-    Example:
+    Examples:
         >>> pool_params(2, None, 0, 1)
         ([2, 2], [2, 2], [0, 0], [1, 1])
     """
@@ -103,7 +103,7 @@ def max_pool2d(
         TypeError: non-floating input or malformed arguments. ValueError: arguments torch rejects, a window over
             256 positions, or an input that is not 3D/4D.
 
-    Example:
+    Examples:
         >>> y = memsave.functional.max_pool2d(torch.randn(2, 3, 8, 8, requires_grad=True), 2)
     """
     check_tensor("max_pool2d", input)

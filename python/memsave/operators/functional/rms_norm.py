@@ -35,7 +35,7 @@ def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: Optional[float
         ValueError: ``weight`` does not have shape ``[hidden]``, or eps < 0.
         RuntimeError: ``weight`` is on another device than ``input``.
 
-    Example:
+    Examples:
         >>> norm = transformers_model.model.layers[0].input_layernorm          # a LlamaRMSNorm
         >>> y = memsave.functional.rms_norm(x, norm.weight, norm.variance_epsilon)
     """
@@ -74,7 +74,7 @@ def rms_norm_linear(
         ValueError: shapes that do not chain, a bias list of another length or mixing tensors and None.
         RuntimeError: parameters on another device than ``input``.
 
-    Example:
+    Examples:
         >>> attn = block.self_attn
         >>> q, k, v = memsave.functional.rms_norm_linear(
         ...     x, block.input_layernorm.weight, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])

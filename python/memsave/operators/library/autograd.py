@@ -30,7 +30,7 @@ def is_dense(t: torch.Tensor) -> bool:
     """Whether ``t`` covers its memory without gaps or overlaps (any order of dimensions): ATen's
     ``is_non_overlapping_and_dense``.
 
-    Example:
+    Examples:
         >>> is_dense(torch.ones(4, 6).t()), is_dense(torch.ones(4, 6)[:, ::2])
         (True, False)
     """
@@ -45,7 +45,7 @@ def is_dense(t: torch.Tensor) -> bool:
 def with_strides(t: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
     """``t`` with exactly ``strides``: ``t`` itself when it has them, else a copy (the values are unchanged).
 
-    Example:
+    Examples:
         >>> with_strides(torch.ones(2, 3), (1, 2)).stride()
         (1, 2)
     """
@@ -68,7 +68,7 @@ def check_devices(op: str, schema: Any, args: Sequence[Any], kwargs: Dict[str, A
     Raises:
         RuntimeError: naming the first argument on another device than the first tensor argument.
 
-    Example:
+    Examples:
         >>> check_devices("rms_norm", schema, (x, w.to("meta"), 1e-6), {})  # doctest: +SKIP
         RuntimeError: memsave.rms_norm: expected all tensors to be on the same device, but weight is on meta ...
     """
@@ -100,7 +100,7 @@ def register_fake(qualname: str) -> Callable[[Callable[..., Any]], Callable[...,
     Returns:
         A decorator that registers the fake kernel and returns it unchanged.
 
-    Example:
+    Examples:
         >>> @register_fake("memsave::rms_norm")  # doctest: +SKIP
         ... def _fake(input, weight, eps): ...
     """
@@ -136,7 +136,7 @@ def linear_output_fake(op: str, input: torch.Tensor, weight: torch.Tensor, input
     Raises:
         RuntimeError: ``weight`` does not fit ``input`` (``torch._check``).
 
-    Example:
+    Examples:
         >>> linear_output_fake("act_linear", torch.empty(2, 8, device="meta"), torch.empty(4, 8)).shape
         torch.Size([2, 4])
     """
@@ -154,7 +154,7 @@ def register_no_output_fakes(*qualnames: str) -> None:
     Args:
         qualnames: ``"memsave::name"`` of each such operator.
 
-    Example:
+    Examples:
         >>> register_no_output_fakes("memsave::amp_update_scale_")  # doctest: +SKIP
     """
 

@@ -37,7 +37,7 @@ def register_mask_op(name: str) -> None:
     Returns:
         None. The registrations live as long as the process.
 
-    Example:
+    Examples:
         >>> register_mask_op("leaky_relu")  # doctest: +SKIP
     """
     qualname = f"memsave::{name}"

@@ -16,7 +16,7 @@ class MemsaveModuleMixin:
     (only a mask or a 1-byte argmax), and names the module ``memsave.<Class>`` so ``print(model)`` shows what was
     converted.
 
-    Example:
+    Examples:
         >>> class ReLU(MemsaveModuleMixin, torch.nn.ReLU): ...  # doctest: +SKIP
         >>> ReLU()
         memsave.ReLU()
@@ -32,7 +32,7 @@ class MemsaveModuleMixin:
 def check_size(name: str, value: Any) -> int:
     """``value`` as a positive int (a feature count, a hidden size), or ValueError naming the argument.
 
-    Example:
+    Examples:
         >>> check_size("in_features", -4)
         Traceback (most recent call last):
         ValueError: in_features must be a positive int, got -4
@@ -45,7 +45,7 @@ def check_size(name: str, value: Any) -> int:
 def check_sizes(**sizes: Any) -> None:
     """:func:`check_size` for each keyword argument, in order.
 
-    Example:
+    Examples:
         >>> check_sizes(in_features=768, out_features=0)
         Traceback (most recent call last):
         ValueError: out_features must be a positive int, got 0
@@ -58,7 +58,7 @@ class LinearParamsBase(nn.Module):
     """A module holding one Linear's parameters as its own ``weight``/``bias`` (the fused Linear modules and
     LinearCrossEntropy), and :meth:`take_linear`, which adopts them from an nn.Linear.
 
-    Example:
+    Examples:
         >>> class MyActLinear(LinearParamsBase): ...  # doctest: +SKIP
     """
 
@@ -70,7 +70,7 @@ class LinearParamsBase(nn.Module):
         """Take ``linear``'s sizes (``in_features`` and ``out_name``) and its ``weight`` and ``bias`` (the same
         Parameters: nothing is copied, a tied weight stays tied).
 
-        Example:
+        Examples:
             >>> head.take_linear(model.lm_head, out_name="num_classes")  # doctest: +SKIP
         """
         self.in_features = linear.in_features
@@ -82,7 +82,7 @@ class LinearParamsBase(nn.Module):
 def check_eps(eps: Optional[float], allow_none: bool = False) -> None:
     """A norm's eps: a finite number >= 0 (None too when ``allow_none``), or ValueError naming it.
 
-    Example:
+    Examples:
         >>> check_eps(-1.0)
         Traceback (most recent call last):
         ValueError: eps must be a finite number >= 0, got -1.0
@@ -111,7 +111,7 @@ class NormLinearBase(LinearParamsBase):
     Subclasses set ``deferred_name`` (the Deferred norm class that holds a referenced norm) and implement
     ``forward`` and ``norm_repr``.
 
-    Example:
+    Examples:
         >>> class MyNormLinear(NormLinearBase):  # doctest: +SKIP
         ...     deferred_name = "DeferredMyNorm"
     """

@@ -27,7 +27,7 @@ class ReLU(MemsaveModuleMixin, nn.ReLU):
     Args:
         inplace: overwrite the input (through a mutating operator whose autograd is exact, as torch's relu_).
 
-    Example:
+    Examples:
         >>> act = memsave.nn.ReLU()
         >>> y = act(torch.randn(4, 8, requires_grad=True))
     """
@@ -46,7 +46,7 @@ class LeakyReLU(MemsaveModuleMixin, nn.LeakyReLU):
         negative_slope: slope for inputs <= 0. Default: 1e-2.
         inplace: overwrite the input.
 
-    Example:
+    Examples:
         >>> act = memsave.nn.LeakyReLU(0.2)
         >>> y = act(torch.randn(4, 8, requires_grad=True))
     """
@@ -71,7 +71,7 @@ def activation_spec(module: nn.Module) -> Optional[Tuple[str, Optional[float]]]:
     Returns:
         ``(act, act_param)`` for the fused operators, or None when ``module`` is not a recognized activation.
 
-    Example:
+    Examples:
         >>> activation_spec(torch.nn.LeakyReLU(0.2))
         ('leaky_relu', 0.2)
     """

@@ -23,7 +23,7 @@ class Dropout(MemsaveModuleMixin, nn.Dropout):
         p: probability of an element being zeroed. Default: 0.5.
         inplace: overwrite the input.
 
-    Example:
+    Examples:
         >>> drop = memsave.nn.Dropout(0.1)
         >>> y = drop(torch.randn(4, 8, requires_grad=True))
     """

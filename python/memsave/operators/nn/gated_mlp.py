@@ -48,7 +48,7 @@ class GatedMLP(nn.Module):
     Raises:
         ValueError: unknown activation.
 
-    Example:
+    Examples:
         >>> mlp = memsave.nn.GatedMLP(1024, 2816, act="silu")
         >>> sorted(mlp.state_dict())
         ['down_proj.weight', 'gate_proj.weight', 'up_proj.weight']
@@ -89,7 +89,7 @@ class GatedMLP(nn.Module):
         Raises:
             TypeError: down_proj is not an nn.Linear. ValueError: unknown activation.
 
-        Example:
+        Examples:
             >>> layer.mlp = memsave.nn.GatedMLP.from_modules(layer.mlp.gate_proj, layer.mlp.up_proj,
             ...                                              layer.mlp.down_proj, act="silu")
         """

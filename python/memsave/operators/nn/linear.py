@@ -85,7 +85,7 @@ class LayerNormLinear(NormLinearBase):
         eps, elementwise_affine: as for nn.LayerNorm; norm_bias: the LayerNorm has a bias (nn.LayerNorm's ``bias``).
         device, dtype: factory arguments.
 
-    Example:
+    Examples:
         >>> qkv = memsave.nn.LayerNormLinear(768, 3 * 768)
         >>> q, k, v = qkv(x).split(768, dim=-1)
     """
@@ -131,7 +131,7 @@ class LayerNormLinear(NormLinearBase):
         Raises:
             TypeError: wrong module types. ValueError: the shapes do not chain.
 
-        Example:
+        Examples:
             >>> fused = memsave.nn.LayerNormLinear.from_modules(block.ln_2, block.mlp.fc1)
         """
         if not isinstance(norm, (nn.LayerNorm, DeferredLayerNorm)):
@@ -167,7 +167,7 @@ def fuse_layer_norm_linear(norm: nn.LayerNorm, linear: nn.Linear) -> Tuple[Defer
     Returns:
         ``(DeferredLayerNorm, LayerNormLinear)`` sharing the original parameters.
 
-    Example:
+    Examples:
         >>> block.ln_2, block.mlp.fc1 = memsave.nn.fuse_layer_norm_linear(block.ln_2, block.mlp.fc1)
     """
     deferred = DeferredLayerNorm(norm)
@@ -189,7 +189,7 @@ class ActLinear(LinearParamsBase):
         act: ``"gelu"`` (default), ``"gelu_tanh"``, ``"silu"``, ``"relu"``, ``"leaky_relu"``, ``"elu"``, ``"identity"``.
         act_param: leaky_relu's negative_slope (0.01) or elu's alpha (1.0).
 
-    Example:
+    Examples:
         >>> mlp = torch.nn.Sequential(torch.nn.Linear(768, 3072), memsave.nn.ActLinear(3072, 768, act="gelu"))
     """
 
@@ -222,7 +222,7 @@ class ActLinear(LinearParamsBase):
         Returns:
             The fused module.
 
-        Example:
+        Examples:
             >>> block.mlp.act, block.mlp.fc2 = torch.nn.Identity(), memsave.nn.ActLinear.from_linear(block.mlp.fc2)
         """
         if not isinstance(linear, nn.Linear):
@@ -253,7 +253,7 @@ class ActLinear(LinearParamsBase):
         Raises:
             TypeError: ``conv`` has no 2-D weight or a bias of the wrong shape.
 
-        Example:
+        Examples:
             >>> mlp = gpt2.transformer.h[0].mlp                    # c_fc -> act -> c_proj, Conv1D layers
             >>> mlp.act, mlp.c_proj = torch.nn.Identity(), memsave.nn.ActLinear.from_conv1d(mlp.c_proj, "gelu_tanh")
         """

@@ -47,7 +47,7 @@ class LinearCrossEntropy(LinearParamsBase):
     Raises:
         ValueError: an unknown reduction or label_smoothing outside ``[0, 1]``.
 
-    Example:
+    Examples:
         >>> head = memsave.nn.LinearCrossEntropy(768, 50257, bias=False)
         >>> head.load_state_dict(model.lm_head.state_dict())
         >>> loss = head(hidden_states[:, :-1], input_ids[:, 1:])
@@ -98,7 +98,7 @@ class LinearCrossEntropy(LinearParamsBase):
         Raises:
             TypeError: ``linear`` is not an nn.Linear.
 
-        Example:
+        Examples:
             >>> loss_head = memsave.nn.LinearCrossEntropy.from_linear(model.lm_head)
         """
         if not isinstance(linear, nn.Linear):

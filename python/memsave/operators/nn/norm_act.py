@@ -203,7 +203,7 @@ class _BatchNormActBase(nn.Module):
         Raises:
             TypeError: ``bn`` is a SyncBatchNorm or not a BatchNorm2d.
 
-        Example:
+        Examples:
             >>> fused = memsave.nn.BatchNormAct2d.from_batchnorm(model.bn1, act="relu")
         """
         if isinstance(bn, nn.SyncBatchNorm):
@@ -259,7 +259,7 @@ class BatchNormAct2d(_BatchNormActBase):
             cumulative average; ``track_running_stats=False`` always uses batch statistics).
         act_param: leaky_relu's negative_slope (default 0.01) or elu's alpha (default 1.0).
 
-    Example:
+    Examples:
         >>> block = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), memsave.nn.BatchNormAct2d(64, act="relu"))
         >>> bn_act = memsave.nn.BatchNormAct2d(64); bn_act.load_state_dict(torch.nn.BatchNorm2d(64).state_dict())
     """
@@ -302,7 +302,7 @@ class InPlaceABN2d(_BatchNormActBase):
     Raises:
         ValueError: a non-invertible activation (relu, gelu, silu) or a non-positive act_param.
 
-    Example:
+    Examples:
         >>> abn = memsave.nn.InPlaceABN2d(64, act="leaky_relu", act_param=0.01)
         >>> y = abn(conv(x))          # conv's output is overwritten and returned
     """
@@ -348,7 +348,7 @@ class BatchNormActConv2d(nn.Module):
         act, act_param: the activation between the two (see :class:`BatchNormAct2d`).
         eps, momentum, affine, track_running_stats: the batch norm's, as for nn.BatchNorm2d.
 
-    Example:
+    Examples:
         >>> layer = memsave.nn.BatchNormActConv2d(64, 128, 3, padding=1, act="relu")
         >>> y = layer(conv1(x))   # conv(relu(bn(conv1(x)))), keeping conv1's output only
     """
@@ -491,7 +491,7 @@ def fuse_batch_norm_act_conv2d(
     Raises:
         TypeError / ValueError: unsupported modules (see :meth:`BatchNormActConv2d.from_modules`).
 
-    Example:
+    Examples:
         >>> block.bn1, block.conv2 = memsave.nn.fuse_batch_norm_act_conv2d(block.bn1, "relu", block.conv2)
     """
     if isinstance(act, nn.Module):

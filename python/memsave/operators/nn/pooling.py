@@ -32,7 +32,7 @@ class MaxPool2d(MemsaveModuleMixin, nn.MaxPool2d):
     Raises:
         TypeError / ValueError: at construction, for arguments torch would reject or a window over 256 positions.
 
-    Example:
+    Examples:
         >>> pool = memsave.nn.MaxPool2d(2)
         >>> y = pool(torch.randn(2, 3, 8, 8, requires_grad=True))
     """

@@ -89,7 +89,7 @@ class RMSNorm(nn.Module):
         ValueError: a normalized_shape of more than one dimension or below 1, or a negative or non-finite eps.
         TypeError: a normalized_shape given as a string.
 
-    Example:
+    Examples:
         >>> norm = memsave.nn.RMSNorm(4096, eps=1e-5)
         >>> norm.load_state_dict(llama.model.layers[0].input_layernorm.state_dict())
         >>> y = norm(x)
@@ -134,7 +134,7 @@ class RMSNorm(nn.Module):
         Raises:
             TypeError: ``norm`` has no 1-D weight or no eps.
 
-        Example:
+        Examples:
             >>> layer.input_layernorm = memsave.nn.RMSNorm.from_module(layer.input_layernorm)
         """
         _check_rms_norm_module(norm)
@@ -207,7 +207,7 @@ class RMSNormLinear(NormLinearBase):
         eps, elementwise_affine: the RMSNorm's (see :class:`RMSNorm`).
         device, dtype: factory arguments.
 
-    Example:
+    Examples:
         >>> qkv = memsave.nn.RMSNormLinear(1024, 3 * 1024)
         >>> q, k, v = qkv(x).split(1024, dim=-1)
     """
@@ -247,7 +247,7 @@ class RMSNormLinear(NormLinearBase):
         Raises:
             TypeError: wrong module types. ValueError: the shapes do not chain.
 
-        Example:
+        Examples:
             >>> fused = memsave.nn.RMSNormLinear.from_modules(model.norm, model.lm_head)
         """
         _check_rms_norm_module(norm)
@@ -292,7 +292,7 @@ def fuse_rms_norm_linear(
     Raises:
         TypeError: wrong module types. ValueError: no Linear, or shapes that do not chain.
 
-    Example:
+    Examples:
         >>> attn = layer.self_attn
         >>> layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj) = memsave.nn.fuse_rms_norm_linear(
         ...     layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)

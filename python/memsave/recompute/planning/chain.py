@@ -79,7 +79,7 @@ class Chain:
     a selective region may keep (each entry a ``"+"``-joined set such as ``"matmul+attention"``; see
     :mod:`.operators`). The C++ binding calls the entries ``policies``; :meth:`to_dict` writes that key.
 
-    Example:
+    Examples:
         >>> chain.simulate([(0, len(chain.stages), False)])["peak_bytes"]   # eager's predicted peak
     """
 
@@ -418,7 +418,7 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
         The :class:`Chain` (working memory fitted to the trace's allocator-level peaks) and, per stage, its
         :class:`StageModules`.
 
-    Example:
+    Examples:
         >>> chain, stages = build_chain(trace_step(model, (x,), loss_fn, device), model, timing)
         >>> [s.modules for s in stages if s.recomputable]
     """

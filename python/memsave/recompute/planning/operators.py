@@ -121,7 +121,7 @@ def profile_operator_classes(
     Raises:
         ValueError: an unknown class or ``steps < 1``.
 
-    Example:
+    Examples:
         >>> prof = profile_operator_classes(lambda: model(x), model, stage_modules, ["matmul"], 3, lambda: None)
         >>> prof.classes[3]["matmul"]   # (bytes of the outputs of stage 3's matrix products, their seconds)
         >>> prof.operators[3]           # operators stage 3 dispatches in one forward
@@ -192,7 +192,7 @@ def selective_overhead_per_operator(
     Returns:
         Seconds per operator (forward plus recompute).
 
-    Example:
+    Examples:
         >>> selective_overhead_per_operator(torch.device("cpu"), lambda: None)   # about 2e-05 on a server CPU
     """
     w = torch.eye(4, device=device, requires_grad=True)
@@ -231,7 +231,7 @@ def selective_overhead_per_operator(
 def policy_classes(policy: str) -> Tuple[str, ...]:
     """The operator classes a policy name of the chain keeps (``"matmul+attention"`` -> ``("matmul", "attention")``).
 
-    Example:
+    Examples:
         >>> policy_classes("matmul+attention")
         ('matmul', 'attention')
     """
@@ -256,7 +256,7 @@ def selective_variants(
         profile: :func:`profile_operator_classes` of these stages.
         overhead_per_operator: :func:`selective_overhead_per_operator` on the plan's device (seconds).
 
-    Example:
+    Examples:
         >>> selective_variants(chain, stage_modules, profile, 2e-5); chain.operator_classes
         ['matmul+attention', 'matmul', 'attention']
     """

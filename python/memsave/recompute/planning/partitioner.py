@@ -38,7 +38,7 @@ class PartitionerBackend:
     Raises:
         ValueError: a budget outside [0, 1], or both ``mode`` and ``options``.
 
-    Example:
+    Examples:
         >>> step_model = torch.compile(model, backend=PartitionerBackend(0.5))
         >>> loss_fn(step_model(x)).backward()      # compiled here, under activation_memory_budget 0.5
     """
@@ -89,7 +89,7 @@ def compile_at(model: nn.Module, activation_memory_budget: Optional[float], **co
     Raises:
         ValueError: as :class:`PartitionerBackend`.
 
-    Example:
+    Examples:
         >>> step_model = compile_at(model, 0.25, dynamic=False)
     """
     backend = PartitionerBackend(

@@ -94,7 +94,7 @@ class Plan(RegionPlan):
     def keeps(self, k: int) -> Tuple[str, ...]:
         """The operator classes whose outputs segment ``k``'s region keeps (empty: recomputed whole, or kept).
 
-        Example:
+        Examples:
             >>> [plan.keeps(k) for k in range(len(plan.segments))]
             [(), ('matmul', 'attention'), ()]
         """
@@ -114,7 +114,7 @@ class Plan(RegionPlan):
     def regions(self) -> List[List[str]]:
         """The checkpointed regions: each a list of the module names it runs, in order.
 
-        Example:
+        Examples:
             >>> plan.regions()
             [['blocks.0'], ['features.0', 'features.1', 'features.2']]
         """
@@ -127,7 +127,7 @@ class Plan(RegionPlan):
     def summary(self) -> str:
         """A table of the stages (module names, kept / recomputed / glue, bytes, time) and the totals.
 
-        Example:
+        Examples:
             >>> print(plan.summary())
         """
         recomputed: Set[int] = set()
@@ -205,7 +205,7 @@ class Plan(RegionPlan):
         """The configuration the plan's compiled step must be compiled under: torch's partitioner at
         :attr:`activation_memory_budget` when the plan sets one, else nothing.
 
-        Example:
+        Examples:
             >>> step_model = torch.compile(memsave.wrap(model, plan))
             >>> with plan.compile_context():
             ...     loss_fn(step_model(x)).backward()     # the first call compiles
@@ -231,7 +231,7 @@ class Plan(RegionPlan):
             ValueError: both ``mode=`` and ``options=`` (``torch.compile`` raises RuntimeError there for a plan
                 without a partitioner budget); nothing is changed.
 
-        Example:
+        Examples:
             >>> plan = memsave.plan(model, x, budget=0.5, compile=True)
             >>> step_model = plan.compile(model)
             >>> loss_fn(step_model(x)).backward()
@@ -248,7 +248,7 @@ class Plan(RegionPlan):
     def to_json(self) -> str:
         """Serialise the plan (a JSON string) so that :meth:`from_json` gives an equal plan.
 
-        Example:
+        Examples:
             >>> s = plan.to_json(); memsave.Plan.from_json(s) == plan
             True
         """
@@ -288,7 +288,7 @@ class Plan(RegionPlan):
         Raises:
             ValueError: the text is not a memsave plan of a known format.
 
-        Example:
+        Examples:
             >>> plan = memsave.Plan.from_json(open("plan.json").read())
         """
         try:
@@ -438,7 +438,7 @@ def apply_plan(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True, st
     Raises:
         PlanMismatchError: the plan was made for another model.
 
-    Example:
+    Examples:
         >>> memsave.wrap(model, memsave.plan(model, x, budget="2GiB"))
     """
     _check_plan_matches(model, p)

@@ -252,7 +252,7 @@ class Profile:
         """The solver's answer ``res`` on ``chain`` (this profile's chain or its module-level one) as a
         :class:`Plan`, not measured yet.
 
-        Example:
+        Examples:
             >>> prof.make_plan(prof.chain.solve(None, "sqrt", 2000), prof.chain, "sqrt", None)
         """
         return Plan(
@@ -485,7 +485,7 @@ def search(
         InfeasibleBudgetError: nothing fits; ``.min_bytes`` is the smallest measured (or, without ``measure``,
             predicted) peak of a minimum-memory plan: under compile, the compiled one.
 
-    Example:
+    Examples:
         >>> prof = memsave.recompute.planning.planner.profile(model, x)
         >>> search(prof, budget_bytes=2**30).segments
     """
@@ -546,7 +546,7 @@ def profile(
     Raises:
         ValueError, TypeError: as :func:`plan` for these arguments.
 
-    Example:
+    Examples:
         >>> prof = profile(model, x)
         >>> for st in prof.chain.stages: st.fwd_time, st.bwd_time = 1.0, 2.0    # injected costs
         >>> search(prof, budget_bytes=prof.eager_peak_bytes // 2)
@@ -666,7 +666,7 @@ def plan(
         TypeError: ``model`` is not an ``nn.Module``, the budget, ``compile``, ``example_kwargs`` or ``selective``
             has a wrong type.
 
-    Example:
+    Examples:
         >>> p = memsave.plan(model, x, budget="2GiB")
         >>> print(p.summary())
         >>> memsave.wrap(model, p)

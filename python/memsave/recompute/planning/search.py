@@ -95,7 +95,7 @@ def search_chains(
     Raises:
         ValueError: ``solver="optimal"`` without a budget.
 
-    Example:
+    Examples:
         >>> search_chains([chain], "optimal", 2**30, 2000, make, measure)
     """
     if solver == "min_memory" and len(chains) > 1:  # a choice to make: measure both
@@ -147,7 +147,7 @@ def smallest_plan(
     Raises:
         ValueError: ``chains`` is empty.
 
-    Example:
+    Examples:
         >>> smallest_plan([chain, chain.module_level()], 2000, make, measure).measured_peak_bytes
     """
     if not chains:
