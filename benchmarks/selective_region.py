@@ -8,7 +8,7 @@ one Hugging Face GPT-2 block (``real_models.py``'s GPT-2: d 256, 4 heads, 4 x 25
 
 Columns: the median of ``--repeats`` interleaved (A B C C B A ...) forward+backward steps and forward-only calls
 (with grad on, so a region does its forward bookkeeping), as ratios to eager's; the aten operators of one forward;
-the matmul/attention FLOPs backward recomputes (``FlopCounterMode``).
+the matmul/attention FLOPs backward recomputes (torch's FLOP formulas, ``compat.count_flops``).
 
     python3 benchmarks/selective_region.py                 # the committed CPU run (seconds)
     python3 benchmarks/selective_region.py --no-save
@@ -29,7 +29,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
@@ -38,6 +37,7 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
 import memsave
 from benchmarks.harness import cpu_model, git, load_average, load_text
 from benchmarks.real_models import build
+from memsave.common import compat
 
 VARIANTS = ("eager", "whole", "selective")
 
@@ -86,9 +86,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for v in VARIANTS:
         step(v)  # warm-up
         y = out(v)
-        with FlopCounterMode(display=False) as flops:
+        with compat.count_flops() as flops:
             y.sum().backward()
-        rows[v]["backward_flops"] = int(flops.get_total_flops())
+        rows[v]["backward_flops"] = flops.total
         with _CountOps() as ops:
             out(v)
         rows[v]["forward_ops"] = ops.count

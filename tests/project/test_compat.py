@@ -84,7 +84,9 @@ def test_cxx_standard_of_the_installed_torch_matches_its_extension_builder():
 
 
 def test_a_missing_internal_raises_naming_it_and_the_range(monkeypatch):
-    monkeypatch.delattr(torch._functorch.config, "activation_memory_budget", raising=False)
+    import torch._functorch.config as functorch_config
+
+    monkeypatch.delattr(functorch_config, "activation_memory_budget", raising=False)
     with pytest.raises(RuntimeError, match=r"activation_memory_budget.*torch>="):
         compat.partitioner_budget(0.5)
     assert compat.partitioner_budget(None).__enter__() is None  # no budget asked: nothing to check
@@ -123,3 +125,29 @@ def test_compat_table_replaces_a_versions_row_and_keeps_the_others(tmp_path):
     assert text.startswith("intro\n") and text.endswith("after\n")
     with pytest.raises(SystemExit, match="compat-table"):
         table.merge("no table here", again)
+
+
+def test_flops_over_a_backward_are_counted_through_compat_only():
+    # torch 2.15's FlopCounterMode breaks a selective region's recompute when it is active over backward.
+    offenders = [
+        str(p.relative_to(ROOT))
+        for folder in ("python", "benchmarks", "tests", "examples")
+        for p in (ROOT / folder).rglob("*.py")
+        if p.name not in ("compat.py", "test_compat.py") and "FlopCounterMode(" in p.read_text()
+    ]
+    assert offenders == []
+
+
+def test_count_flops_counts_a_selective_recompute_without_breaking_it():
+    from torch import nn
+
+    import memsave
+
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    x = torch.randn(4, 8, requires_grad=True)
+    y = memsave.checkpoint(block, x, context_fn=memsave.selective("matmul"))
+    with compat.count_flops() as flops:
+        y.sum().backward()
+    # Backward's own products only (the two Linears are kept, not recomputed): 2 x (grad input + grad weight).
+    assert flops.total == 2 * (2 * 4 * 16 * 8) * 2

@@ -84,7 +84,8 @@ def partitioner_budget(activation_memory_budget: Optional[float]) -> ContextMana
     """
     if activation_memory_budget is None:
         return contextlib.nullcontext()
-    config = torch._functorch.config
+    import torch._functorch.config as config  # not an attribute of torch._functorch until imported
+
     if not hasattr(config, "activation_memory_budget"):
         raise _missing("a partitioner budget", "torch._functorch.config.activation_memory_budget")
     return config.patch(activation_memory_budget=activation_memory_budget)
