@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The supported torch range, tested: for each torch release given, a fresh venv with that torch's default wheel from
 # the package index, a copy of this working tree built into it (tools/setup.sh --test: the build, the test
-# dependencies under a pin on that torch), then the fast tier (pytest -m "not slow"). Each version's row (build ok,
-# tests passed/failed/skipped, minutes) is written into docs/compatibility.md's table; logs stay in $COMPAT_DIR.
+# dependencies under a pin on that torch), then the fast tier (pytest -m "not slow") and `python -m memsave demo`.
+# Each version's row (build ok, tests passed/failed/skipped, demo, minutes) is written into docs/compatibility.md's
+# table; logs stay in $COMPAT_DIR.
 #   bash tools/compat.sh 2.11 2.13 2.15          # one row per version (a release: its newest patch)
 #   MEMSAVE_CUDA=OFF bash tools/compat.sh 2.11   # CPU kernels only (AUTO by default, as in setup.sh)
-# About 20 minutes a version on 2 cores (download, CUDA build, fast tier); the venvs are made anew each run.
+# About 20 minutes a version on 2 cores (download, CUDA build, fast tier, demo); the venvs are made anew each run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -31,6 +32,9 @@ run_version() {
     (cd "$dir/src" && "$py" -m pytest -q -m "not slow" -p no:cacheprovider > "$dir/tests.log" 2>&1)
     test_rc=$?
     summary="$(grep -E '(passed|failed|error).* in [0-9.]+s' "$dir/tests.log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//')"
+    # The main job as a user runs it, from outside the checkout (about 4 minutes on 2 cores).
+    if (cd "$dir" && "$py" -m memsave demo > "$dir/demo.log" 2>&1); then summary+="; demo ok"; else
+      summary+="; demo failed (demo.log)"; test_rc=1; fi
   else
     tail -n 30 "$dir/build.log"
   fi
