@@ -20,8 +20,12 @@ Three levers and one instrument, one subpackage each:
 plus ``errors.py`` (every exception), ``extension.py`` (loads the compiled ``memsave._C``), ``common/`` (the RNG
 state and progress bar several parts share) and ``cli/`` (``python -m memsave``).
 
-``memsave.functional`` and ``memsave.nn`` are the public spellings of ``memsave.operators.functional`` and
-``memsave.operators.nn`` (``import memsave.nn`` and ``from memsave.nn import ReLU`` work).
+``functional.py`` and ``nn.py`` are the public modules :mod:`memsave.functional` and :mod:`memsave.nn`, exporting
+what ``operators/functional.py`` and ``operators/nn/`` define.
+
+Importing memsave loads the compiled extension, then registers, by explicit calls made once here and in this order,
+the operators' fake kernels and autograd formulas and each part's :func:`compare` strategies (recompute, operators,
+amp). No module registers anything when it is imported.
 
 Examples:
     >>> import memsave
@@ -32,15 +36,14 @@ Examples:
 
 from __future__ import annotations
 
-import sys
-
 from ._version import __version__
 from .extension import build_info, dispatch_table, load_extension
 
 _C = load_extension()  # before the parts: it registers the torch.ops.memsave schemas and kernels
 
-from . import measurement, recompute, operators, amp  # noqa: E402,I001,F401  (registration order: the strategies list)
+from . import amp, functional, nn, operators  # noqa: E402
 from .amp import accumulate  # noqa: E402
+from .amp import strategies as amp_strategies  # noqa: E402
 from .common.chunking import provide_chunking  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError,
@@ -61,8 +64,8 @@ from .measurement import (  # noqa: E402
     measure,
     register_strategy,
 )
-from .operators import convert, functional, nn  # noqa: E402
-from .recompute.chunked import chunked_method  # noqa: E402
+from .operators import convert  # noqa: E402
+from .operators import strategies as operator_strategies  # noqa: E402
 from .recompute import (  # noqa: E402
     Plan,
     checkpoint,
@@ -75,13 +78,15 @@ from .recompute import (  # noqa: E402
     unwrap,
     wrap,
 )
+from .recompute import strategies as recompute_strategies  # noqa: E402
+from .recompute.chunked import chunked_method  # noqa: E402
 
+operators.ops.register()
+# The strategies of compare, estimate and the command line, in the order help texts list them.
+for _strategies in (recompute_strategies, operator_strategies, amp_strategies):
+    _strategies.register_strategies()
 # convert(mlp_chunks=...) (operators) slices MLPs with recompute's regions, reached through common/chunking.py.
 provide_chunking(chunked, chunked_method)
-
-# The public spellings memsave.functional / memsave.nn (import memsave.nn, from memsave.nn import ReLU).
-sys.modules[__name__ + ".functional"] = functional
-sys.modules[__name__ + ".nn"] = nn
 
 
 __all__ = [

@@ -135,13 +135,29 @@ def test_each_part_is_a_subpackage_not_named_like_a_public_function(part: str) -
     assert public is None or not callable(public) or isinstance(public, type(memsave))
 
 
-def test_public_spellings_of_functional_and_nn() -> None:
+def test_public_spellings_of_functional_and_nn_are_real_modules() -> None:
     import memsave.functional
     import memsave.nn
     from memsave.nn import ReLU
 
-    assert memsave.nn is memsave.operators.nn and memsave.functional is memsave.operators.functional
+    # Real modules (files of the package), not sys.modules aliases: importers, IDEs and mypy see the same thing.
+    assert Path(memsave.nn.__file__) == PACKAGE / "nn.py" and Path(memsave.functional.__file__) == PACKAGE / "functional.py"
     assert ReLU is memsave.operators.nn.ReLU
+    for public, home in ((memsave.nn, memsave.operators.nn), (memsave.functional, memsave.operators.functional)):
+        assert sorted(public.__all__) == sorted(home.__all__)
+        assert all(getattr(public, name) is getattr(home, name) for name in home.__all__)
+
+
+def test_no_import_of_a_family_module_registers_anything() -> None:
+    # Registration is explicit (memsave.operators.ops.register, called once by memsave/__init__.py): each family
+    # module only records what it registers, and registering again changes nothing.
+    from memsave.operators import ops
+
+    assert {f.__name__.rsplit(".", 1)[1] for f in ops.FAMILIES} == set(_families())
+    assert all(f.REGISTRATIONS._applied for f in ops.FAMILIES)
+    ops.register()
+    source = "\n".join((PACKAGE / "operators" / "ops" / f"{f}.py").read_text() for f in _families())
+    assert "torch.library.register_" not in source and "torch.library.impl" not in source
 
 
 # ---- the import table of docs/architecture.md ----------------------------------------------------------------------
@@ -292,7 +308,7 @@ def _needs_a_name(path: Path, families: List[str]) -> bool:
     rel = path.relative_to(ROOT)
     if path.name == "__init__.py" and rel.parent != Path("python/memsave"):
         return False
-    per_family = {"library", "functional", "nn"}
+    per_family = {"ops", "nn"}
     if rel.parts[:3] == ("python", "memsave", "operators") and rel.parts[3] in per_family:
         return path.stem not in families
     return not (rel.parts[:2] == ("csrc", "ops") and rel.parts[2] in families)
@@ -319,12 +335,12 @@ def test_every_operator_family_is_in_the_layout_and_has_its_registration() -> No
     assert {"masks", "rms_norm", "gated_mlp", "amp"} <= set(families)
     lines = block.splitlines()
     ops_line = next(line for line in lines if "ops/<family>/" in line)
-    library = lines.index(next(line for line in lines if "library/" in line))
+    py_ops = lines.index(next(line for line in lines if "operators/" in line and " ops/ " in line))
     for family in families:
-        assert (PACKAGE / "operators" / "library" / f"{family}.py").is_file(), f"{family}: no library/{family}.py"
+        assert (PACKAGE / "operators" / "ops" / f"{family}.py").is_file(), f"{family}: no operators/ops/{family}.py"
         word = re.compile(rf"(?<![\w/]){family}(?![\w/.])")
         assert word.search(ops_line), f"{family}: not in the layout's ops/<family>/ list"
-        assert word.search(lines[library] + lines[library + 1]), f"{family}: not in the layout's library/ list"
+        assert word.search(lines[py_ops] + lines[py_ops + 1]), f"{family}: not in the layout's operators/ops/ list"
 
 
 def test_the_layout_checks_can_fail(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@
 =================  ==============================================================================================
 """
 
-from . import strategies  # noqa: F401  (registers the amp:* strategies)
 from .accumulation import Accumulator, accumulate
 from .grad_scaler import GradScaler, needs_grad_scaling
 

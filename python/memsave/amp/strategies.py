@@ -10,7 +10,7 @@ import torch
 
 from ..measurement.strategies import register_strategy
 
-__all__: list = []
+__all__ = ["register_strategies"]
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -19,6 +19,12 @@ def _amp_context(arg: Optional[str], device: torch.device) -> ContextManager[Any
     return torch.autocast(device_type=device.type if device.type != "meta" else "cpu", dtype=_AMP_DTYPES[arg or "bf16"])
 
 
-register_strategy(
-    "amp", "torch.autocast around the forward (lossy)", choices=("fp16", "bf16"), context=_amp_context, lossless=False
-)
+def register_strategies() -> None:
+    """Register the ``amp:fp16`` / ``amp:bf16`` strategies (called once by ``memsave/__init__.py``)."""
+    register_strategy(
+        "amp",
+        "torch.autocast around the forward (lossy)",
+        choices=("fp16", "bf16"),
+        context=_amp_context,
+        lossless=False,
+    )

@@ -17,7 +17,7 @@ from .comparison import Comparison, compare
 from .estimation import Estimate, estimate, max_batch_size
 from .measuring import Measurement, default_loss, measure
 from .monitor import MemoryMonitor
-from .strategies import register_strategy  # registers "eager" too
+from .strategies import register_strategy
 from .units import format_bytes, parse_budget, parse_bytes
 
 __all__ = [

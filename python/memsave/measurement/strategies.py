@@ -21,9 +21,11 @@ Names combine with ``+``: ``convert+checkpoint:blocks``, ``amp:bf16+plan:50%``. 
 order written; runtime contexts (autocast) are entered around planning and every step. More strategies plug in with
 :func:`register_strategy`.
 
-Each part of memsave registers its own strategies when it is imported: ``eager`` here, ``checkpoint`` and ``plan`` in
-:mod:`memsave.recompute.strategies`, ``convert`` and ``convert_all`` in :mod:`memsave.operators.strategies`, ``amp``
-in :mod:`memsave.amp.strategies`. So this module depends on no part, and no part on :func:`compare`.
+``eager`` is defined here; each part defines its own strategies in a ``register_strategies()`` function
+(``checkpoint`` and ``plan`` in :mod:`memsave.recompute.strategies`, ``convert`` and ``convert_all`` in
+:mod:`memsave.operators.strategies`, ``amp`` in :mod:`memsave.amp.strategies`) that ``memsave/__init__.py`` calls
+once, in that order (the order of :func:`strategy_definitions`). So this module depends on no part, and no part on
+:func:`compare`.
 """
 
 from __future__ import annotations

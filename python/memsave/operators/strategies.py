@@ -13,7 +13,7 @@ from torch import nn
 from ..measurement.strategies import StrategyContext, register_strategy
 from .convert import convert
 
-__all__: list = []
+__all__ = ["register_strategies"]
 
 
 def _apply_convert(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> nn.Module:
@@ -26,13 +26,17 @@ def _apply_convert_all(model: nn.Module, arg: Optional[str], ctx: StrategyContex
     return model if out is None else out
 
 
-register_strategy(
-    "convert", "memsave.convert: bit-mask ReLU/LeakyReLU and byte-index MaxPool2d (bitwise exact)", apply=_apply_convert
-)
-register_strategy(
-    "convert_all",
-    "memsave.convert(fuse=True, dropout=True): also fused BN/LayerNorm/MLP operators "
-    "(equal up to float rounding) and memsave Dropout (other random bits than torch's)",
-    apply=_apply_convert_all,
-    lossless=False,
-)
+def register_strategies() -> None:
+    """Register the ``convert`` and ``convert_all`` strategies (called once by ``memsave/__init__.py``)."""
+    register_strategy(
+        "convert",
+        "memsave.convert: bit-mask ReLU/LeakyReLU and byte-index MaxPool2d (bitwise exact)",
+        apply=_apply_convert,
+    )
+    register_strategy(
+        "convert_all",
+        "memsave.convert(fuse=True, dropout=True): also fused BN/LayerNorm/MLP operators "
+        "(equal up to float rounding) and memsave Dropout (other random bits than torch's)",
+        apply=_apply_convert_all,
+        lossless=False,
+    )

@@ -16,7 +16,6 @@
 """
 
 from . import (
-    strategies,  # noqa: F401  (registers the checkpoint:* and plan:* strategies)
     switch,  # noqa: F401  (wrap claims a Hugging Face model's own checkpointing switch)
 )
 from .blocks import find_blocks

@@ -27,7 +27,7 @@ from .policies import resolve_checkpoint_policy
 from .region import checkpoint_sequential
 from .wrapping import wrap
 
-__all__ = ["SequentialSegments", "resolve_checkpoint_policy", "sequential_view"]
+__all__ = ["SequentialSegments", "register_strategies", "resolve_checkpoint_policy", "sequential_view"]
 
 
 def _apply_checkpoint(model: nn.Module, policy: Optional[str], ctx: StrategyContext) -> nn.Module:
@@ -130,31 +130,37 @@ def _apply_torch_checkpoint_sequential(model: nn.Module, arg: Optional[str], ctx
     )
 
 
-register_strategy(
-    "checkpoint", "memsave.wrap: recompute the selected modules in backward", arg="<policy>", apply=_apply_checkpoint
-)
-register_strategy(
-    "plan",
-    "memsave.plan at a budget ('4GiB', '50%', 0.5) or with a baseline strategy (sqrt, "
-    "uniform:K, all), applied with memsave.wrap",
-    arg="<budget>",
-    apply=_apply_plan,
-)
-register_strategy(
-    "checkpoint_sequential",
-    "memsave.checkpoint_sequential over the model's sequential view",
-    arg="<segments>",
-    apply=_apply_checkpoint_sequential,
-)
-register_strategy(
-    "torch_checkpoint",
-    "baseline: torch.utils.checkpoint (non-reentrant) around the modules checkpoint:<policy> selects",
-    arg="<policy>",
-    apply=_apply_torch_checkpoint,
-)
-register_strategy(
-    "torch_checkpoint_sequential",
-    "baseline: torch.utils.checkpoint.checkpoint_sequential (non-reentrant) over the model's sequential view",
-    arg="<segments>",
-    apply=_apply_torch_checkpoint_sequential,
-)
+def register_strategies() -> None:
+    """Register the ``checkpoint``, ``plan``, ``checkpoint_sequential`` and ``torch_checkpoint*`` strategies
+    (called once by ``memsave/__init__.py``)."""
+    register_strategy(
+        "checkpoint",
+        "memsave.wrap: recompute the selected modules in backward",
+        arg="<policy>",
+        apply=_apply_checkpoint,
+    )
+    register_strategy(
+        "plan",
+        "memsave.plan at a budget ('4GiB', '50%', 0.5) or with a baseline strategy (sqrt, "
+        "uniform:K, all), applied with memsave.wrap",
+        arg="<budget>",
+        apply=_apply_plan,
+    )
+    register_strategy(
+        "checkpoint_sequential",
+        "memsave.checkpoint_sequential over the model's sequential view",
+        arg="<segments>",
+        apply=_apply_checkpoint_sequential,
+    )
+    register_strategy(
+        "torch_checkpoint",
+        "baseline: torch.utils.checkpoint (non-reentrant) around the modules checkpoint:<policy> selects",
+        arg="<policy>",
+        apply=_apply_torch_checkpoint,
+    )
+    register_strategy(
+        "torch_checkpoint_sequential",
+        "baseline: torch.utils.checkpoint.checkpoint_sequential (non-reentrant) over the model's sequential view",
+        arg="<segments>",
+        apply=_apply_torch_checkpoint_sequential,
+    )

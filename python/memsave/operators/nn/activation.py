@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ..functional.common import check_number
+from ..ops._common import check_number
 from ._base import MemsaveModuleMixin
 
 __all__ = ["ReLU", "LeakyReLU", "activation_spec"]

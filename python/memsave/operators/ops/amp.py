@@ -8,6 +8,10 @@ graph.
 
 from __future__ import annotations
 
-from .autograd import register_no_output_fakes
+from ._registration import Registrations
 
-register_no_output_fakes("memsave::unscale_and_check_", "memsave::amp_update_scale_")
+#: What this family registers with torch.library, applied by memsave.operators.ops.register().
+REGISTRATIONS = Registrations()
+
+
+REGISTRATIONS.no_output_fakes("memsave::unscale_and_check_", "memsave::amp_update_scale_")

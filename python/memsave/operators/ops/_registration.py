@@ -1,21 +1,23 @@
-"""Plumbing shared by the operator registrations of every family: the checks fake kernels repeat, and the
-Autograd kernels of operators that mutate their arguments.
+"""Plumbing shared by the operator registrations of every family: :class:`Registrations` (what a family registers
+with torch.library, collected when its module is imported and applied by one explicit call), the checks fake kernels
+repeat, and the Autograd kernels of operators that mutate their arguments.
+
+Importing a family's module registers nothing: ``memsave/__init__.py`` calls :func:`memsave.operators.ops.register`
+once, after the compiled extension has defined the schemas, so the order of imports never matters.
 
 ``torch.library.register_autograd`` accepts functional schemas only, and ``batch_norm_act``/``inplace_abn`` mutate
 arguments (the running statistics; inplace_abn also its input). Their Autograd kernels are built here the way
 ``register_autograd`` builds one: an ``autograd.Function`` whose forward redispatches the operator below autograd.
 The two private ``torch._C`` names this needs (``_AutoDispatchBelowAutograd``, ``_after_autograd_keyset``) are the
-ones torch.library itself uses; they exist unchanged since torch 2.1 and are checked at import.
+ones torch.library itself uses; they exist unchanged since torch 2.1 and are checked when registering.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
-
-from ...common import compat
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -91,35 +93,6 @@ def check_devices(op: str, schema: Any, args: Sequence[Any], kwargs: Dict[str, A
                 )
 
 
-def register_fake(qualname: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``torch.library.register_fake`` for a memsave operator, with :func:`check_devices` run before the fake kernel.
-
-    Args:
-        qualname: ``"memsave::name"``.
-
-    Returns:
-        A decorator that registers the fake kernel and returns it unchanged.
-
-    Examples:
-        >>> @register_fake("memsave::rms_norm")  # doctest: +SKIP
-        ... def _fake(input, weight, eps): ...
-    """
-    name = qualname.split("::", 1)[1]
-
-    def decorate(fake: Callable[..., Any]) -> Callable[..., Any]:
-        schema = getattr(torch.ops.memsave, name).default._schema
-
-        @functools.wraps(fake)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            check_devices(name, schema, args, kwargs)
-            return fake(*args, **kwargs)
-
-        torch.library.register_fake(qualname, checked)
-        return fake
-
-    return decorate
-
-
 def linear_output_fake(op: str, input: torch.Tensor, weight: torch.Tensor, input_name: str = "input") -> torch.Tensor:
     """The fake output of an operator ending in ``linear(..., weight)`` over ``input``'s last dimension: checks that
     ``weight`` is ``[out_features, input.shape[-1]]`` and returns an empty ``[..., out_features]`` tensor in
@@ -147,32 +120,9 @@ def linear_output_fake(op: str, input: torch.Tensor, weight: torch.Tensor, input
     return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=weight.dtype)
 
 
-def register_no_output_fakes(*qualnames: str) -> None:
-    """Register the fake kernel of operators that only write into their arguments (schemas returning ``()``): it
-    checks the devices (:func:`register_fake`) and returns None.
-
-    Args:
-        qualnames: ``"memsave::name"`` of each such operator.
-
-    Examples:
-        >>> register_no_output_fakes("memsave::amp_update_scale_")  # doctest: +SKIP
-    """
-
-    def no_output(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    for qualname in qualnames:
-        register_fake(qualname)(no_output)
-
-
 # ----------------------------------------------------------------------------------------------------
 # Autograd plumbing shared by the fused operators (batch_norm_act, inplace_abn, layer_norm_linear, act_linear).
 # ----------------------------------------------------------------------------------------------------
-compat.require_autograd_redispatch()
-
-_LIB = torch.library.Library("memsave", "FRAGMENT")
-
-
 class Redispatch:
     """Calls an operator below the Autograd key with the keyset the dispatcher handed to the Autograd kernel."""
 
@@ -185,31 +135,6 @@ class Redispatch:
             return self._op.redispatch(self._keyset, *args)
 
 
-def register_mutating_autograd(
-    qualname: str,
-    function: Type[torch.autograd.Function],
-    unpack: Callable[[Any], Any] = lambda result: result,
-) -> None:
-    """Register ``function`` as the Autograd kernel of the (mutating) operator ``qualname``.
-
-    Args:
-        qualname: ``"memsave::name"``.
-        function: an ``autograd.Function`` whose ``forward(ctx, redispatch, *op_args)`` runs the operator through
-            ``redispatch`` and whose ``backward`` returns one gradient per ``forward`` argument.
-        unpack: maps ``function.apply``'s result to the operator's return value (inplace_abn's Function also returns
-            the mutated input, which the schema does not).
-    """
-    namespace, name = qualname.split("::", 1)
-    op = getattr(getattr(torch.ops, namespace), name).default
-
-    def autograd_kernel(keyset: Any, *args: Any) -> Any:
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return unpack(function.apply(Redispatch(op, keyset), *args))
-        return Redispatch(op, keyset)(*args)
-
-    _LIB.impl(name, autograd_kernel, "Autograd", with_keyset=True)
-
-
 def _no_double_backward(name: str) -> Callable[..., Any]:
     def backward(ctx: Any, *grads: Any) -> Any:
         raise NotImplementedError(
@@ -220,14 +145,115 @@ def _no_double_backward(name: str) -> Callable[..., Any]:
     return backward
 
 
-def register_backward_op_autograd(qualname: str) -> None:
-    """Register an Autograd kernel for a ``*_backward`` operator that raises on double backward.
-
-    Without it, differentiating through the backward (``create_graph=True``) would silently give wrong results.
-    """
-    torch.library.register_autograd(qualname, _no_double_backward(qualname.split("::", 1)[1]), setup_context=None)
-
-
 def grads_or_none(needs: Sequence[bool], grads: Sequence[Any]) -> tuple:
     """``grads`` with ``None`` wherever autograd does not need the gradient."""
     return tuple(g if n else None for n, g in zip(needs, grads))
+
+
+def _checked_fake(qualname: str, fake: Callable[..., Any]) -> Callable[..., Any]:
+    """``fake`` with :func:`check_devices` run first (the schema is read when registering: it needs the extension)."""
+    name = qualname.split("::", 1)[1]
+    schema = getattr(torch.ops.memsave, name).default._schema
+
+    @functools.wraps(fake)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check_devices(name, schema, args, kwargs)
+        return fake(*args, **kwargs)
+
+    return checked
+
+
+def _no_output(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _mutating_autograd_kernel(
+    qualname: str, function: Type[torch.autograd.Function], unpack: Callable[[Any], Any]
+) -> Callable[..., Any]:
+    namespace, name = qualname.split("::", 1)
+    op = getattr(getattr(torch.ops, namespace), name).default
+
+    def autograd_kernel(keyset: Any, *args: Any) -> Any:
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return unpack(function.apply(Redispatch(op, keyset), *args))
+        return Redispatch(op, keyset)(*args)
+
+    return autograd_kernel
+
+
+class Registrations:
+    """What one operator family registers with ``torch.library``: recorded by the methods below when the family's
+    module is imported (which registers nothing), registered by :meth:`apply`, called once per family by
+    :func:`memsave.operators.ops.register`.
+
+    Examples:
+        >>> REGISTRATIONS = Registrations()
+        >>> @REGISTRATIONS.fake("memsave::rms_norm")  # doctest: +SKIP
+        ... def _fake(input, weight, eps): ...
+        >>> REGISTRATIONS.autograd("memsave::rms_norm", backward, setup_context)  # doctest: +SKIP
+        >>> REGISTRATIONS.apply()  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._steps: List[Callable[[Any], None]] = []
+        self._applied = False
+
+    def fake(self, qualname: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A decorator recording ``fake`` as the fake kernel of ``qualname`` (``"memsave::name"``), with
+        :func:`check_devices` run before it; returns ``fake`` unchanged."""
+
+        def decorate(fake: Callable[..., Any]) -> Callable[..., Any]:
+            self._steps.append(lambda lib: torch.library.register_fake(qualname, _checked_fake(qualname, fake)))
+            return fake
+
+        return decorate
+
+    def no_output_fakes(self, *qualnames: str) -> None:
+        """Record the fake kernel of operators that only write into their arguments (schemas returning ``()``)."""
+        for qualname in qualnames:
+            self.fake(qualname)(_no_output)
+
+    def autograd(self, qualname: str, backward: Callable[..., Any], setup_context: Callable[..., Any]) -> None:
+        """Record ``torch.library.register_autograd(qualname, backward, setup_context=setup_context)``."""
+        self._steps.append(lambda lib: torch.library.register_autograd(qualname, backward, setup_context=setup_context))
+
+    def backward_op(self, qualname: str) -> None:
+        """Record an Autograd kernel for the ``*_backward`` operator ``qualname`` that raises on double backward.
+
+        Without it, differentiating through the backward (``create_graph=True``) would silently give wrong results.
+        """
+        self.autograd(qualname, _no_double_backward(qualname.split("::", 1)[1]), setup_context=None)  # type: ignore[arg-type]
+
+    def mutating_autograd(
+        self,
+        qualname: str,
+        function: Type[torch.autograd.Function],
+        unpack: Callable[[Any], Any] = lambda result: result,
+    ) -> None:
+        """Record ``function`` as the Autograd kernel of the (mutating) operator ``qualname``.
+
+        Args:
+            qualname: ``"memsave::name"``.
+            function: an ``autograd.Function`` whose ``forward(ctx, redispatch, *op_args)`` runs the operator through
+                ``redispatch`` and whose ``backward`` returns one gradient per ``forward`` argument.
+            unpack: maps ``function.apply``'s result to the operator's return value (inplace_abn's Function also
+                returns the mutated input, which the schema does not).
+        """
+        name = qualname.split("::", 1)[1]
+        self._steps.append(
+            lambda lib: lib.impl(
+                name, _mutating_autograd_kernel(qualname, function, unpack), "Autograd", with_keyset=True
+            )
+        )
+
+    def apply(self, lib: torch.library.Library) -> None:
+        """Register everything recorded (once; a second call does nothing).
+
+        Args:
+            lib: the ``memsave`` FRAGMENT library the Autograd kernels of mutating operators are added to.
+        """
+        if self._applied:
+            return
+        for step in self._steps:
+            step(lib)
+        self._applied = True

@@ -3,27 +3,33 @@ layer_norm_apply) and act_linear.
 
 Each registers its fake kernels and its autograd formula, which saves the Linear's *pre-normalization* or
 *pre-activation* input (plus per-row statistics for layer_norm_linear) instead of the tensor the Linear consumes.
+
+The module holds the family's Python face: the fake kernels and autograd formulas it records for
+:func:`memsave.operators.ops.register`, and the functional forms that :mod:`memsave.functional` exports.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .autograd import grads_or_none, linear_output_fake, register_backward_op_autograd, register_fake
+from ._common import Tensor, autocast_cast, check_tensor, resolve_activation
+from ._registration import Registrations, grads_or_none, linear_output_fake
+
+#: What this family registers with torch.library, applied by memsave.operators.ops.register().
+REGISTRATIONS = Registrations()
 
 # ----------------------------------------------------------------------------------------------------
 # memsave::layer_norm_linear: LayerNorm -> Linear keeping the LayerNorm input plus per-row mean/rstd.
 # ----------------------------------------------------------------------------------------------------
-Tensor = torch.Tensor
 
 
 def _compute_dtype(input: Tensor, ln_weight: Optional[Tensor]) -> torch.dtype:
     return torch.promote_types(input.dtype, ln_weight.dtype) if ln_weight is not None else input.dtype
 
 
-@register_fake("memsave::layer_norm_linear")
+@REGISTRATIONS.fake("memsave::layer_norm_linear")
 def _layer_norm_linear_fake(
     input: Tensor,
     normalized_shape: List[int],
@@ -48,7 +54,7 @@ def _layer_norm_linear_fake(
     return out, mean, torch.empty_like(mean)
 
 
-@register_fake("memsave::layer_norm_linear_backward")
+@REGISTRATIONS.fake("memsave::layer_norm_linear_backward")
 def _layer_norm_linear_backward_fake(
     grad_out: Tensor,
     input: Tensor,
@@ -68,7 +74,7 @@ def _layer_norm_linear_backward_fake(
     return grad_input, grad_lw, grad_lb, grad_weight, grad_bias
 
 
-@register_fake("memsave::layer_norm_apply")
+@REGISTRATIONS.fake("memsave::layer_norm_apply")
 def _layer_norm_apply_fake(
     input: Tensor,
     normalized_shape: List[int],
@@ -103,11 +109,11 @@ def _layer_norm_linear_backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean
     return grads
 
 
-torch.library.register_autograd(
+REGISTRATIONS.autograd(
     "memsave::layer_norm_linear", _layer_norm_linear_backward, setup_context=_layer_norm_linear_setup_context
 )
-register_backward_op_autograd("memsave::layer_norm_linear_backward")
-register_backward_op_autograd("memsave::layer_norm_apply")
+REGISTRATIONS.backward_op("memsave::layer_norm_linear_backward")
+REGISTRATIONS.backward_op("memsave::layer_norm_apply")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -115,12 +121,12 @@ register_backward_op_autograd("memsave::layer_norm_apply")
 # ----------------------------------------------------------------------------------------------------
 
 
-@register_fake("memsave::act_linear")
+@REGISTRATIONS.fake("memsave::act_linear")
 def _act_linear_fake(input: Tensor, weight: Tensor, bias: Optional[Tensor], act: str, act_param: float) -> Tensor:
     return linear_output_fake("act_linear", input, weight)
 
 
-@register_fake("memsave::act_linear_backward")
+@REGISTRATIONS.fake("memsave::act_linear_backward")
 def _act_linear_backward_fake(
     grad_out: Tensor, input: Tensor, weight: Tensor, has_bias: bool, act: str, act_param: float
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -141,5 +147,75 @@ def _act_linear_backward(ctx: Any, grad_out: Tensor) -> tuple:
     return grads_or_none(ctx.needs_input_grad, (gi, gw, gb, None, None))
 
 
-torch.library.register_autograd("memsave::act_linear", _act_linear_backward, setup_context=_act_linear_setup_context)
-register_backward_op_autograd("memsave::act_linear_backward")
+REGISTRATIONS.autograd("memsave::act_linear", _act_linear_backward, setup_context=_act_linear_setup_context)
+REGISTRATIONS.backward_op("memsave::act_linear_backward")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The functional forms (memsave.functional).
+# ----------------------------------------------------------------------------------------------------
+def layer_norm_linear(
+    input: Tensor,
+    normalized_shape: Union[int, Sequence[int]],
+    ln_weight: Optional[Tensor],
+    ln_bias: Optional[Tensor],
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """``linear(layer_norm(input), weight, bias)`` keeping ``input`` and per-row mean/rstd, not the normalized tensor.
+
+    Under autocast the Linear runs in the autocast dtype and the norm in ``promote(input, ln_weight)``, as with the
+    two torch ops (torch's CUDA autocast runs layer_norm in float32).
+
+    Args:
+        input: ``[..., *normalized_shape]`` tensor; the Linear acts on the last dimension.
+        normalized_shape: the trailing shape to normalize over (an int for the last dimension).
+        ln_weight, ln_bias: the norm's affine parameters (shape ``normalized_shape``) or None.
+        weight: ``[out_features, input.shape[-1]]``; bias: ``[out_features]`` or None.
+        eps: added to the variance.
+
+    Returns:
+        ``[..., out_features]`` tensor.
+
+    Examples:
+        >>> ln, fc = torch.nn.LayerNorm(64), torch.nn.Linear(64, 256)
+        >>> y = memsave.functional.layer_norm_linear(x, 64, ln.weight, ln.bias, fc.weight, fc.bias)
+    """
+    check_tensor("layer_norm_linear", input)
+    shape = [int(normalized_shape)] if isinstance(normalized_shape, int) else [int(s) for s in normalized_shape]
+    weight, bias = autocast_cast(input.device.type, weight, bias)
+    out, _mean, _rstd = torch.ops.memsave.layer_norm_linear(input, shape, ln_weight, ln_bias, float(eps), weight, bias)
+    return out
+
+
+def act_linear(
+    input: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    act: str = "gelu",
+    act_param: Optional[float] = None,
+) -> Tensor:
+    """``linear(act(input), weight, bias)`` keeping only ``input`` for backward.
+
+    torch keeps both the activation's input and its output here (for gelu, silu, leaky_relu, elu); this keeps one
+    tensor. For relu there is no gain (torch's relu and linear share relu's output), but it is accepted.
+
+    Args:
+        input: ``[..., in_features]`` tensor.
+        weight: ``[out_features, in_features]``; bias: ``[out_features]`` or None.
+        act: one of :data:`ACTIVATIONS` (``"gelu_tanh"`` is ``nn.GELU(approximate="tanh")``).
+        act_param: leaky_relu's negative_slope (0.01) or elu's alpha (1.0).
+
+    Returns:
+        ``[..., out_features]`` tensor.
+
+    Examples:
+        >>> h = fc1(x)
+        >>> y = memsave.functional.act_linear(h, fc2.weight, fc2.bias, act="gelu")
+    """
+    check_tensor("act_linear", input)
+    act, param = resolve_activation(act, act_param)
+    # The activation runs in input's dtype and its result is cast to the weight's, as autocast does for act -> Linear.
+    weight, bias = autocast_cast(input.device.type, weight, bias)
+    return torch.ops.memsave.act_linear(input, weight, bias, act, param)

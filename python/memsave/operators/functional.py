@@ -1,4 +1,5 @@
-"""Functional forms of memsave's memory-efficient operators (``torch.ops.memsave.*`` with autograd).
+"""Functional forms of memsave's memory-efficient operators (``torch.ops.memsave.*`` with autograd), public as
+:mod:`memsave.functional`; each is defined in its family's module in ``ops/``.
 
 Each function computes what its ``torch.nn.functional`` namesake (or the composition its name spells) computes, but
 keeps less for backward:
@@ -31,14 +32,14 @@ torch, it refuses a leaf tensor that requires grad.
 
 from __future__ import annotations
 
-from .common import ACTIVATIONS, INVERTIBLE_ACTIVATIONS, resolve_activation
-from .gated_mlp import GATED_ACTIVATIONS, gated_act, gated_act_linear, resolve_gated_activation
-from .linear import act_linear, layer_norm_linear
-from .loss import linear_cross_entropy
-from .masks import dropout, leaky_relu, relu
-from .norm_act import batch_norm_act, batch_norm_act_conv2d, inplace_abn
-from .pooling import max_pool2d, pool_params
-from .rms_norm import rms_norm, rms_norm_linear
+from .ops._common import ACTIVATIONS, INVERTIBLE_ACTIVATIONS, resolve_activation
+from .ops.gated_mlp import GATED_ACTIVATIONS, gated_act, gated_act_linear, resolve_gated_activation
+from .ops.linear import act_linear, layer_norm_linear
+from .ops.loss import linear_cross_entropy
+from .ops.masks import dropout, leaky_relu, relu
+from .ops.norm_act import batch_norm_act, batch_norm_act_conv2d, inplace_abn
+from .ops.pooling import max_pool2d, pool_params
+from .ops.rms_norm import rms_norm, rms_norm_linear
 
 __all__ = [
     # bit-mask and byte-index operators

@@ -3,17 +3,22 @@
 Fake kernels and autograd formulas. ``rms_norm`` saves its input and one float per row (the reciprocal RMS);
 ``rms_norm_linear`` saves only the norm's input (its backward recomputes the normalized tensor and the statistic,
 the forward's values exactly) and calls the operators' own ``*_backward``.
+
+The module holds the family's Python face: the fake kernels and autograd formulas it records for
+:func:`memsave.operators.ops.register`, and the functional forms that :mod:`memsave.functional` exports.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .autograd import grads_or_none, is_dense, register_backward_op_autograd, register_fake
+from ._common import Tensor, autocast_cast, check_tensor
+from ._registration import Registrations, grads_or_none, is_dense
 
-Tensor = torch.Tensor
+#: What this family registers with torch.library, applied by memsave.operators.ops.register().
+REGISTRATIONS = Registrations()
 
 
 def stat_dtype(input: Tensor) -> torch.dtype:
@@ -48,7 +53,7 @@ def _check_norm_weight(op: str, input: Tensor, weight: Optional[Tensor], name: s
 # ----------------------------------------------------------------------------------------------------
 # memsave::rms_norm: keeps the input and the per-row reciprocal RMS.
 # ----------------------------------------------------------------------------------------------------
-@register_fake("memsave::rms_norm")
+@REGISTRATIONS.fake("memsave::rms_norm")
 def _rms_norm_fake(input: Tensor, weight: Optional[Tensor], eps: float) -> Tuple[Tensor, Tensor]:
     _check_norm_weight("rms_norm", input, weight, "weight")
     out = torch.empty_like(input, dtype=out_dtype(input, weight))  # the kernels keep the input's layout
@@ -56,7 +61,7 @@ def _rms_norm_fake(input: Tensor, weight: Optional[Tensor], eps: float) -> Tuple
     return out, rstd
 
 
-@register_fake("memsave::rms_norm_backward")
+@REGISTRATIONS.fake("memsave::rms_norm_backward")
 def _rms_norm_backward_fake(
     grad_out: Tensor, input: Tensor, rstd: Tensor, weight: Optional[Tensor], output_mask: List[bool]
 ) -> Tuple[Tensor, Tensor]:
@@ -80,14 +85,14 @@ def _rms_norm_backward(ctx: Any, grad_out: Optional[Tensor], _grad_rstd: Any) ->
     return grads_or_none(needs, (gi, gw, None))
 
 
-torch.library.register_autograd("memsave::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup_context)
-register_backward_op_autograd("memsave::rms_norm_backward")
+REGISTRATIONS.autograd("memsave::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup_context)
+REGISTRATIONS.backward_op("memsave::rms_norm_backward")
 
 
 # ----------------------------------------------------------------------------------------------------
 # memsave::rms_norm_linear: RMSNorm -> one or more Linears, keeping the norm's input only.
 # ----------------------------------------------------------------------------------------------------
-@register_fake("memsave::rms_norm_linear")
+@REGISTRATIONS.fake("memsave::rms_norm_linear")
 def _rms_norm_linear_fake(
     input: Tensor, norm_weight: Optional[Tensor], eps: float, weights: List[Tensor], biases: List[Optional[Tensor]]
 ) -> List[Tensor]:
@@ -105,7 +110,7 @@ def _rms_norm_linear_fake(
     return [input.new_empty((*input.shape[:-1], w.shape[0]), dtype=w.dtype) for w in weights]
 
 
-@register_fake("memsave::rms_norm_linear_backward")
+@REGISTRATIONS.fake("memsave::rms_norm_linear_backward")
 def _rms_norm_linear_backward_fake(
     grad_outs: List[Optional[Tensor]],
     input: Tensor,
@@ -139,7 +144,106 @@ def _rms_norm_linear_backward(ctx: Any, grad_outs: Sequence[Optional[Tensor]]) -
     return (gi if needs[0] else None, gnw if needs[1] else None, None, grad_weights, grad_biases)
 
 
-torch.library.register_autograd(
+REGISTRATIONS.autograd(
     "memsave::rms_norm_linear", _rms_norm_linear_backward, setup_context=_rms_norm_linear_setup_context
 )
-register_backward_op_autograd("memsave::rms_norm_linear_backward")
+REGISTRATIONS.backward_op("memsave::rms_norm_linear_backward")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The functional forms (memsave.functional).
+# ----------------------------------------------------------------------------------------------------
+def _rms_eps(input: Tensor, eps: Optional[float]) -> float:
+    # eps=None is torch.nn.RMSNorm's default: the machine epsilon of the input's dtype.
+    return float(torch.finfo(input.dtype).eps) if eps is None else float(eps)
+
+
+def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = 1e-6) -> Tensor:
+    """RMSNorm over the last dimension, keeping ``input`` and one float per row for backward.
+
+    Computes Hugging Face's ``LlamaRMSNorm`` value for value: the mean of squares and the normalization in float32
+    (float64 for float64 input), the normalized tensor rounded to the input dtype, then multiplied by ``weight``; the
+    result has ``promote(input.dtype, weight.dtype)``. Eager LlamaRMSNorm keeps a float32 copy of a 16-bit input, the
+    float32 normalized tensor and its rounded copy for backward; this keeps the input and the per-row reciprocal RMS.
+
+    Args:
+        input: ``[..., hidden]`` floating-point tensor (float32, float64, float16 or bfloat16), any strides.
+        weight: ``[hidden]`` scale, or None.
+        eps: added to the mean of squares; None means ``torch.finfo(input.dtype).eps`` (torch.nn.RMSNorm's default).
+
+    Returns:
+        The normalized tensor, ``input``'s shape.
+
+    Raises:
+        TypeError: ``input`` is not a floating-point tensor.
+        ValueError: ``weight`` does not have shape ``[hidden]``, or eps < 0.
+        RuntimeError: ``weight`` is on another device than ``input``.
+
+    Examples:
+        >>> norm = transformers_model.model.layers[0].input_layernorm          # a LlamaRMSNorm
+        >>> y = memsave.functional.rms_norm(x, norm.weight, norm.variance_epsilon)
+    """
+    check_tensor("rms_norm", input)
+    out, _rstd = torch.ops.memsave.rms_norm(input, weight, _rms_eps(input, eps))
+    return out
+
+
+def rms_norm_linear(
+    input: Tensor,
+    norm_weight: Optional[Tensor],
+    weight: Union[Tensor, Sequence[Tensor]],
+    bias: Union[Tensor, Sequence[Optional[Tensor]], None] = None,
+    eps: Optional[float] = 1e-6,
+) -> Union[Tensor, Tuple[Tensor, ...]]:
+    """``linear(rms_norm(input), weight, bias)`` for one or several Linears, keeping only ``input`` for backward.
+
+    The normalized tensor that the Linears read (and that torch would keep for their weight gradients) is
+    recomputed in backward, together with the per-row statistic. Several Linears that read the same norm -- a Llama
+    block's q/k/v or gate/up projections -- share one normalized tensor in forward and one recompute in backward.
+    Under autocast the Linears run in the autocast dtype and the norm in the input's, as with the torch ops.
+
+    Args:
+        input: ``[..., hidden]`` floating-point tensor.
+        norm_weight: the RMSNorm's ``[hidden]`` weight, or None.
+        weight: a ``[out_features, hidden]`` Linear weight, or a sequence of them.
+        bias: None, a ``[out_features]`` bias (one weight), or a sequence with one bias per weight: all tensors or
+            all None.
+        eps: the RMSNorm's eps (None: ``torch.finfo(input.dtype).eps``).
+
+    Returns:
+        ``[..., out_features]`` tensor, or a tuple with one per weight when ``weight`` is a sequence.
+
+    Raises:
+        TypeError: ``input`` is not a floating-point tensor.
+        ValueError: shapes that do not chain, a bias list of another length or mixing tensors and None.
+        RuntimeError: parameters on another device than ``input``.
+
+    Examples:
+        >>> attn = block.self_attn
+        >>> q, k, v = memsave.functional.rms_norm_linear(
+        ...     x, block.input_layernorm.weight, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    """
+    check_tensor("rms_norm_linear", input)
+    single = isinstance(weight, Tensor)
+    weights = [weight] if single else list(weight)
+    if bias is None or isinstance(bias, Tensor):
+        biases: List[Optional[Tensor]] = [bias] if single else [None] * len(weights)
+        if not single and bias is not None:
+            raise ValueError(
+                "memsave.functional.rms_norm_linear: give one bias per weight (a list) for several weights"
+            )
+    else:
+        biases = list(bias)
+    if len(biases) != len(weights):
+        raise ValueError(
+            f"memsave.functional.rms_norm_linear: {len(biases)} biases for {len(weights)} weights; give one per weight"
+        )
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        raise ValueError(
+            "memsave.functional.rms_norm_linear: the biases must be all tensors or all None (autograd sees a list "
+            "mixing the two as one constant); give zero biases to the Linears without one"
+        )
+    cast = autocast_cast(input.device.type, *weights, *biases)
+    weights, biases = list(cast[: len(weights)]), list(cast[len(weights) :])
+    outs = torch.ops.memsave.rms_norm_linear(input, norm_weight, _rms_eps(input, eps), weights, biases)
+    return outs[0] if single else tuple(outs)
