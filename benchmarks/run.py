@@ -45,7 +45,6 @@ import torch
 from benchmarks import strategies as bench_strategies
 from benchmarks.harness import environment, max_grad_diff, sync
 from memsave import models as bench_models
-from memsave.errors import StrategyUnavailableError
 from memsave.measurement.allocator import cpu_memory_stats
 from memsave.measurement.measuring import measure
 from memsave.measurement.strategies import StrategyContext
@@ -148,14 +147,6 @@ def run_model(
             "description": "; ".join(spec.description for spec, _ in strat.parts),
             "lossless": strat.lossless,
         }
-        try:
-            strat.check_available()
-        except StrategyUnavailableError as e:
-            reason = str(e)
-            row["skipped"] = reason
-            rows.append(row)
-            log(f"  {strat.name:<34} skipped: {reason}")
-            continue
         t0 = time.perf_counter()
         try:
             model = copy.deepcopy(pristine)

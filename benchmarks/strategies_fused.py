@@ -8,7 +8,7 @@ Import it as a plugin of ``benchmarks/run.py``::
     python3 benchmarks/run.py --models gpt2 --size cpu --plugins benchmarks.strategies_fused \\
         --strategies eager fused:layer_norm_mlp --name fused_gpt2_cpu
 
-Rows (each rewrites a fresh copy of the model in place with memsave.operators.convert.recipes; parameter names and
+Rows (each rewrites a fresh copy of the model in place with benchmarks/fusion_recipes.py; parameter names and
 the state_dict do not change):
 
 * ``fused:batch_norm_act_conv2d`` -- ResNet-50: in every bottleneck, bn1 -> relu -> conv2 and bn2 -> relu -> conv3
@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 from torch import nn
 
 from memsave.measurement.strategies import StrategyContext, register_strategy
-from memsave.operators.convert.recipes import fuse_gpt2, fuse_resnet50, fuse_sequentials, is_resnet50
+from benchmarks.fusion_recipes import fuse_gpt2, fuse_resnet50, fuse_sequentials, is_resnet50
 
 __all__ = ["FUSED_STRATEGIES", "fuse_gpt2", "fuse_resnet50"]
 

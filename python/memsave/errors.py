@@ -13,7 +13,6 @@ __all__ = [
     "MemsaveWarning",
     "InfeasibleBudgetError",
     "PlanMismatchError",
-    "StrategyUnavailableError",
     "NoFakeKernelError",
 ]
 
@@ -52,10 +51,6 @@ class InfeasibleBudgetError(ValueError):
     def __init__(self, message: str, min_bytes: int) -> None:
         super().__init__(message)
         self.min_bytes = int(min_bytes)
-
-
-class StrategyUnavailableError(ImportError):
-    """A strategy was named correctly, but the memsave module it needs is not available in this build."""
 
 
 class NoFakeKernelError(RuntimeError):

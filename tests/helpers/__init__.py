@@ -68,14 +68,6 @@ def eager_step(block: torch.nn.Module, x: torch.Tensor, seed: int = 2) -> Tuple[
     return ours, expected
 
 
-def register_unavailable(name: str, description: str, requirement: str) -> None:
-    """Register the strategy ``name``, which changes nothing and requires ``requirement`` (``"module:attribute"``,
-    absent here): a strategy whose requirement is missing. The test unregisters it."""
-    from memsave.measurement.strategies import register_strategy
-
-    register_strategy(name, description, apply=lambda m, a, c: m, requires=(requirement,))
-
-
 class Counter:
     """A callable region that counts how often it runs, and how often during a backward (recompute)."""
 

@@ -187,10 +187,10 @@ def test_opt_in_inplace_abn_pattern():
 
 
 def test_benchmark_rewrites_keep_keys_and_gradients():
-    """The fusion recipes the benchmark rows apply (memsave.operators.convert.recipes) rewrite ResNet-50 and the
+    """The fusion recipes the benchmark rows apply (benchmarks/fusion_recipes.py) rewrite ResNet-50 and the
     GPT-2-like model in place: same parameter names, gradients equal to eager's within float32 rounding."""
     from memsave import models as bench_models
-    from memsave.operators.convert import recipes
+    from benchmarks import fusion_recipes as recipes
 
     for name, fuse in (("resnet50", recipes.fuse_resnet50), ("gpt2", recipes.fuse_gpt2)):
         case = bench_models.build(name, "tiny")
@@ -209,7 +209,7 @@ def test_benchmark_rewrites_keep_keys_and_gradients():
 def test_recipes_refuse_other_models_and_fuse_sequentials_counts():
     """A recipe refuses a model it was not written for (before changing it); fuse_sequentials applies only the named
     patterns and counts them."""
-    from memsave.operators.convert import recipes
+    from benchmarks import fusion_recipes as recipes
 
     model = _cnn()
     before = copy.deepcopy(model)

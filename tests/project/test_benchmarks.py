@@ -7,7 +7,6 @@ import torch
 from benchmarks import run as bench_run
 from benchmarks import strategies as bench_strategies
 
-from helpers import register_unavailable
 from memsave import models as bench_models
 from memsave.measurement.allocator import cpu_memory_stats
 from memsave.measurement.strategies import StrategyContext, parse_strategy, register_strategy, unregister_strategy
@@ -66,17 +65,6 @@ def test_rows_are_names_of_memsave_registry_and_a_registered_kind_becomes_a_row(
         assert rows[1]["max_grad_diff"] == 0.0 and rows[1]["activation_bytes"] == rows[0]["activation_bytes"]
     finally:
         unregister_strategy("test-identity")
-
-
-def test_missing_requirement_skips_the_row():
-    register_unavailable("test-needs-missing", "needs a module that is not there", "memsave_no_such_module:thing")
-    try:
-        rows = bench_run.run_model(
-            "vgg16", "tiny", ["test-needs-missing"], torch.device("cpu"), steps=1, warmup=0, log=lambda *a: None
-        )
-        assert "needs memsave_no_such_module" in rows[1]["skipped"]
-    finally:
-        unregister_strategy("test-needs-missing")
 
 
 def test_harness_end_to_end(tmp_path):

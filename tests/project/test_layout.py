@@ -141,7 +141,10 @@ def test_public_spellings_of_functional_and_nn_are_real_modules() -> None:
     from memsave.nn import ReLU
 
     # Real modules (files of the package), not sys.modules aliases: importers, IDEs and mypy see the same thing.
-    assert Path(memsave.nn.__file__) == PACKAGE / "nn.py" and Path(memsave.functional.__file__) == PACKAGE / "functional.py"
+    assert (
+        Path(memsave.nn.__file__) == PACKAGE / "nn.py"
+        and Path(memsave.functional.__file__) == PACKAGE / "functional.py"
+    )
     assert ReLU is memsave.operators.nn.ReLU
     for public, home in ((memsave.nn, memsave.operators.nn), (memsave.functional, memsave.operators.functional)):
         assert sorted(public.__all__) == sorted(home.__all__)

@@ -384,8 +384,6 @@ def parse_strategies(strategies: Strategies) -> List[Strategy]:
     if not parsed or parsed[0].name != "eager":
         parsed = [parse_strategy("eager")] + [s for s in parsed if s.name != "eager"]
     parsed = list({s.name: s for s in parsed}.values())
-    for s in parsed:
-        s.check_available()
     return parsed
 
 
@@ -561,7 +559,6 @@ def compare(
     Raises:
         ValueError: an unknown strategy (the message lists the valid ones), model and inputs on different devices,
             ``steps`` < 1, ``on_error`` not "raise" or "row", or ``snapshot_dir`` on a device other than CUDA.
-        StrategyUnavailableError: a strategy needs a memsave module this build lacks (checked before any run).
 
     Warns:
         MemsaveWarning: the step times of a strategy spread over 10% of their median (the ratios are uncertain).

@@ -561,7 +561,6 @@ def estimate(
 
     Raises:
         ValueError: an unknown strategy, device or optimizer; a strategy that cannot run on fake tensors (plan).
-        StrategyUnavailableError: the strategy needs a memsave module this build lacks.
         NoFakeKernelError: an operator of the model has no fake-tensor implementation.
 
     Examples:
@@ -573,7 +572,6 @@ def estimate(
         raise TypeError(f"estimate: model must be an nn.Module, got {type(model).__name__}")
     dev = _as_device(device)
     strat = parse_strategy(strategy)
-    strat.check_available()
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"estimate: dtype must be a floating-point torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
     if optimizer is not None and optimizer not in OPTIMIZER_STATES:

@@ -31,7 +31,6 @@ once, in that order (the order of :func:`strategy_definitions`). So this module 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -39,7 +38,6 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 import torch
 from torch import nn
 
-from ..errors import StrategyUnavailableError
 from .measuring import LossFn
 
 __all__ = [
@@ -93,7 +91,6 @@ class StrategyDef:
             model transform.
         context: (argument, device) -> a context manager entered around every forward. None: no context.
         lossless: whether gradients equal eager's bitwise (CPU, float32).
-        requires: ``"module:attribute"`` entries that must import, checked before anything runs.
     """
 
     name: str
@@ -103,7 +100,6 @@ class StrategyDef:
     apply: Optional[Apply] = None
     context: Optional[Context] = None
     lossless: bool = True
-    requires: Tuple[str, ...] = ()
 
     def usage(self) -> List[str]:
         """The spellings of this strategy for help and error messages."""
@@ -126,7 +122,6 @@ def register_strategy(
     arg: Optional[str] = None,
     choices: Optional[Sequence[str]] = None,
     lossless: bool = True,
-    requires: Sequence[str] = (),
     replace: bool = False,
 ) -> StrategyDef:
     """Add a strategy kind that :func:`compare`, :func:`memsave.estimate` and the command line understand.
@@ -139,7 +134,6 @@ def register_strategy(
         arg: placeholder for the argument after ``:``, e.g. ``"<budget>"``; None when the strategy takes none.
         choices: allowed arguments, if only a few are.
         lossless: gradients are bitwise equal to eager's (CPU, float32).
-        requires: ``"module:attribute"`` entries (e.g. ``"memsave.convert:convert"``) that must import first.
         replace: allow redefining an existing name.
 
     Returns:
@@ -167,7 +161,6 @@ def register_strategy(
         apply,
         context,
         lossless,
-        tuple(requires),
     )
     _REGISTRY[name] = spec
     return spec
@@ -202,24 +195,6 @@ def available_strategies() -> List[str]:
     return [u for spec in _REGISTRY.values() for u in spec.usage()]
 
 
-def _check_requires(spec: StrategyDef, full_name: str) -> None:
-    for req in spec.requires:
-        mod_name, _, attr = req.partition(":")
-        path = "python/" + mod_name.replace(".", "/") + ".py"
-        try:
-            mod = importlib.import_module(mod_name)
-        except ImportError as e:
-            raise StrategyUnavailableError(
-                f"strategy {full_name!r} needs {mod_name} ({path}), which cannot be imported in this build: {e}. "
-                f"Choose another strategy, or update memsave to a version that has it."
-            ) from e
-        if attr and not hasattr(mod, attr):
-            raise StrategyUnavailableError(
-                f"strategy {full_name!r} needs {mod_name}.{attr}, which this build of memsave does not have "
-                f"({path}). Choose another strategy, or update memsave to a version that has it."
-            )
-
-
 @dataclass(frozen=True)
 class Strategy:
     """A parsed strategy: one or more registered kinds with their arguments, joined by ``+``.
@@ -241,11 +216,6 @@ class Strategy:
     def is_eager(self) -> bool:
         return all(spec.apply is None and spec.context is None for spec, _ in self.parts)
 
-    def check_available(self) -> None:
-        """Raise :class:`StrategyUnavailableError` naming the missing module if a part cannot run in this build."""
-        for spec, _ in self.parts:
-            _check_requires(spec, self.name)
-
     @contextlib.contextmanager
     def context(self, device: torch.device) -> Iterator[None]:
         """Enter every part's runtime context (autocast, ...) for ``device``."""
@@ -260,7 +230,6 @@ class Strategy:
 
         The returned module runs the forward under :meth:`context`; its parameters are ``model``'s.
         """
-        self.check_available()
         runner = model
         with self.context(ctx.device):
             for spec, arg in self.parts:
@@ -307,8 +276,7 @@ def parse_strategy(spec: Union[str, Strategy]) -> Strategy:
         spec: the name (or an already parsed :class:`Strategy`, returned as is).
 
     Returns:
-        the :class:`Strategy`; availability of the modules it needs is checked when it runs
-        (:meth:`Strategy.check_available`).
+        the :class:`Strategy`.
 
     Raises:
         ValueError: an unknown name, a missing or unexpected argument (the message lists the valid names).

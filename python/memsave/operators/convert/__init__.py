@@ -9,8 +9,6 @@
                    ViT Mlp and Block, rewritten inside with the fused modules
 ``causal_lm.py``   module rule (``fuse=True``): a Hugging Face causal LM called with labels computes its loss with
                    ``linear_cross_entropy`` and never builds the logits
-``recipes.py``     whole-model fusion recipes for forwards no pattern matches (the benchmark zoo's ResNet-50 and
-                   GPT-2), and the fused Sequential patterns applied alone
 ================== ==========================================================================================
 """
 

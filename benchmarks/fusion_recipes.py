@@ -1,4 +1,4 @@
-"""Fusion recipes for whole models whose forward is not an ``nn.Sequential`` that :func:`memsave.convert`'s
+"""Benchmark-only fusion recipes for whole models whose forward is not an ``nn.Sequential`` that :func:`memsave.convert`'s
 patterns could match: each rewrites a model in place with the fused modules, keeping every parameter name and
 state_dict key (the benchmark rows ``fused:<choice>`` in benchmarks/strategies_fused.py apply them).
 
@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
-from ..nn import (
+from memsave.nn import (
     ActLinear,
     BatchNormAct2d,
     InPlaceABN2d,
@@ -30,7 +30,12 @@ from ..nn import (
     fuse_batch_norm_act_conv2d,
     fuse_layer_norm_linear,
 )
-from .fused_patterns import _build_batch_norm_act, _build_batch_norm_act_conv2d, _is_activation
+# convert's own pattern builders, so a recipe fuses exactly as memsave.convert(fuse=True) would.
+from memsave.operators.convert.fused_patterns import (  # noqa: PLC2701
+    _build_batch_norm_act,
+    _build_batch_norm_act_conv2d,
+    _is_activation,
+)
 
 __all__ = ["fuse_gpt2", "fuse_resnet50", "fuse_sequentials", "is_resnet50"]
 
