@@ -419,6 +419,22 @@ class _Step(NamedTuple):
     loss_fn: LossFn
 
 
+class _FakeStepBytes(NamedTuple):
+    """What one training step on fake tensors held (:func:`_run_fake_step`), in bytes (rounded as the allocator
+    rounds), and the module that ran it."""
+
+    peak: int  # allocator-level peak above the step's start
+    tensor_peak: int  # peak of live tensor bytes
+    activation: int  # live after forward: what backward will read
+    by_module: Dict[str, int]
+    grad: int
+    param: int
+    buffer: int
+    input: int
+    optimizer: int  # the optimizer's state for the trainable parameters
+    runner: nn.Module  # strat.prepare's module (names in by_module are relative to it)
+
+
 def _run_fake_step(
     step: _Step,
     device: torch.device,
@@ -427,7 +443,7 @@ def _run_fake_step(
     workspace_fn: Optional[Callable[[Any, Any, Any], int]],
     optimizer_states: int,
     emulate_cuda: bool = False,
-) -> Dict[str, Any]:
+) -> _FakeStepBytes:
     model, inputs, kwargs, strat, loss_fn = step
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     memo: Dict[int, Any] = {}
@@ -484,7 +500,7 @@ def _run_fake_step(
             tensor_peak = tracker.peak_bytes
     trainable = [p for p in params if p.requires_grad]
     grads = [p.grad for p in trainable if p.grad is not None]
-    return dict(
+    return _FakeStepBytes(
         peak=peak,
         tensor_peak=tensor_peak,
         activation=activation,
@@ -502,7 +518,7 @@ def _run_fake_step(
 
 def _fake_step_or_emulated(
     step: _Step, dev: torch.device, dtype: Optional[torch.dtype], states: int
-) -> Tuple[Dict[str, Any], bool, bool]:
+) -> Tuple[_FakeStepBytes, bool, bool]:
     """Run the fake step for ``dev``; returns ``(result, emulated, cpu_onednn)``. A CUDA step whose fake CUDA
     tensors fail (some torch builds need a CUDA runtime for them) falls back to CPU emulation, with a warning."""
     emulated = dev.type == "cuda" and not torch.cuda.is_available()
@@ -589,20 +605,20 @@ def estimate(
     else:
         allocator = "exact sizes + oneDNN convolution workspaces" if cpu_onednn else "exact sizes"
     return Estimate(
-        peak_bytes=int(r["peak"]),
-        tensor_peak_bytes=int(r["tensor_peak"]),
-        activation_bytes=int(r["activation"]),
-        grad_bytes=int(r["grad"]),
-        param_bytes=int(r["param"]),
-        buffer_bytes=int(r["buffer"]),
-        input_bytes=int(r["input"]),
-        optimizer_bytes=int(r["optimizer"]),
+        peak_bytes=r.peak,
+        tensor_peak_bytes=r.tensor_peak,
+        activation_bytes=r.activation,
+        grad_bytes=r.grad,
+        param_bytes=r.param,
+        buffer_bytes=r.buffer,
+        input_bytes=r.input,
+        optimizer_bytes=r.optimizer,
         device=str(dev),
         strategy=strat.name,
         dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
         allocator=allocator,
         emulated=emulated,
-        by_module=strip_runner_prefix(r["by_module"], r["runner"]),
+        by_module=strip_runner_prefix(r.by_module, r.runner),
     )
 
 

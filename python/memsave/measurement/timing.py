@@ -30,7 +30,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["PRECISION", "SPREAD_WARNING", "Timing", "median_iqr", "spread_warning", "time_interleaved"]
+__all__ = [
+    "PRECISION",
+    "SPREAD_WARNING",
+    "Timing",
+    "TimingSettings",
+    "median_iqr",
+    "spread_warning",
+    "time_interleaved",
+]
 
 #: The IQR / median above which a timing is reported as unreliable.
 SPREAD_WARNING = 0.10
@@ -102,38 +110,68 @@ def _seconds(timer: timeit.Timer, number: int) -> float:
     return max(timer.timeit(number), 1e-9) / number
 
 
-def _check(
-    steps: Mapping[str, Callable[[], Any]], rounds: Tuple[int, Optional[int]], warmup: int, limits: Sequence[float]
-) -> None:
+@dataclass(frozen=True)
+class TimingSettings:
+    """How :func:`time_interleaved` times: its keyword arguments, checked together (see there for each).
+
+    Examples:
+        >>> TimingSettings(rounds=7).max_rounds                  # 4 * rounds unless given
+        28
+        >>> TimingSettings(rounds=0)
+        Traceback (most recent call last):
+        ValueError: time_interleaved: rounds must be an int >= 1, got 0
+    """
+
+    rounds: int = 5
+    max_rounds: Optional[int] = None
+    precision: float = PRECISION
+    warmup: int = 1
+    min_round_seconds: float = 0.05
+    min_window_seconds: float = 0.002
+    min_windows: int = 3
+    max_windows: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"time_interleaved: rounds must be an int >= 1, got {self.rounds!r}")
+        if self.max_rounds is None:
+            object.__setattr__(self, "max_rounds", 4 * self.rounds)
+        if not isinstance(self.max_rounds, int) or self.max_rounds < self.rounds:
+            raise ValueError(
+                f"time_interleaved: max_rounds must be an int >= rounds ({self.rounds}), got {self.max_rounds!r}"
+            )
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"time_interleaved: warmup must be an int >= 0, got {self.warmup!r}")
+        for label in ("min_round_seconds", "min_window_seconds", "precision"):
+            if not getattr(self, label) >= 0:
+                raise ValueError(f"time_interleaved: {label} must be >= 0, got {getattr(self, label)!r}")
+        fewest, most = self.min_windows, self.max_windows
+        if not (isinstance(fewest, int) and isinstance(most, int) and 1 <= fewest <= most):
+            raise ValueError(
+                f"time_interleaved: need ints 1 <= min_windows <= max_windows, got min_windows={fewest!r}, "
+                f"max_windows={most!r}"
+            )
+
+
+def _check_steps(steps: Mapping[str, Callable[[], Any]]) -> None:
     if not steps:
         raise ValueError("time_interleaved: no variants to time")
     for name, fn in steps.items():
         if not callable(fn):
             raise TypeError(f"time_interleaved: variant {name!r} is a {type(fn).__name__}, not a callable step")
-    asked, most = rounds
-    if not isinstance(asked, int) or asked < 1:
-        raise ValueError(f"time_interleaved: rounds must be an int >= 1, got {asked!r}")
-    if not isinstance(most, int) or most < asked:
-        raise ValueError(f"time_interleaved: max_rounds must be an int >= rounds ({asked}), got {most!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"time_interleaved: warmup must be an int >= 0, got {warmup!r}")
-    for label, value in (("min_round_seconds", limits[0]), ("min_window_seconds", limits[1]), ("precision", limits[4])):
-        if not value >= 0:
-            raise ValueError(f"time_interleaved: {label} must be >= 0, got {value!r}")
-    fewest, most_windows = limits[2], limits[3]
-    if not (isinstance(fewest, int) and isinstance(most_windows, int) and 1 <= fewest <= most_windows):
-        raise ValueError(
-            f"time_interleaved: need ints 1 <= min_windows <= max_windows, got min_windows={fewest!r}, "
-            f"max_windows={most_windows!r}"
-        )
 
 
-def _window_shape(first: float, min_round: float, min_window: float, windows: Tuple[int, int]) -> Tuple[int, int]:
-    """(steps per window, windows per round) for a step that took ``first`` seconds in the warm-up, the windows
-    within ``windows`` = (least, most)."""
-    least, most = windows
-    number = max(1, math.ceil(min_window / first))
-    return number, min(most, max(least, math.ceil(min_round / (number * first))))
+def _window_shape(first: float, settings: TimingSettings) -> Tuple[int, int]:
+    """(steps per window, windows per round) for a step that took ``first`` seconds in the warm-up."""
+    number = max(1, math.ceil(settings.min_window_seconds / first))
+    windows = math.ceil(settings.min_round_seconds / (number * first))
+    return number, min(settings.max_windows, max(settings.min_windows, windows))
+
+
+def _more_rounds(done: Sequence[float], settings: TimingSettings, uncertain: Callable[[], bool]) -> bool:
+    """Whether to time another round: fewer than ``rounds`` so far, or medians still uncertain below ``max_rounds``."""
+    assert settings.max_rounds is not None  # set by TimingSettings
+    return len(done) < settings.rounds or (len(done) < settings.max_rounds and uncertain())
 
 
 def time_interleaved(
@@ -182,21 +220,20 @@ def time_interleaved(
         >>> t = time_interleaved({"a": lambda: sum(range(1000)), "b": lambda: sum(range(1000))}, rounds=7)
         >>> t["b"].ratio, t["b"].ratio_iqr, t["b"].rounds       # about 1.0, small, 7 or more
     """
-    most = 4 * rounds if max_rounds is None and isinstance(rounds, int) else max_rounds
-    limits = (min_round_seconds, min_window_seconds, min_windows, max_windows, precision)
-    _check(steps, (rounds, most), warmup, limits)
-    assert most is not None  # checked
+    _check_steps(steps)
+    settings = TimingSettings(
+        rounds, max_rounds, precision, warmup, min_round_seconds, min_window_seconds, min_windows, max_windows
+    )
     names = list(steps)
     ref = names[0] if reference is None else reference
     if ref not in steps:
         raise ValueError(f"time_interleaved: reference {ref!r} is not one of the variants {names}")
     timers = {n: _timer(steps[n], clock) for n in names}
-    first = {n: min(_seconds(timers[n], 1) for _ in range(max(warmup, 1))) for n in names}
+    first = {n: min(_seconds(timers[n], 1) for _ in range(max(settings.warmup, 1))) for n in names}
     # One window shape for every variant, from the reference: like is timed against like.
-    shape = (min_windows, max_windows)
-    number, windows = _window_shape(first[ref], min_round_seconds, min_window_seconds, shape)
+    number, windows = _window_shape(first[ref], settings)
     taken: Dict[str, List[float]] = {n: [] for n in names}
-    while len(taken[ref]) < rounds or (len(taken[ref]) < most and _uncertain(taken, ref, precision)):
+    while _more_rounds(taken[ref], settings, lambda: _uncertain(taken, ref, settings.precision)):
         order = names if len(taken[ref]) % 2 == 0 else names[::-1]
         best = {n: math.inf for n in names}
         for _ in range(windows):

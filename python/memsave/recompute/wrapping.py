@@ -10,15 +10,15 @@ model, and :func:`unwrap` restores the plain eager model exactly.
 from __future__ import annotations
 
 import abc
-import contextlib
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
 import torch
 from torch import nn
 
+from ..common.snapshot import all_or_nothing
 from ..errors import MemsaveWarning
 from .blocks import find_blocks
 from .policies import resolve_checkpoint_policy
@@ -292,48 +292,6 @@ def unwrap_module(module: nn.Module) -> bool:
         else:
             module.__dict__["extra_repr"] = extra.previous
     return True
-
-
-class _ModelSnapshot:
-    """The instance-level ``forward`` and ``extra_repr`` of every module of a model (all that wrapping changes), to
-    put back when a change to the model fails halfway: :func:`wrap`, applying a plan and :func:`unwrap` either
-    complete or leave the model exactly as it was."""
-
-    _KEYS = ("forward", "extra_repr")
-
-    def __init__(self, model: nn.Module) -> None:
-        self.saved = [(m, {k: m.__dict__[k] for k in self._KEYS if k in m.__dict__}) for m in model.modules()]
-
-    def restore(self) -> None:
-        for module, entries in self.saved:
-            for key in self._KEYS:
-                if key in entries:
-                    module.__dict__[key] = entries[key]
-                else:
-                    module.__dict__.pop(key, None)
-
-
-@contextlib.contextmanager
-def all_or_nothing(model: nn.Module) -> Iterator[None]:
-    """Run a change to ``model``'s regions; if it raises, put every module's forward and extra_repr back first.
-
-    Args:
-        model: the model whose regions the ``with`` body changes.
-
-    Returns:
-        A context manager; the body's exception propagates unchanged after the model is restored.
-
-    Examples:
-        >>> with all_or_nothing(model):
-        ...     for name, module in selected:
-        ...         wrap_module(module, name)
-    """
-    snapshot = _ModelSnapshot(model)
-    try:
-        yield
-    except BaseException:
-        snapshot.restore()
-        raise
 
 
 def _check_predicate(policy: Callable[..., Any]) -> None:

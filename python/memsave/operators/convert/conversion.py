@@ -46,7 +46,6 @@ reported as "depends"). :func:`plan_convert` returns the same report without cha
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
@@ -54,6 +53,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Uni
 from torch import nn
 
 from ...common.chunking import check_chunks
+from ...common.snapshot import all_or_nothing
 from .model_zoo import chunk_mlps
 from .registry import (
     DEPENDS,
@@ -424,22 +424,6 @@ def _plan(
     return planner.planned, planner.report, planner.installs
 
 
-class _ModelState:
-    """Every module's instance state: submodules, parameters, buffers, hooks, an instance-level ``forward``, the
-    training flag (shallow copies of each module's ``__dict__`` and of the dicts in it). What :func:`convert`
-    changes, put back when a conversion fails halfway so that the model is exactly as it was."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.saved = [
-            (m, {k: copy.copy(v) if isinstance(v, dict) else v for k, v in vars(m).items()}) for m in model.modules()
-        ]
-
-    def restore(self) -> None:
-        for module, state in self.saved:
-            vars(module).clear()
-            vars(module).update(state)
-
-
 def plan_convert(
     model: nn.Module,
     include: Optional[Iterable[Selector]] = None,
@@ -556,12 +540,8 @@ def convert(
         raise TypeError(f"memsave.convert expects an nn.Module, got {type(model).__name__}")
     chunks = check_chunks(mlp_chunks, "convert: mlp_chunks") if mlp_chunks is not None else None
     selectors = _matching(model, include, "include"), _as_selectors(exclude, "exclude")
-    state = _ModelState(model)
-    try:
+    with all_or_nothing(model):  # a rule, a pattern or an install that fails leaves the model as it was
         report = _convert(model, *selectors, fuse=fuse, dropout=dropout, chunks=chunks)
-    except BaseException:
-        state.restore()  # all or nothing: a rule, a pattern or an install that fails leaves the model as it was
-        raise
     if verbose:
         print(report.summary())
     return model
