@@ -18,7 +18,14 @@ __all__ = [
 
 
 class CheckpointError(RuntimeError):
-    """Base class of the errors raised by a checkpointed region (forward or recompute in backward)."""
+    """Base class of the errors raised by a checkpointed region (forward or recompute in backward).
+
+    Examples:
+        >>> try:
+        ...     loss.backward()
+        ... except memsave.CheckpointError as e:                  # any failure of a region's recompute
+        ...     print(e)
+    """
 
 
 class RecomputeMismatchError(CheckpointError):
@@ -28,6 +35,10 @@ class RecomputeMismatchError(CheckpointError):
     device, than the original forward (and, with ``strict=True``, other values). The usual cause is a region
     whose behaviour depends on state that changed between forward and backward: a global counter, a
     data-dependent branch on non-deterministic values, or ``preserve_rng_state=False`` with random shapes.
+
+    Examples:
+        >>> y = memsave.checkpoint(lambda x: x[: random.randint(1, 4)], x)   # shape depends on a Python RNG
+        >>> y.sum().backward()                                    # raises RecomputeMismatchError naming the tensor
     """
 
 
@@ -38,15 +49,32 @@ class InplaceModificationError(CheckpointError):
     from the modified value), or an argument / a tensor the region saved was modified between forward and
     backward. Eager PyTorch reports the second case as "one of the variables needed for gradient computation
     has been modified by an inplace operation".
+
+    Examples:
+        >>> y = memsave.checkpoint(torch.sin, x)
+        >>> x.add_(1)                                             # the region's input changed before backward
+        >>> y.sum().backward()                                    # raises InplaceModificationError
     """
 
 
 class MemsaveWarning(UserWarning):
-    """A memsave call did something other than the user probably intended (e.g. a wrap policy matched nothing)."""
+    """A memsave call did something other than the user probably intended (e.g. a wrap policy matched nothing).
+
+    Examples:
+        >>> import warnings
+        >>> warnings.simplefilter("error", memsave.MemsaveWarning)   # make memsave's surprises errors in a test
+    """
 
 
 class InfeasibleBudgetError(ValueError):
-    """No checkpoint plan fits the budget given to :func:`memsave.plan`; ``min_bytes`` is the smallest that does."""
+    """No checkpoint plan fits the budget given to :func:`memsave.plan`; ``min_bytes`` is the smallest that does.
+
+    Examples:
+        >>> try:
+        ...     memsave.plan(model, x, budget="1MiB")
+        ... except memsave.InfeasibleBudgetError as e:
+        ...     print(e.min_bytes)                                # the smallest budget any plan fits
+    """
 
     def __init__(self, message: str, min_bytes: int) -> None:
         super().__init__(message)
@@ -63,4 +91,8 @@ class PlanMismatchError(ValueError):
 
     Raised before anything is wrapped; the message names the modules that differ (those the plan names and the model
     lacks, those of the model the plan does not know).
+
+    Examples:
+        >>> p = memsave.plan(model_a, x, budget=0.5)
+        >>> memsave.wrap(model_b, p)               # raises PlanMismatchError naming the modules that differ
     """

@@ -233,6 +233,12 @@ CASES = [
     ),
     # ---- accumulate
     Case("accumulate-steps-0", acc(0), ValueError, r"steps must be an int >= 1 .*got 0"),
+    Case(
+        "accumulate-other-models-optimizer",
+        lambda w: memsave.accumulate(w.model, torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1), 2),
+        ValueError,
+        r"optimizer holds none of the parameters of the model given .* belongs to another model",
+    ),
     Case("accumulate-steps-str", acc("4"), ValueError, r"steps must be an int >= 1 .*'4'"),
     Case("accumulate-steps-float", acc(2.5), ValueError, r"steps must be an int >= 1 .*2\.5"),
     Case("accumulate-optimizer-str", lambda w: memsave.accumulate(w.model, "sgd", 2), TypeError, r"optimizer must"),

@@ -4,6 +4,7 @@ untouched, the table / HTML / plot / JSON / DataFrame views, bad input, and `pyt
 from __future__ import annotations
 
 import copy
+import html
 import io
 import json
 
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 from helpers import models
-from memsave.measurement.comparison import Comparison, compare
+from memsave.errors import MemsaveWarning
+from memsave.measurement.comparison import Comparison, compare, parse_strategies
 from memsave.measurement.measuring import measure
 from memsave.measurement.strategies import (
     StrategyContext,
@@ -271,3 +273,25 @@ def test_bench_command_line(tmp_path, capsys):
     assert data["rows"][1]["max_grad_diff"] == 0.0 and data["environment"]["torch"] == torch.__version__
     with pytest.raises(SystemExit):
         main(["bench", "--model", "alexnet", "--size", "tiny", "--device", "cpu"])
+
+
+def test_mapping_row_names_are_the_names_given():
+    # {"per block": "checkpoint:blocks"} used to print the row as "checkpoint:blocks".
+    model, x = models.build("cnn")
+    result = compare(model, x, strategies={"per conv": "checkpoint:Conv2d", "eager again": "eager"}, steps=1)
+    assert [r.strategy for r in result.rows] == ["eager", "per conv"]
+    assert result["per conv"].max_grad_diff == 0.0
+    assert "per conv" in str(result) and "checkpoint:Conv2d" not in str(result)
+    with pytest.raises(ValueError, match="row name 'checkpoint:all' is the registered strategy"):
+        parse_strategies({"checkpoint:all": "checkpoint:blocks"})
+
+
+def test_a_strategy_that_raises_the_peak_is_flagged():
+    # Checkpointing every module of a small CNN keeps each region's input and costs more than it drops.
+    model, x = models.build("cnn")
+    with pytest.warns(MemsaveWarning, match=r"compare: checkpoint:all raises the peak above eager's"):
+        result = compare(model, x, strategies=["checkpoint:all"], steps=1)
+    assert result["checkpoint:all"].peak_bytes > result["eager"].peak_bytes
+    (note,) = result.notes()
+    assert note.startswith("checkpoint:all raises the peak above eager's (+") and note in str(result)
+    assert html.escape(note) in result._repr_html_()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
-from typing import List, Set
+from typing import List, Set, Tuple
 
 import pytest
 
@@ -107,3 +107,28 @@ def test_the_contributing_path_check_can_fail(tmp_path: Path) -> None:
     (tmp_path / "csrc" / "ops" / "x" / "y_math.h").write_text("")
     text = "`csrc/ops/<family>/<op>_math.h` `csrc/ops/<family>/` `tools/gone.sh` `memsave.convert` `bash x`"
     assert _missing_paths(text, tmp_path) == ["tools/gone.sh"]
+
+
+def _public_objects() -> List[Tuple[str, object]]:
+    import inspect
+
+    import memsave
+    import memsave.functional
+    import memsave.nn
+
+    found = []
+    for module in (memsave, memsave.nn, memsave.functional, memsave.amp):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                found.append((f"{module.__name__}.{name}", obj))
+    return found
+
+
+def test_every_public_class_and_function_has_an_example() -> None:
+    import inspect
+
+    objects = _public_objects()
+    assert len(objects) > 50
+    missing = [name for name, obj in objects if "Examples:" not in (inspect.getdoc(obj) or "")]
+    assert not missing, f"public names whose docstring has no 'Examples:' section: {missing}"

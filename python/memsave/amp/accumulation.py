@@ -36,6 +36,11 @@ class Accumulator:
     Attributes:
         steps: micro-batches per optimizer step.
         micro_step: micro-batches accumulated in the current window (0 right after a step).
+
+    Examples:
+        >>> with memsave.accumulate(model, optimizer, steps=4) as acc:
+        ...     for x, y in loader:
+        ...         stepped = acc.backward(loss_fn(model(x), y))   # True on every 4th micro-batch
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class Accumulator:
             raise ValueError(f"clip_grad_norm must be a positive max norm or None, got {clip_grad_norm!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        _check_optimizer_of(model, optimizer)
         self.model = model
         self.optimizer = optimizer
         self.steps = steps
@@ -219,6 +225,19 @@ def _scale_grads(params: List[torch.Tensor], factor: float) -> None:
             p.grad.mul_(factor)
 
 
+def _check_optimizer_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Refuse an optimizer that holds none of ``model``'s parameters (another model's): its steps would never change
+    the model being trained. A subset (frozen layers) or extra parameters (a learnable loss) are fine."""
+    own = {id(p) for p in model.parameters()}
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    if own and held and not any(id(p) in own for p in held):
+        raise ValueError(
+            f"optimizer holds none of the parameters of the model given ({type(model).__name__}): it belongs to "
+            "another model, and its steps would never change this one; create it from this model's parameters "
+            "(torch.optim.AdamW(model.parameters()))"
+        )
+
+
 def accumulate(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -245,7 +264,8 @@ def accumulate(
         Accumulator: call ``acc.backward(loss)`` once per micro-batch and ``acc.flush()`` at the end.
 
     Raises:
-        ValueError: for ``steps`` < 1 or a non-positive ``clip_grad_norm``.
+        ValueError: for ``steps`` < 1, a non-positive ``clip_grad_norm``, or an ``optimizer`` that holds none of
+            ``model``'s parameters (another model's).
         TypeError: for a ``model`` that is not a Module, an ``optimizer`` that is not an Optimizer, a
             ``clip_grad_norm`` that is not a number, or a ``scaler`` without scale/unscale_/step/update.
 

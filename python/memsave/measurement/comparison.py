@@ -10,6 +10,7 @@ median and spread (IQR). The gradient and buffer columns compare one step from t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import html
 import json
 import os
@@ -85,6 +86,12 @@ class Comparison:
         steps: interleaved timing rounds timed (each row's median and IQR are over them); ``compare`` times more
             than it was asked for while a ratio's median is uncertain.
         info: free-form facts (torch version, CUDA device name, model class, input shapes).
+
+    Examples:
+        >>> result = memsave.compare(model, x, strategies=["checkpoint:blocks", "plan:50%"])
+        >>> print(result)                                         # one row per strategy, eager first
+        >>> result["checkpoint:blocks"].peak_bytes / result["eager"].peak_bytes
+        >>> fig = result.plot(); fig.savefig("compare.png")
     """
 
     def __init__(
@@ -159,7 +166,24 @@ class Comparison:
 
         lines = [self._title(), line(header), "  ".join("-" * w for w in widths)] + [line(b) for b in body]
         lines += [f"  {r.strategy}: {r.error}" for r in self.rows if r.error is not None]
+        lines += [f"  {note}" for note in self.notes()]
         return "\n".join(lines)
+
+    def notes(self) -> List[str]:
+        """What the table shows that a reader may miss: each strategy whose peak is above eager's.
+
+        Examples:
+            >>> memsave.compare(cnn, x, strategies=["checkpoint:all"]).notes()
+            ['checkpoint:all raises the peak above eager's (+21.0%): it costs memory on this model; ...']
+        """
+        eager_peak = self.eager.peak_bytes
+        return [
+            f"{r.strategy} raises the peak above eager's (+{100.0 * (r.peak_bytes / eager_peak - 1):.1f}%): it costs "
+            "memory on this model (regions too small to pay for what recompute keeps); try checkpoint:blocks or a "
+            "memsave.plan budget"
+            for r in self.rows
+            if r.error is None and r.strategy != "eager" and eager_peak and r.peak_bytes > eager_peak
+        ]
 
     def _title(self) -> str:
         return (
@@ -184,6 +208,7 @@ class Comparison:
         errors = "".join(
             f"<p><code>{html.escape(r.strategy)}</code>: {html.escape(r.error)}</p>" for r in self.rows if r.error
         )
+        errors += "".join(f"<p>{html.escape(note)}</p>" for note in self.notes())
         return f"<table><caption>{html.escape(self._title())}</caption><tr>{header}</tr>{body}</table>{errors}"
 
     def breakdown(self, strategy: str = "eager", top: int = 10) -> str:
@@ -376,7 +401,7 @@ def parse_strategies(strategies: Strategies) -> List[Strategy]:
     if isinstance(strategies, Mapping):
         for name, entry in strategies.items():
             if isinstance(entry, (str, Strategy)):
-                parsed.append(parse_strategy(entry))
+                parsed.append(_named(name, parse_strategy(entry)))
             else:
                 parsed.append(strategy_from_callable(name, entry))
     else:
@@ -385,6 +410,20 @@ def parse_strategies(strategies: Strategies) -> List[Strategy]:
         parsed = [parse_strategy("eager")] + [s for s in parsed if s.name != "eager"]
     parsed = list({s.name: s for s in parsed}.values())
     return parsed
+
+
+def _named(name: str, strategy: Strategy) -> Strategy:
+    """``strategy`` shown under the mapping's row name ``name`` (``{"per block": "checkpoint:blocks"}``)."""
+    if name == strategy.name or strategy.is_eager:
+        return strategy
+    try:
+        taken = parse_strategy(name)
+    except ValueError:
+        return dataclasses.replace(strategy, name=name)
+    raise ValueError(
+        f"compare: row name {name!r} is the registered strategy {taken.name!r}, but it maps to {strategy.name!r}; "
+        f"name the row otherwise (e.g. {name + ' (' + strategy.name + ')'!r})"
+    )
 
 
 @dataclass
@@ -633,6 +672,14 @@ def _warn(rows: List[ComparisonRow], timings: List[Timing], dev: torch.device) -
     message = spread_warning(timings, "compare")
     if message:
         warnings.warn(message, MemsaveWarning, stacklevel=3)
+    for r in rows[1:]:
+        if r.error is None and rows[0].peak_bytes and r.peak_bytes > rows[0].peak_bytes:
+            warnings.warn(
+                f"compare: {r.strategy} raises the peak above eager's ({format_bytes(r.peak_bytes)} > "
+                f"{format_bytes(rows[0].peak_bytes)}); see the table's note",
+                MemsaveWarning,
+                stacklevel=3,
+            )
     for r in rows:
         if r.error is None and r.lossless and r.max_grad_diff != 0.0 and dev.type == "cpu":
             warnings.warn(

@@ -301,6 +301,11 @@ class Estimate:
         allocator: how allocation sizes were modelled.
         emulated: True when a CUDA estimate ran with CPU operator choices (no GPU visible).
         by_module: activation bytes per module at the end of forward, largest first.
+
+    Examples:
+        >>> est = memsave.estimate(model, torch.empty(32, 3, 224, 224, device="meta"), device="cuda", optimizer="adamw")
+        >>> print(est)                       # step peak, activations, gradients, parameters, optimizer state, total
+        >>> est.total_bytes < torch.cuda.get_device_properties(0).total_memory
     """
 
     peak_bytes: int

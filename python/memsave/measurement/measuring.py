@@ -176,6 +176,11 @@ class Measurement:
         by_module: qualified module name -> activation bytes created in it (``""`` is the root model), largest first.
         steps: how many timed rounds ``step_seconds`` is the median of.
         step_iqr_seconds: the inter-quartile range of the rounds' step times (their spread).
+
+    Examples:
+        >>> m = memsave.measure(model, x)
+        >>> m.peak_bytes, m.activation_bytes
+        >>> print(m)                                              # readable units
     """
 
     peak_bytes: int

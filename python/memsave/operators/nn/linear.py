@@ -49,6 +49,10 @@ class DeferredLayerNorm(nn.Module):
     Made by :func:`fuse_layer_norm_linear` and ``memsave.convert``: the LayerNorm's place in the model keeps its
     parameters (so state_dict keys do not move) while the following :class:`LayerNormLinear` applies the norm
     inside its fused operator. Its forward returns its input unchanged, which is right only in that position.
+
+    Examples:
+        >>> deferred, fused = memsave.nn.fuse_layer_norm_linear(nn.LayerNorm(64), nn.Linear(64, 256))
+        >>> y = fused(deferred(x))                              # equals linear(layer_norm(x))
     """
 
     def __init__(self, norm: nn.LayerNorm) -> None:

@@ -322,6 +322,10 @@ class DeferredBatchNormAct2d(_BatchNormActBase):
     and the activation inside its fused operator. Its forward returns its input unchanged, which is right only there.
 
     Args: as :class:`BatchNormAct2d`.
+
+    Examples:
+        >>> deferred, fused = memsave.nn.fuse_batch_norm_act_conv2d(nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 32, 3))
+        >>> y = fused(deferred(x))                              # equals conv(relu(bn(x)))
     """
 
     def forward(self, input: Tensor) -> Tensor:

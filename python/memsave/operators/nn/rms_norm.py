@@ -164,6 +164,12 @@ class DeferredRMSNorm(nn.Module):
     Made by :func:`fuse_rms_norm_linear`: the norm's place keeps its parameter (so state_dict keys do not move) while
     the following :class:`RMSNormLinear` module(s) apply the norm inside their fused operator. Its forward returns its
     input unchanged, which is right only in that position.
+
+    Examples:
+        >>> attn = layer.self_attn                               # a Llama decoder layer's
+        >>> deferred, (q, k, v) = memsave.nn.fuse_rms_norm_linear(
+        ...     layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj)
+        >>> queries = q(deferred(x))                            # equal to q_proj(input_layernorm(x))
     """
 
     def __init__(self, norm: nn.Module) -> None:

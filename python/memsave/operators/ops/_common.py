@@ -55,6 +55,10 @@ def resolve_activation(act: str, act_param: Optional[float], invertible: bool = 
 
     Raises:
         ValueError: unknown name, or a non-invertible activation where one is required.
+
+    Examples:
+        >>> resolve_activation("leaky_relu", None)
+        ('leaky_relu', 0.01)
     """
     if not isinstance(act, str) or act not in ACTIVATIONS:
         raise ValueError(f"unknown activation {act!r}; use one of {', '.join(ACTIVATIONS)}")

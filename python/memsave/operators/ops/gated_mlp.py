@@ -106,8 +106,19 @@ GATED_ACTIVATIONS: Tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu", "iden
 def resolve_gated_activation(fn: str, act: str) -> str:
     """Validate a gated activation name (one of :data:`GATED_ACTIVATIONS`); ``fn`` names the caller in the error.
 
+    Args:
+        fn: the calling function's name, for the message.
+        act: the activation name to check.
+
+    Returns:
+        ``act``.
+
     Raises:
         ValueError: unknown name.
+
+    Examples:
+        >>> resolve_gated_activation("gated_act", "silu")
+        'silu'
     """
     if not isinstance(act, str) or act not in GATED_ACTIVATIONS:
         raise ValueError(

@@ -70,6 +70,12 @@ class Plan(RegionPlan):
             ``compile=True`` plan may leave recompute to torch's partitioner where that is faster within the
             budget. Then the promise holds for :meth:`compile` (or for steps run under :meth:`compile_context`).
         planning_seconds: wall time :func:`memsave.plan` took to make the plan.
+
+    Examples:
+        >>> p = memsave.plan(model, x, budget=0.5)               # half of eager's peak
+        >>> print(p.summary())
+        >>> memsave.wrap(model, p)
+        >>> text = p.to_json()                                   # plan once, reuse: memsave.Plan.from_json(text)
     """
 
     solver: str
