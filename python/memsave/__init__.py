@@ -36,8 +36,13 @@ Examples:
 
 from __future__ import annotations
 
+import logging
+
 from ._version import __version__
 from .extension import build_info, dispatch_table, load_extension
+
+# A library configures no logging; it only makes its logger safe to use (docs/output.md).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _C = load_extension()  # before the parts: it registers the torch.ops.memsave schemas and kernels
 

@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             strategies=strategies,
             loss_fn=case.loss_fn,
             steps=args.steps,
-            progress=not args.no_progress,
+            progress=False if args.no_progress else None,
             snapshot_dir=args.snapshot_dir,
             on_error="row",
         )

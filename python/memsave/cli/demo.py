@@ -122,7 +122,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     start = time.perf_counter()
     result = compare(
-        model, x, strategies=STRATEGIES, loss_fn=_CrossEntropy(y), steps=args.steps, progress=not args.no_progress
+        model,
+        x,
+        strategies=STRATEGIES,
+        loss_fn=_CrossEntropy(y),
+        steps=args.steps,
+        progress=False if args.no_progress else None,
     )
     body = [
         [

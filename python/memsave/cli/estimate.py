@@ -159,7 +159,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Training BatchNorm needs more than one value per channel: ResNet's last maps are 1x1 at small sizes.
     min_batch = 2 if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in case.model.modules()) else 1
     rows: List[Dict[str, Any]] = []
-    bar = None if args.no_progress else progress_bar(len(strategies), "memsave.estimate", unit="strategy")
+    bar = progress_bar(
+        len(strategies), "memsave.estimate", unit="strategy", progress=False if args.no_progress else None
+    )
     try:
         for name in strategies:
             rows.append(_row(case, name, args, dev, min_batch))

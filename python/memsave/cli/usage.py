@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import re
 import sys
@@ -28,6 +27,7 @@ from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Sequence,
 
 import torch
 
+from ..common import compat
 from ..errors import MemsaveWarning
 
 __all__ = [
@@ -201,11 +201,6 @@ def _show_warning(
         print(f"memsave: warning: {text}", file=file if file is not None else sys.stderr)
 
 
-#: torch loggers whose messages on importing a part of torch are not about the command (``No CUDA runtime is
-#: found, using CUDA_HOME=...`` with torch's file path, when torch.utils.benchmark loads cpp_extension).
-_QUIET_TORCH_LOGGERS = ("torch.utils.cpp_extension",)
-
-
 @contextlib.contextmanager
 def _cli_warnings(python_style: bool) -> Iterator[None]:
     """While a command runs: warnings as one line each (the filters, e.g. ``PYTHONWARNINGS=ignore``, still apply);
@@ -213,17 +208,9 @@ def _cli_warnings(python_style: bool) -> Iterator[None]:
     if python_style:
         yield
         return
-    loggers = [logging.getLogger(name) for name in _QUIET_TORCH_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), compat.quiet_torch_import_logs():
         warnings.showwarning = _show_warning
-        for logger in loggers:
-            logger.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for logger, level in zip(loggers, levels):
-                logger.setLevel(level)
+        yield
 
 
 def one_line(exc: BaseException) -> str:

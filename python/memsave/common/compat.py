@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Callable, ContextManager, Optional, Tuple
 
 import torch
@@ -22,6 +23,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
+    "quiet_torch_import_logs",
     "SUPPORTED_PYTHON",
     "SUPPORTED_TORCH",
     "TORCH_FLOOR",
@@ -212,3 +214,31 @@ def _flop_formulas() -> dict:
 def count_flops() -> FlopCount:
     """A :class:`FlopCount` to use as a context manager (see there)."""
     return FlopCount()
+
+
+#: torch loggers whose messages on importing a part of torch are not about the caller's run: torch.utils.benchmark
+#: (memsave's step timer) imports cpp_extension, which logs "No CUDA runtime is found, using CUDA_HOME=..." with
+#: torch's file path on every machine without CUDA.
+QUIET_TORCH_LOGGERS = ("torch.utils.cpp_extension",)
+
+
+@contextlib.contextmanager
+def quiet_torch_import_logs() -> Any:
+    """Hold back the :data:`QUIET_TORCH_LOGGERS` below ERROR while the ``with`` body runs (then their levels return).
+
+    Returns:
+        A context manager.
+
+    Examples:
+        >>> with quiet_torch_import_logs():
+        ...     from torch.utils.benchmark.utils.timer import timer    # no "No CUDA runtime is found" line
+    """
+    loggers = [logging.getLogger(name) for name in QUIET_TORCH_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

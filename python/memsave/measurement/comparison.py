@@ -25,7 +25,7 @@ from torch import nn
 from ..common.progress import progress_bar
 from ..common.rng import RngState
 from ..errors import MemsaveWarning
-from .measuring import LossFn, StepMemory, measure_memory, resolve_device, resolve_loss_fn
+from .measuring import LossFn, StepMemory, checked_loss_fn, measure_memory, resolve_device, resolve_loss_fn
 from .strategies import Strategy, StrategyContext, parse_strategy, strategy_from_callable, strip_runner_prefix
 from .timing import Timing, spread_warning, time_interleaved
 from .units import format_bytes
@@ -559,7 +559,7 @@ def compare(
     loss_fn: Optional[LossFn] = None,
     steps: int = 5,
     warmup: int = 1,
-    progress: bool = False,
+    progress: Optional[bool] = None,
     snapshot_dir: Optional[str] = None,
     on_error: str = "raise",
     **model_kwargs: Any,
@@ -585,7 +585,8 @@ def compare(
         steps: the fewest interleaved timing rounds (median and IQR over them); while a ratio's median is still
             uncertain on a busy machine, up to ``4 * steps`` are timed (``Comparison.steps`` says how many).
         warmup: untimed steps per strategy before timing.
-        progress: show a tqdm progress bar.
+        progress: a progress bar (stderr, erased at the end) while the comparison takes over a second; None:
+            unless the environment variable ``MEMSAVE_PROGRESS=0`` turns it off.
         snapshot_dir: CUDA only: write a memory snapshot of one step per strategy there
             (``<dir>/<strategy>.pickle``, open it at https://pytorch.org/memory_viz).
         on_error: ``"raise"`` (default): a strategy that fails on the model raises; ``"row"``: it gets a row with
@@ -611,7 +612,7 @@ def compare(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"compare: model must be an nn.Module, got {type(model).__name__}")
-    loss_fn = resolve_loss_fn(loss_fn, "compare")
+    loss_fn = checked_loss_fn(resolve_loss_fn(loss_fn, "compare"), "compare")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"compare: steps must be an int >= 1, got {steps!r}")
     if on_error not in ("raise", "row"):
@@ -620,7 +621,7 @@ def compare(
     dev = _compare_device(model, (inputs, model_kwargs), snapshot_dir)
     rng = RngState()
     ctx = StrategyContext(tuple(inputs), loss_fn, dev, kwargs=dict(model_kwargs))
-    bar = progress_bar(2 * len(parsed), "memsave.compare", unit="step") if progress else None
+    bar = progress_bar(2 * len(parsed), "memsave.compare", unit="step", progress=progress)
     variants: List[_Variant] = []
     refs: Dict[str, Any] = {}
     try:

@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..common import compat
+
 __all__ = [
     "PRECISION",
     "SPREAD_WARNING",
@@ -100,7 +102,8 @@ def median_iqr(values: Sequence[float]) -> Tuple[float, float]:
 def _timer(fn: Callable[[], Any], clock: Optional[Callable[[], float]]) -> timeit.Timer:
     if clock is not None:
         return timeit.Timer(fn, timer=clock)
-    from torch.utils.benchmark.utils.timer import timer  # synchronizes the accelerator around the call
+    with compat.quiet_torch_import_logs():  # its import logs "No CUDA runtime is found" on a CPU machine
+        from torch.utils.benchmark.utils.timer import timer  # synchronizes the accelerator around the call
 
     return timeit.Timer(fn, timer=timer)
 

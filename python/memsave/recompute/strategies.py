@@ -51,7 +51,8 @@ def _apply_plan(model: nn.Module, arg: Optional[str], ctx: StrategyContext) -> n
         kwargs = {"budget": text}  # bytes with a unit, "50%" or "0.5" (memsave.measurement.units)
     rng = RngState()
     try:
-        p = planning.plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, example_kwargs=ctx.kwargs, **kwargs)
+        # progress=False: compare (or the CLI) shows one bar for the whole comparison, not one per plan inside it.
+        p = planning.plan(model, *ctx.inputs, loss_fn=ctx.loss_fn, example_kwargs=ctx.kwargs, progress=False, **kwargs)
     finally:
         rng.restore()
     return wrap(model, p)

@@ -599,6 +599,7 @@ def plan(
     compile: bool = False,
     example_kwargs: Optional[Mapping[str, Any]] = None,
     strategy: Optional[str] = None,
+    progress: Optional[bool] = None,
     **model_kwargs: Any,
 ) -> Plan:
     """Choose what to recompute in backward so that a training step fits ``budget``, with the least recompute.
@@ -651,6 +652,8 @@ def plan(
         example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
             the way to pass a model keyword named like one of this function's own parameters.
         strategy: deprecated name of ``solver`` (DeprecationWarning).
+        progress: a progress bar (stderr, erased at the end) while planning takes over a second; None: unless
+            the environment variable ``MEMSAVE_PROGRESS=0`` turns it off.
         **model_kwargs: every other keyword is a keyword input of ``model`` for the step.
 
     Returns:
@@ -684,7 +687,7 @@ def plan(
     stepper, classes = _setup(
         model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs
     )
-    bar = progress_bar(5 + timing_steps + bool(classes), f"memsave.plan({type(model).__name__})")
+    bar = progress_bar(5 + timing_steps + bool(classes), f"memsave.plan({type(model).__name__})", progress=progress)
 
     def tick(n: int) -> None:
         if bar is not None:
