@@ -9,6 +9,7 @@
 ``options.py``     the options every subcommand shares (``--device``, ``--size``, ``--no-progress``, units), the
                    model a command runs, printing
 ``user_model.py``  the user's own model: ``--model MODULE:CALLABLE``, ``--input`` shapes
+``hf_model.py``    ``--model hf:<model type>`` / ``hf:<directory>``: a transformers model built locally
 ``usage.py``       how a command fails: one line ``memsave: error: ...``, exit code 2 (usage) or 1 (run)
 =================  ==============================================================================================
 """

@@ -28,6 +28,7 @@ from ..extension import build_info
 from ..measurement.measuring import default_loss
 from ..measurement.strategies import parse_strategy, strategy_definitions
 from ..measurement.units import parse_bytes
+from .hf_model import build_hf_model, default_hf_inputs, describe, hf_config, is_hf_model
 from .usage import ArgumentParser, CommandError, UsageError, add_traceback_flag, one_line, parse_device
 from .user_model import InputSpec, build_user_model, is_user_model, make_inputs, parse_input, parse_model_kwargs
 
@@ -64,7 +65,9 @@ UNITS = (
 _MODEL_HELP = (
     f"the model: a built-in one ({' | '.join(models.MODELS)}; with --size, --batch) or your own as "
     "MODULE:CALLABLE (e.g. torchvision.models:resnet18, mypkg.models:make_model, ./models.py:make_model; "
-    "called with no arguments or --model-kwargs, it must return an nn.Module; give its --input shapes)"
+    "called with no arguments or --model-kwargs, it must return an nn.Module; give its --input shapes), or a "
+    "transformers model built locally with random weights: hf:<model type> (e.g. hf:llama, hf:qwen2, hf:vit; "
+    "transformers' default config scaled by --size) or hf:<directory with a config.json>; nothing is downloaded"
 )
 _INPUT_HELP = (
     "an input of a MODULE:CALLABLE model, once per positional argument of its forward: SHAPE for a "
@@ -77,6 +80,7 @@ examples:
   {prog} --model torchvision.models:resnet18 --input 8,3,224,224
   {prog} --model mypkg.models:make_lm --model-kwargs '{{"layers": 4}}' --input tokens:2,128:50257
   {prog} --model ./models.py:TwoTower --input 8,128 --input 8,64 --strategies eager,checkpoint:all
+  {prog} --model hf:llama --size tiny --batch 4
 """
 _LOSS_NOTE = (
     "The loss of a MODULE:CALLABLE model is memsave's default loss (memsave.measurement.default_loss): the "
@@ -288,6 +292,13 @@ def check_model_args(args: argparse.Namespace) -> None:
         )
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    if is_hf_model(args.model):
+        hf_config(args.model, args.size or "full")  # an unknown type or a Hub id fails here, before anything runs
+        for text in args.input or []:
+            parse_input(text)
+        if args.model_kwargs is not None:
+            raise UsageError(f"--model {args.model}: --model-kwargs is for MODULE:CALLABLE models; choose --size")
+        return
     if is_user_model(args.model):
         if args.size is not None:
             raise UsageError("--size is for the built-in models; a MODULE:CALLABLE model takes its --input shapes")
@@ -340,6 +351,27 @@ def _user_case(args: argparse.Namespace, model_device: torch.device, input_devic
     )
 
 
+def _hf_case(args: argparse.Namespace, size: str, model_device: torch.device, input_device: torch.device) -> Case:
+    model = build_hf_model(args.model, size, seed=args.seed)
+    try:
+        model = model.to(model_device)
+    except Exception as e:
+        raise CommandError(f"--model {args.model}: moving it to {model_device} failed: {one_line(e)}") from e
+    specs = [parse_input(text) for text in args.input] if args.input else default_hf_inputs(model, size)
+    inputs = make_inputs(specs, input_device, args.seed, args.batch)
+    title, config = describe(model)
+    spellings = [InputSpec(tuple(t.shape), s.vocab).spelling() for t, s in zip(inputs, specs)]
+    return Case(
+        title=f"{args.model}: {title}, {size}, input {' '.join(spellings)}",
+        model=model,
+        inputs=inputs,
+        loss_fn=default_loss,
+        batch=int(inputs[0].shape[0]),
+        inputs_at=lambda b: make_inputs(specs, torch.device("meta"), args.seed, b),
+        record={"model": args.model, "size": size, "batch": int(inputs[0].shape[0]), "config": config},
+    )
+
+
 def _builtin_case(args: argparse.Namespace, size: str, device: torch.device, shaped_loss: bool) -> Case:
     case = models.build(args.model, size, device=str(device), seed=args.seed, batch=args.batch)
     template = case.inputs[0]
@@ -359,9 +391,16 @@ def _builtin_case(args: argparse.Namespace, size: str, device: torch.device, sha
 def build_case(args: argparse.Namespace, device: torch.device, for_estimate: bool = False) -> Case:
     """The model and inputs of ``args``: real on ``device`` (bench), or parameters on the CPU and inputs on the meta
     device (estimate: it reads shapes only; moving the model to meta would untie GPT's tied embedding)."""
+    size = args.size or default_size(device)
+    if is_hf_model(args.model):
+        return _hf_case(
+            args,
+            size,
+            torch.device("cpu") if for_estimate else device,
+            torch.device("meta") if for_estimate else device,
+        )
     if is_user_model(args.model):
         if for_estimate:
             return _user_case(args, torch.device("cpu"), torch.device("meta"))
         return _user_case(args, device, device)
-    size = args.size or default_size(device)
     return _builtin_case(args, size, torch.device("cpu") if for_estimate else device, shaped_loss=for_estimate)
