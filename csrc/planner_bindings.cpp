@@ -133,7 +133,7 @@ Stage parse_stage(const py::handle& obj, int i) {
 }
 
 Chain parse_chain(const py::dict& d) {
-  check_keys(d, {"stages", "skips", "base_bytes", "segment_bytes", "recompute_bytes", "policies"}, "chain");
+  check_keys(d, {"stages", "skips", "base_bytes", "segment_bytes", "recompute_bytes", "operator_classes"}, "chain");
   const py::object stages = required(d, "stages", "chain");
   if (!py::isinstance<py::sequence>(stages) || py::isinstance<py::str>(stages)) {
     throw py::type_error("chain['stages'] must be a list of dicts");
@@ -159,8 +159,12 @@ Chain parse_chain(const py::dict& d) {
   if (d.contains("base_bytes")) c.base_bytes = as_int(d["base_bytes"], "chain['base_bytes']");
   if (d.contains("segment_bytes")) c.segment_bytes = as_int(d["segment_bytes"], "chain['segment_bytes']");
   if (d.contains("recompute_bytes")) c.recompute_bytes = as_int(d["recompute_bytes"], "chain['recompute_bytes']");
-  if (d.contains("policies")) {
-    for (const py::handle& name : d["policies"]) c.policies.push_back(py::str(name));
+  if (d.contains("operator_classes")) {
+    const py::object names = d["operator_classes"];
+    if (!py::isinstance<py::sequence>(names) || py::isinstance<py::str>(names)) {
+      throw py::type_error("chain['operator_classes'] must be a list of str such as [\"matmul+attention\"]");
+    }
+    for (const py::handle& name : names) c.operator_classes.push_back(py::str(name));
   }
   c.validate();
   return c;
@@ -172,10 +176,12 @@ Schedule parse_segments(const py::handle& obj) {
   for (const py::handle& item : obj) {
     const std::string where = "segments[" + std::to_string(k++) + "]";
     const py::tuple t = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-    if (t.size() != 3 && t.size() != 4) throw py::value_error(where + " must be (begin, end, recompute[, policy])");
-    const int policy = t.size() == 4 && !t[3].is_none() ? static_cast<int>(as_int(t[3], where + "[3]")) : -1;
+    if (t.size() != 3 && t.size() != 4) {
+      throw py::value_error(where + " must be (begin, end, recompute[, kept_classes])");
+    }
+    const int kept = t.size() == 4 && !t[3].is_none() ? static_cast<int>(as_int(t[3], where + "[3]")) : -1;
     s.push_back(Segment{static_cast<int>(as_int(t[0], where + "[0]")), static_cast<int>(as_int(t[1], where + "[1]")),
-                        as_bool(t[2], where + "[2]"), policy});
+                        as_bool(t[2], where + "[2]"), kept});
   }
   return s;
 }
@@ -186,10 +192,13 @@ py::list segments_to_py(const Schedule& s) {
   return out;
 }
 
-// Per segment: the selective policy's index in chain['policies'], or None (kept, or recomputed whole).
-py::list policies_to_py(const Schedule& s) {
+// Per segment: the index in chain['operator_classes'] of the classes a selective segment keeps, or None (kept, or
+// recomputed whole).
+py::list kept_classes_to_py(const Schedule& s) {
   py::list out;
-  for (const Segment& seg : s) out.append(seg.policy >= 0 ? py::object(py::int_(seg.policy)) : py::object(py::none()));
+  for (const Segment& seg : s) {
+    out.append(seg.kept_classes >= 0 ? py::object(py::int_(seg.kept_classes)) : py::object(py::none()));
+  }
   return out;
 }
 
@@ -198,7 +207,7 @@ py::dict plan_to_py(const planner::PlanResult& r) {
   d["strategy"] = r.strategy;
   d["chosen_from"] = r.chosen_from;
   d["segments"] = segments_to_py(r.segments);
-  d["segment_policies"] = policies_to_py(r.segments);
+  d["segment_kept_classes"] = kept_classes_to_py(r.segments);
   d["feasible"] = r.feasible;
   d["budget_bytes"] = r.budget_bytes == planner::kNoBudget ? py::object(py::none()) : py::int_(r.budget_bytes);
   d["predicted_peak_bytes"] = r.predicted_peak_bytes;
@@ -252,7 +261,7 @@ py::dict min_peak(const py::dict& chain_dict) {
   const planner::MinPeakResult r = planner::min_peak(chain);
   py::dict d;
   d["segments"] = segments_to_py(r.segments);
-  d["segment_policies"] = policies_to_py(r.segments);
+  d["segment_kept_classes"] = kept_classes_to_py(r.segments);
   d["peak_bytes"] = r.peak_bytes;
   d["extra_time"] = r.extra_time;
   return d;
@@ -267,16 +276,17 @@ void bind_planner(py::module_& m) {
 
 Args:
     chain: {"stages": [stage, ...], "skips": [skip, ...], "base_bytes": int, "segment_bytes": int,
-        "recompute_bytes": int} (all but stages optional). A stage is a dict with fwd_time, bwd_time (numbers),
-        input_bytes, output_bytes (ints) and optionally name, saved_bytes, transient_bytes (or
-        fwd_transient_bytes / bwd_transient_bytes), input_passing_bytes, output_passing_bytes (boundary bytes no
-        neighbour keeps for backward), input_grad_bytes, output_grad_bytes (default: the boundary sizes),
-        param_grad_bytes, checkpoint_bytes (held while the stage is checkpointed), checkpoint_kept_bytes (held by
-        a checkpointed stage from its forward until its recompute), recomputable, joins_previous, and its
-        selective variants: selective_fwd_time and selective_kept_bytes, lists with one entry per policy (or
-        empty). segment_bytes are held by each checkpointed segment, recompute_bytes while it is recomputed.
-        policies: names of the selective policies (a selective segment of policy k keeps the outputs its stages'
-        variant k keeps and recomputes the rest in selective_fwd_time[k]).
+        "recompute_bytes": int, "operator_classes": [str, ...]} (all but stages optional). A stage is a dict with
+        fwd_time, bwd_time (numbers), input_bytes, output_bytes (ints) and optionally name, saved_bytes,
+        transient_bytes (or fwd_transient_bytes / bwd_transient_bytes), input_passing_bytes, output_passing_bytes
+        (boundary bytes no neighbour keeps for backward), input_grad_bytes, output_grad_bytes (default: the boundary
+        sizes), param_grad_bytes, checkpoint_bytes (held while the stage is checkpointed), checkpoint_kept_bytes
+        (held by a checkpointed stage from its forward until its recompute), recomputable, joins_previous, and its
+        selective variants: selective_fwd_time and selective_kept_bytes, lists with one entry per operator_classes
+        entry (or empty). segment_bytes are held by each checkpointed segment, recompute_bytes while it is
+        recomputed. operator_classes: the operator-class sets a selective segment may keep, each "+"-joined (e.g.
+        "matmul+attention"); a selective segment keeping set k keeps the outputs its stages' variant k keeps and
+        recomputes the rest in selective_fwd_time[k].
         A stage's output boundary is the next stage's input: output_bytes[i] must equal input_bytes[i+1].
         A skip is {"producer": i, "consumer": j, "bytes": n, "grad_bytes": n (optional)} with i < j.
         See csrc/planner/chain.h for the exact memory model.
@@ -285,8 +295,8 @@ Args:
     slots: memory slots of the optimal solver's dynamic program (more = closer to exact, slower).
 
 Returns:
-    dict with segments (list of (begin, end_exclusive, recompute)), segment_policies (per segment the index of
-    its selective policy, or None: kept or recomputed whole), feasible, predicted_peak_bytes,
+    dict with segments (list of (begin, end_exclusive, recompute)), segment_kept_classes (per segment the index
+    in operator_classes of the classes it keeps, or None: kept or recomputed whole), feasible, predicted_peak_bytes,
     predicted_extra_time, eager_time, min_feasible_bytes (smallest peak any schedule reaches),
     no_checkpoint_peak_bytes, budget_bytes, strategy, chosen_from, slots, slot_bytes.
     When no schedule fits, feasible is False and segments is the minimum-peak schedule.
@@ -301,8 +311,9 @@ Example:
 
 Args:
     chain: as for planner_solve.
-    segments: list of (begin, end_exclusive, recompute) or (begin, end_exclusive, recompute, policy) covering all
-        stages in order; policy: index of a selective policy of the chain, or None / -1 for none.
+    segments: list of (begin, end_exclusive, recompute) or (begin, end_exclusive, recompute, kept_classes)
+        covering all stages in order; kept_classes: index in the chain's operator_classes of the classes a
+        selective segment keeps, or None / -1 for none.
     timeline: also return every moment as (phase, stage, live_bytes).
 
 Returns:
@@ -320,7 +331,8 @@ Args:
     chain: as for planner_solve.
 
 Returns:
-    dict with peak_bytes, segments (a schedule reaching it), segment_policies and extra_time (its recompute time).
+    dict with peak_bytes, segments (a schedule reaching it), segment_kept_classes and extra_time (its recompute
+    time).
 
 Example:
     >>> memsave._C.planner_min_peak({"stages": [stage] * 4})["peak_bytes"]

@@ -57,10 +57,11 @@ void Chain::validate() const {
     check_bytes(*this, i, "checkpoint_bytes", s.checkpoint_bytes);
     check_bytes(*this, i, "checkpoint_kept_bytes", s.checkpoint_kept_bytes);
     const std::size_t nv = s.selective_fwd_time.size();
-    if (nv != s.selective_kept_bytes.size() || (nv != 0 && nv != policies.size())) {
+    if (nv != s.selective_kept_bytes.size() || (nv != 0 && nv != operator_classes.size())) {
       std::ostringstream os;
       os << stage_label(*this, i) << " has " << nv << " selective_fwd_time and " << s.selective_kept_bytes.size()
-         << " selective_kept_bytes entries; give none, or one of each per policy (" << policies.size() << ")";
+         << " selective_kept_bytes entries; give none, or one of each per operator_classes entry ("
+         << operator_classes.size() << ")";
       throw std::invalid_argument(os.str());
     }
     for (std::size_t k = 0; k < nv; ++k) {
@@ -125,16 +126,15 @@ void validate_schedule(const Chain& chain, const Schedule& schedule) {
          << "start at stage " << next << ", be non-empty and end at most at " << L;
       throw std::invalid_argument(os.str());
     }
-    if (seg.policy != -1) {
-      if (!seg.recompute || seg.policy < 0 || seg.policy >= chain.num_policies()) {
-        throw std::invalid_argument("schedule segment " + std::to_string(k) + " has policy " +
-                                    std::to_string(seg.policy) +
-                                    "; a selective segment is checkpointed and names "
-                                    "one of the chain's " +
-                                    std::to_string(chain.num_policies()) + " policies (-1: none)");
+    if (seg.kept_classes != -1) {
+      if (!seg.recompute || seg.kept_classes < 0 || seg.kept_classes >= chain.num_operator_classes()) {
+        throw std::invalid_argument(
+            "schedule segment " + std::to_string(k) + " has kept_classes " + std::to_string(seg.kept_classes) +
+            "; a selective segment is checkpointed and keeps one of the chain's " +
+            std::to_string(chain.num_operator_classes()) + " operator_classes entries (-1: none)");
       }
       for (int i = seg.begin; i < seg.end; ++i) {
-        if (!chain.has_variant(i, seg.policy)) {
+        if (!chain.has_variant(i, seg.kept_classes)) {
           throw std::invalid_argument("schedule segment " + std::to_string(k) + " recomputes " + stage_label(chain, i) +
                                       " selectively, but it has no selective variant");
         }
@@ -191,7 +191,7 @@ StageAssignment assign_stages(const Chain& chain, const Schedule& schedule) {
 
 bool has_selective(const Schedule& schedule) {
   for (const Segment& seg : schedule) {
-    if (seg.policy >= 0) return true;
+    if (seg.kept_classes >= 0) return true;
   }
   return false;
 }
@@ -208,8 +208,8 @@ void use_variant(Stage& s, int k) {
 Chain materialize(const Chain& chain, const Schedule& schedule) {
   Chain out = chain;
   for (const Segment& seg : schedule) {
-    if (seg.policy < 0) continue;
-    for (int i = seg.begin; i < seg.end; ++i) use_variant(out.stages[i], seg.policy);
+    if (seg.kept_classes < 0) continue;
+    for (int i = seg.begin; i < seg.end; ++i) use_variant(out.stages[i], seg.kept_classes);
   }
   return out;
 }
@@ -226,7 +226,7 @@ Chain selective_chain(const Chain& chain, int k) {
     s.selective_fwd_time.clear();
     s.selective_kept_bytes.clear();
   }
-  out.policies.clear();
+  out.operator_classes.clear();
   return out;
 }
 
@@ -235,7 +235,7 @@ double extra_time(const Chain& chain, const Schedule& schedule) {
   for (const Segment& seg : schedule) {
     if (!seg.recompute) continue;
     for (int i = seg.begin; i < seg.end; ++i) {
-      t += seg.policy >= 0 ? chain.stages[i].selective_fwd_time[seg.policy] : chain.stages[i].fwd_time;
+      t += seg.kept_classes >= 0 ? chain.stages[i].selective_fwd_time[seg.kept_classes] : chain.stages[i].fwd_time;
     }
   }
   return t;

@@ -23,12 +23,13 @@
 //   * `checkpoint_kept_bytes` are held by a checkpointed segment from the stage's forward until the stage is
 //     recomputed, where they become part of the stage's saved bytes (not a second copy): a selective region keeps
 //     the outputs of its expensive operators in forward and its recompute reads them back instead of running them.
-//   * Selective recompute: `Chain::policies` names P policies (sets of operators whose outputs a selective region
-//     keeps). A stage may carry one *selective variant* per policy: `selective_fwd_time[k]` (the forward time of the
-//     operators policy k recomputes) and `selective_kept_bytes[k]` (the bytes of the outputs it keeps). A segment
-//     with `policy == k` is a checkpointed segment run on the variants: materialize() replaces each of its stages'
-//     fwd_time by selective_fwd_time[k] and adds selective_kept_bytes[k] to its checkpoint_kept_bytes, and every
-//     rule above then applies unchanged (one set of lifetime rules for whole and selective regions).
+//   * Selective recompute: `Chain::operator_classes` names P sets of operator classes (the kinds of operators whose
+//     outputs a selective region keeps, e.g. "matmul+attention"). A stage may carry one *selective variant* per
+//     set: `selective_fwd_time[k]` (the forward time of the operators a region keeping set k recomputes) and
+//     `selective_kept_bytes[k]` (the bytes of the outputs it keeps). A segment with `kept_classes == k` is a
+//     checkpointed segment run on the variants: materialize() replaces each of its stages' fwd_time by
+//     selective_fwd_time[k] and adds selective_kept_bytes[k] to its checkpoint_kept_bytes, and every rule above then
+//     applies unchanged (one set of lifetime rules for whole and selective regions).
 //   * A Skip is a tensor made by stage `producer` and read by stage `consumer` > producer that is not part of the
 //     boundaries in between (a residual or UNet skip connection); its gradient lives from the consumer's backward to
 //     the producer's backward.
@@ -59,7 +60,8 @@ struct Stage {
   std::int64_t param_grad_bytes = 0;
   std::int64_t checkpoint_bytes = 0;       // extra bytes while the stage is in a checkpointed segment
   std::int64_t checkpoint_kept_bytes = 0;  // held from its forward until its recompute (see above)
-  // Selective variants, one per Chain::policies entry, or none (the stage then cannot be in a selective segment).
+  // Selective variants, one per Chain::operator_classes entry, or none (the stage then cannot be in a selective
+  // segment).
   std::vector<double> selective_fwd_time;
   std::vector<std::int64_t> selective_kept_bytes;
   bool recomputable = true;    // may be placed in a checkpointed segment
@@ -76,21 +78,22 @@ struct Skip {
 struct Chain {
   std::vector<Stage> stages;
   std::vector<Skip> skips;
-  std::int64_t base_bytes = 0;        // live for the whole step on top of everything the model describes
-  std::int64_t segment_bytes = 0;     // held by each checkpointed segment (see above)
-  std::int64_t recompute_bytes = 0;   // extra while a segment is recomputed (see above)
-  std::vector<std::string> policies;  // names of the selective policies (e.g. "matmul+attention"), may be empty
+  std::int64_t base_bytes = 0;       // live for the whole step on top of everything the model describes
+  std::int64_t segment_bytes = 0;    // held by each checkpointed segment (see above)
+  std::int64_t recompute_bytes = 0;  // extra while a segment is recomputed (see above)
+  // The operator-class sets a selective segment may keep, "+"-joined (e.g. "matmul+attention"); may be empty.
+  std::vector<std::string> operator_classes;
 
   int size() const { return static_cast<int>(stages.size()); }
 
   // Throws std::invalid_argument with a message naming the offending stage/field when the chain is empty, a size
   // or time is negative or not finite, neighbouring boundaries disagree (stage i's output vs stage i+1's input,
   // bytes or gradient bytes), a skip's indices are out of range or not increasing, or a stage's selective variants
-  // are neither absent nor one per policy.
+  // are neither absent nor one per operator_classes entry.
   void validate() const;
 
-  int num_policies() const { return static_cast<int>(policies.size()); }
-  // Whether stage i has a selective variant for policy k.
+  int num_operator_classes() const { return static_cast<int>(operator_classes.size()); }
+  // Whether stage i has a selective variant for operator-class set k.
   bool has_variant(int i, int k) const { return k >= 0 && k < static_cast<int>(stages[i].selective_fwd_time.size()); }
 
   // Bytes of boundary j (0..L): kept part, passing part, gradient.
@@ -104,15 +107,16 @@ struct Chain {
 
 // A contiguous run of stages [begin, end) that is either kept (run normally) or checkpointed (recompute == true:
 // forward keeps only the segment's input, backward re-runs the segment once before its backward). A checkpointed
-// segment with policy k >= 0 is selective: it also keeps the outputs of policy k's operators and re-runs only the
-// others (its stages' selective variants); policy -1 recomputes the whole segment.
+// segment with kept_classes k >= 0 is selective: it also keeps the outputs of the operators of the chain's
+// operator_classes[k] and re-runs only the others (its stages' selective variants); kept_classes -1 recomputes the
+// whole segment.
 struct Segment {
   int begin = 0;
   int end = 0;  // exclusive
   bool recompute = false;
-  int policy = -1;
+  int kept_classes = -1;  // index into Chain::operator_classes, -1: none
   bool operator==(const Segment& o) const {
-    return begin == o.begin && end == o.end && recompute == o.recompute && policy == o.policy;
+    return begin == o.begin && end == o.end && recompute == o.recompute && kept_classes == o.kept_classes;
   }
 };
 
@@ -120,8 +124,8 @@ using Schedule = std::vector<Segment>;
 
 // Throws std::invalid_argument unless the segments cover stages 0..L-1 exactly once, in order, with no empty
 // segment, and every checkpointed segment contains only recomputable stages and no stage that refuses to join its
-// predecessor (except at the segment's start), and a selective segment (policy >= 0) is checkpointed, names a policy
-// of the chain and has only stages with a variant for it.
+// predecessor (except at the segment's start), and a selective segment (kept_classes >= 0) is checkpointed, names an
+// operator-class set of the chain and has only stages with a variant for it.
 void validate_schedule(const Chain& chain, const Schedule& schedule);
 
 // True when some segment of the schedule is selective.
@@ -132,8 +136,8 @@ bool has_selective(const Schedule& schedule);
 // checkpointed one. Call validate_schedule first.
 Chain materialize(const Chain& chain, const Schedule& schedule);
 
-// Every stage replaced by its variant for policy k (stages without one become not recomputable), without policies:
-// the chain whose checkpointed segments are the selective segments of policy k.
+// Every stage replaced by its variant for operator-class set k (stages without one become not recomputable), without
+// operator classes: the chain whose checkpointed segments are the selective segments keeping set k.
 Chain selective_chain(const Chain& chain, int k);
 
 // The same schedule with consecutive kept segments merged and each checkpointed segment left as it is; the

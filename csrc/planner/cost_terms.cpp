@@ -45,16 +45,16 @@ CostTerms::CostTerms(const Chain& chain) : chain_(chain), L_(chain.size()) {
     kept_[j].held_delta = A_[j] + s.saved_bytes + born_[j];
     kept_[j].cost = 0.0;
   }
-  for (int k = 0; k < chain.num_policies(); ++k) {
+  for (int k = 0; k < chain.num_operator_classes(); ++k) {
     selective_chains_.push_back(std::make_unique<const Chain>(selective_chain(chain, k)));
     selective_.push_back(std::make_unique<const CostTerms>(*selective_chains_.back()));
   }
 }
 
-SegmentTerms CostTerms::checkpointed(int begin, int end, int policy) const {
+SegmentTerms CostTerms::checkpointed(int begin, int end, int kept_classes) const {
   SegmentTerms found;
   bool ok = false;
-  if (begin >= 0 && end > begin && end <= L_ && policy >= -1 && policy < num_policies()) {
+  if (begin >= 0 && end > begin && end <= L_ && kept_classes >= -1 && kept_classes < num_operator_classes()) {
     for_each_checkpointed(
         begin,
         [&](int e, const SegmentTerms& t) {
@@ -65,12 +65,12 @@ SegmentTerms CostTerms::checkpointed(int begin, int end, int policy) const {
           }
           return true;
         },
-        policy);
+        kept_classes);
   }
   if (!ok) {
-    throw std::invalid_argument("stages [" + std::to_string(begin) + ", " + std::to_string(end) +
-                                ") cannot form one checkpointed segment" +
-                                (policy >= 0 ? " of policy " + std::to_string(policy) : std::string()));
+    throw std::invalid_argument(
+        "stages [" + std::to_string(begin) + ", " + std::to_string(end) + ") cannot form one checkpointed segment" +
+        (kept_classes >= 0 ? " keeping operator-class set " + std::to_string(kept_classes) : std::string()));
   }
   return found;
 }
@@ -86,7 +86,7 @@ std::int64_t evaluate_peak(const Chain& chain, const Schedule& schedule) {
   };
   for (const Segment& seg : schedule) {
     if (seg.recompute) {
-      visit(terms.checkpointed(seg.begin, seg.end, seg.policy));
+      visit(terms.checkpointed(seg.begin, seg.end, seg.kept_classes));
     } else {
       for (int i = seg.begin; i < seg.end; ++i) visit(terms.kept(i));
     }

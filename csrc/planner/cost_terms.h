@@ -12,9 +12,9 @@
 // with peak_offset and held_delta computed below; moments between segments are never higher. evaluate_peak() applies
 // this formula; the tests check it against simulate() on every schedule of many random chains.
 //
-// A selective segment of policy k is a checkpointed segment of selective_chain(chain, k) (simulate() runs it the
-// same way, on materialize()): CostTerms keeps one CostTerms of that chain per policy and hands its checkpointed
-// terms out for policy k, so the formula below exists once.
+// A selective segment keeping operator-class set k is a checkpointed segment of selective_chain(chain, k) (simulate()
+// runs it the same way, on materialize()): CostTerms keeps one CostTerms of that chain per set and hands its
+// checkpointed terms out for kept_classes k, so the formula below exists once.
 #pragma once
 
 #include <algorithm>
@@ -48,17 +48,17 @@ class CostTerms {
   void for_each_kept_run(int begin, Fn&& fn) const;
 
   // Calls fn(end, terms) for every checkpointed segment [begin, end) with end = begin+1, begin+2, ..., stopping at
-  // the first stage that cannot be recomputed or cannot join its predecessor (or, for policy k >= 0, has no
+  // the first stage that cannot be recomputed or cannot join its predecessor (or, for kept_classes k >= 0, has no
   // selective variant k). fn returns false to stop early. O(L - begin + number of skips) in all.
   template <typename Fn>
-  void for_each_checkpointed(int begin, Fn&& fn, int policy = -1) const;
+  void for_each_checkpointed(int begin, Fn&& fn, int kept_classes = -1) const;
 
-  // Terms of one checkpointed segment [begin, end) (selective with policy k >= 0); throws std::invalid_argument if
-  // it is not allowed.
-  SegmentTerms checkpointed(int begin, int end, int policy = -1) const;
+  // Terms of one checkpointed segment [begin, end) (selective with kept_classes k >= 0); throws
+  // std::invalid_argument if it is not allowed.
+  SegmentTerms checkpointed(int begin, int end, int kept_classes = -1) const;
 
   const Chain& chain() const { return chain_; }
-  int num_policies() const { return static_cast<int>(selective_.size()); }
+  int num_operator_classes() const { return static_cast<int>(selective_.size()); }
 
  private:
   template <typename Fn>
@@ -93,11 +93,11 @@ void CostTerms::for_each_kept_run(int b, Fn&& fn) const {
 }
 
 template <typename Fn>
-void CostTerms::for_each_checkpointed(int b, Fn&& fn, int policy) const {
-  if (policy < 0) {
+void CostTerms::for_each_checkpointed(int b, Fn&& fn, int kept_classes) const {
+  if (kept_classes < 0) {
     for_each_whole(b, fn);
   } else {
-    selective_.at(static_cast<std::size_t>(policy))->for_each_whole(b, fn);
+    selective_.at(static_cast<std::size_t>(kept_classes))->for_each_whole(b, fn);
   }
 }
 

@@ -25,8 +25,8 @@
 //   the stage before it ends a checkpointed segment, the passing part of its input if it starts a checkpointed
 //   segment, the skips it produced and their gradients. The chain input, its gradient and all parameter gradients
 //   stay to the end.
-// A selective segment (policy k) is simulated as a checkpointed segment of materialize(chain, schedule): its stages'
-//   fwd_time and checkpoint_kept_bytes are those of their selective variants.
+// A selective segment (kept_classes k) is simulated as a checkpointed segment of materialize(chain, schedule): its
+//   stages' fwd_time and checkpoint_kept_bytes are those of their selective variants.
 #pragma once
 
 #include <cstdint>

@@ -8,17 +8,17 @@
 //     T(L, m) = 0
 //     T(i, m) = min over c starting at i with m + peak_offset(c) <= budget of  cost(c) + T(end(c), m + held_delta(c))
 // where c ranges over the runs of kept stages [i, e) (a run is one transition, so its held bytes are rounded once, not
-// once per stage), the checkpointed segments [i, e) recomputed whole, and, for each selective policy k of the chain,
-// the selective segments [i, e) of policy k (a third kind of transition: checkpointed segments over the stages'
-// selective variants, which keep their expensive operators' outputs and recompute only the rest). Held bytes are
-// counted in slots of q = ceil(sum of all kept held_delta / slots) bytes, each held_delta rounded UP to whole slots, so
-// a state's slot count times q is never below the true held bytes and a schedule accepted by the program always
-// satisfies the exact constraint: rounding can make the program miss a schedule, never accept one that breaks the
-// budget (the loss is at most one slot per segment of the schedule). q depends on the chain and `slots` only, not on
-// the budget, so a larger budget only loosens every constraint and never increases the optimum. With S slots the
-// program has O(L * (S + L)) states and O(L^2 * (S + L)) transitions (each (i, c) pair is a tight loop over m); memory
-// O(L * (S + L)) for the choices; P selective policies multiply the checkpointed transitions by P + 1. With slots >=
-// the total held bytes, q = 1 and the program is exact.
+// once per stage), the checkpointed segments [i, e) recomputed whole, and, for each operator-class set k of the chain
+// (Chain::operator_classes), the selective segments [i, e) keeping set k (a third kind of transition: checkpointed
+// segments over the stages' selective variants, which keep their expensive operators' outputs and recompute only the
+// rest). Held bytes are counted in slots of q = ceil(sum of all kept held_delta / slots) bytes, each held_delta rounded
+// UP to whole slots, so a state's slot count times q is never below the true held bytes and a schedule accepted by the
+// program always satisfies the exact constraint: rounding can make the program miss a schedule, never accept one that
+// breaks the budget (the loss is at most one slot per segment of the schedule). q depends on the chain and `slots`
+// only, not on the budget, so a larger budget only loosens every constraint and never increases the optimum. With S
+// slots the program has O(L * (S + L)) states and O(L^2 * (S + L)) transitions (each (i, c) pair is a tight loop over
+// m); memory O(L * (S + L)) for the choices; P operator-class sets multiply the checkpointed transitions by P + 1. With
+// slots >= the total held bytes, q = 1 and the program is exact.
 //
 // plan_optimal() returns the best (least recompute, then lowest peak) schedule that fits among the program's answer,
 // the exact minimum-peak schedule and every baseline (uniform K for all K, none, all), all checked with simulate():

@@ -33,7 +33,7 @@ std::int64_t peak_from_terms(const CostTerms& terms, const Schedule& schedule) {
   std::int64_t held = 0, peak = std::numeric_limits<std::int64_t>::min();
   for (const Segment& seg : schedule) {
     if (seg.recompute) {
-      const SegmentTerms t = terms.checkpointed(seg.begin, seg.end, seg.policy);
+      const SegmentTerms t = terms.checkpointed(seg.begin, seg.end, seg.kept_classes);
       peak = std::max(peak, held + t.peak_offset);
       held += t.held_delta;
     } else {
@@ -63,7 +63,7 @@ MinPeakResult min_peak(const Chain& chain) {
   std::vector<std::int64_t> best(L + 1, 0);
   std::vector<double> time(L + 1, 0.0);
   std::vector<int> choice(L, kKeep);
-  std::vector<int> choice_policy(L, -1);
+  std::vector<int> choice_kept_classes(L, -1);
   auto value = [&](const SegmentTerms& t, int next) {
     return next == L ? t.peak_offset : std::max(t.peak_offset, t.held_delta + best[next]);
   };
@@ -71,7 +71,7 @@ MinPeakResult min_peak(const Chain& chain) {
     best[i] = value(terms.kept(i), i + 1);
     time[i] = time[i + 1];
     choice[i] = kKeep;
-    for (int policy = -1; policy < terms.num_policies(); ++policy) {
+    for (int kept_classes = -1; kept_classes < terms.num_operator_classes(); ++kept_classes) {
       terms.for_each_checkpointed(
           i,
           [&](int end, const SegmentTerms& t) {
@@ -81,11 +81,11 @@ MinPeakResult min_peak(const Chain& chain) {
               best[i] = v;
               time[i] = tt;
               choice[i] = end;
-              choice_policy[i] = policy;
+              choice_kept_classes[i] = kept_classes;
             }
             return true;
           },
-          policy);
+          kept_classes);
     }
   }
   MinPeakResult r;
@@ -94,7 +94,7 @@ MinPeakResult min_peak(const Chain& chain) {
       r.segments.push_back(Segment{i, i + 1, false});
       ++i;
     } else {
-      r.segments.push_back(Segment{i, choice[i], true, choice_policy[i]});
+      r.segments.push_back(Segment{i, choice[i], true, choice_kept_classes[i]});
       i = choice[i];
     }
   }
@@ -115,14 +115,14 @@ DpResult solve_dp(const Chain& chain, std::int64_t budget_bytes, int slots) {
   std::int64_t max_slots = 0;
   for (int i = 0; i < L; ++i) {
     std::int64_t most = to_slots(terms.kept(i).held_delta);
-    for (int policy = -1; policy < terms.num_policies(); ++policy) {
+    for (int kept_classes = -1; kept_classes < terms.num_operator_classes(); ++kept_classes) {
       terms.for_each_checkpointed(
           i,
           [&](int, const SegmentTerms& t) {
             most = std::max(most, to_slots(t.held_delta));
             return true;
           },
-          policy);
+          kept_classes);
     }
     max_slots += most;
   }
@@ -166,22 +166,22 @@ DpResult solve_dp(const Chain& chain, std::int64_t budget_bytes, int slots) {
     }
   };
 
-  // Choice codes: -end for a run of kept stages [i, end), (policy + 1) * (L + 1) + end > 0 for a checkpointed
-  // segment [i, end) (policy -1: whole, k >= 0: selective). A kept run is one transition so that its held bytes are
-  // rounded up once, not once per stage.
+  // Choice codes: -end for a run of kept stages [i, end), (kept_classes + 1) * (L + 1) + end > 0 for a checkpointed
+  // segment [i, end) (kept_classes -1: whole, k >= 0: selective). A kept run is one transition so that its held
+  // bytes are rounded up once, not once per stage.
   for (int i = L - 1; i >= 0; --i) {
     terms.for_each_kept_run(i, [&](int end, const SegmentTerms& t) {
       relax(i, t, end, -end);
       return t.peak_offset <= budget_bytes;  // a kept run's offset only grows with its end
     });
-    for (int policy = -1; policy < terms.num_policies(); ++policy) {
+    for (int kept_classes = -1; kept_classes < terms.num_operator_classes(); ++kept_classes) {
       terms.for_each_checkpointed(
           i,
           [&](int end, const SegmentTerms& t) {
-            relax(i, t, end, (policy + 1) * (L + 1) + end);
+            relax(i, t, end, (kept_classes + 1) * (L + 1) + end);
             return true;
           },
-          policy);
+          kept_classes);
     }
   }
 
@@ -200,9 +200,9 @@ DpResult solve_dp(const Chain& chain, std::int64_t budget_bytes, int slots) {
       m += to_slots(held);
       i = -c;
     } else {
-      const int end = c % (L + 1), policy = c / (L + 1) - 1;
-      r.segments.push_back(Segment{i, end, true, policy});
-      m += to_slots(terms.checkpointed(i, end, policy).held_delta);
+      const int end = c % (L + 1), kept_classes = c / (L + 1) - 1;
+      r.segments.push_back(Segment{i, end, true, kept_classes});
+      m += to_slots(terms.checkpointed(i, end, kept_classes).held_delta);
       i = end;
     }
     if (m >= W) m = W - 1;  // only reachable when i == L (see relax)

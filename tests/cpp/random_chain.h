@@ -1,4 +1,5 @@
-// Random chains (with selective policies and variants) and exhaustive schedule enumeration for the planner tests.
+// Random chains (with operator-class sets and selective variants) and exhaustive schedule enumeration for the planner
+// tests.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +18,12 @@ struct RandomChainOptions {
   int max_skips = 3;
   double not_recomputable_p = 0.1;
   double no_join_p = 0.1;
-  int max_policies = 2;        // selective policies: 0..max_policies of them
+  int max_class_sets = 2;      // operator-class sets: 0..max_class_sets of them
   double no_variant_p = 0.15;  // a stage without selective variants
 };
 
 // Small integer sizes and integer times, so that sums are exact and ties are real ties. Exhaustive searches over
-// long chains should lower max_policies (the number of schedules grows as (P + 3)^L).
+// long chains should lower max_class_sets (the number of schedules grows as (P + 3)^L).
 inline Chain random_chain(std::mt19937& rng, int L, const RandomChainOptions& o = {}) {
   auto bytes = [&](int hi) { return std::uniform_int_distribution<int>(0, hi)(rng); };
   auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
@@ -30,8 +31,8 @@ inline Chain random_chain(std::mt19937& rng, int L, const RandomChainOptions& o 
   c.base_bytes = bytes(10);
   c.segment_bytes = coin(0.5) ? 0 : bytes(8);
   c.recompute_bytes = coin(0.5) ? 0 : bytes(8);
-  const int n_policies = std::uniform_int_distribution<int>(0, o.max_policies)(rng);
-  for (int k = 0; k < n_policies; ++k) c.policies.push_back("p" + std::to_string(k));
+  const int n_sets = std::uniform_int_distribution<int>(0, o.max_class_sets)(rng);
+  for (int k = 0; k < n_sets; ++k) c.operator_classes.push_back("class" + std::to_string(k));
   std::vector<std::int64_t> A(L + 1), T(L + 1), G(L + 1);
   for (int j = 0; j <= L; ++j) {
     A[j] = bytes(o.max_bytes);
@@ -55,8 +56,8 @@ inline Chain random_chain(std::mt19937& rng, int L, const RandomChainOptions& o 
     s.param_grad_bytes = bytes(o.max_bytes / 2);
     s.checkpoint_bytes = coin(0.5) ? 0 : bytes(6);
     s.checkpoint_kept_bytes = coin(0.7) ? 0 : bytes(6);
-    if (n_policies > 0 && !coin(o.no_variant_p)) {
-      for (int k = 0; k < n_policies; ++k) {
+    if (n_sets > 0 && !coin(o.no_variant_p)) {
+      for (int k = 0; k < n_sets; ++k) {
         s.selective_fwd_time.push_back(std::uniform_int_distribution<int>(0, static_cast<int>(s.fwd_time))(rng));
         s.selective_kept_bytes.push_back(bytes(o.max_bytes));
       }
@@ -79,16 +80,16 @@ inline Chain random_chain(std::mt19937& rng, int L, const RandomChainOptions& o 
   return c;
 }
 
-// Options for chains whose schedules are all enumerated: fewer selective policies on longer chains, so that
+// Options for chains whose schedules are all enumerated: fewer operator-class sets on longer chains, so that
 // (P + 3)^L stays in the tens of thousands.
 inline RandomChainOptions exhaustive_options(int L, RandomChainOptions o = {}) {
-  o.max_policies = L <= 6 ? 2 : (L <= 8 ? 1 : 0);
+  o.max_class_sets = L <= 6 ? 2 : (L <= 8 ? 1 : 0);
   return o;
 }
 
 // Calls fn(schedule) for every partition of the stages into segments, each kept, checkpointed whole or selective
-// with one of the P policies, that the chain's flags and variants allow: (P + 2) * (P + 3)^(L-1) schedules before
-// filtering.
+// keeping one of the P operator-class sets, that the chain's flags and variants allow: (P + 2) * (P + 3)^(L-1)
+// schedules before filtering.
 inline void for_each_schedule(const Chain& chain, const std::function<void(const Schedule&)>& fn) {
   const int L = chain.size();
   Schedule cur;
@@ -106,11 +107,11 @@ inline void for_each_schedule(const Chain& chain, const std::function<void(const
         ok = chain.stages[i].recomputable && (i == b || chain.stages[i].joins_previous);
       }
       if (!ok) continue;
-      for (int policy = -1; policy < chain.num_policies(); ++policy) {
+      for (int kept_classes = -1; kept_classes < chain.num_operator_classes(); ++kept_classes) {
         bool has = true;
-        for (int i = b; i < e && has && policy >= 0; ++i) has = chain.has_variant(i, policy);
+        for (int i = b; i < e && has && kept_classes >= 0; ++i) has = chain.has_variant(i, kept_classes);
         if (!has) continue;
-        cur.push_back(Segment{b, e, true, policy});
+        cur.push_back(Segment{b, e, true, kept_classes});
         rec(e);
         cur.pop_back();
       }

@@ -73,16 +73,16 @@ TEST(Chain, NegativeOrNonFiniteValuesAreRejected) {
   EXPECT_THROW(c.validate(), std::invalid_argument);
 }
 
-TEST(Chain, SelectiveVariantsAreOnePerPolicyOrNone) {
+TEST(Chain, SelectiveVariantsAreOnePerOperatorClassSetOrNone) {
   Chain c = three_stages();
-  c.policies = {"matmul", "matmul+attention"};
+  c.operator_classes = {"matmul", "matmul+attention"};
   EXPECT_NO_THROW(c.validate());  // no stage has variants: selective segments are simply not possible
   c.stages[0].selective_fwd_time = {0.5, 0.25};
   c.stages[0].selective_kept_bytes = {4, 8};
   EXPECT_NO_THROW(c.validate());
   EXPECT_TRUE(c.has_variant(0, 1));
   EXPECT_FALSE(c.has_variant(1, 0));
-  c.stages[1].selective_fwd_time = {0.5};  // one policy short
+  c.stages[1].selective_fwd_time = {0.5};  // one operator-class set short
   c.stages[1].selective_kept_bytes = {4};
   EXPECT_THROW(c.validate(), std::invalid_argument);
   c.stages[1].selective_fwd_time = {0.5, 0.1};
@@ -97,13 +97,13 @@ TEST(Chain, SelectiveVariantsAreOnePerPolicyOrNone) {
   EXPECT_THROW(c.validate(), std::invalid_argument);
   c.stages[2].checkpoint_kept_bytes = 0;
   EXPECT_NO_THROW(c.validate());
-  // The selective chain of a policy: variants in place, stages without one not recomputable, no policies left.
+  // The selective chain of a set: variants in place, stages without one not recomputable, no operator classes left.
   const Chain s = selective_chain(c, 1);
   EXPECT_EQ(s.stages[0].fwd_time, 0.25);
   EXPECT_EQ(s.stages[0].checkpoint_kept_bytes, 8);
   EXPECT_EQ(s.stages[1].checkpoint_kept_bytes, 1);
   EXPECT_FALSE(s.stages[2].recomputable);
-  EXPECT_TRUE(s.policies.empty());
+  EXPECT_TRUE(s.operator_classes.empty());
   EXPECT_NO_THROW(s.validate());
   // Extra time of a schedule counts a selective segment's variant times.
   EXPECT_DOUBLE_EQ(extra_time(c, {{0, 2, true, 1}, {2, 3, false}}), 0.35);

@@ -153,11 +153,11 @@ TEST(Simulate, SegmentOverheadIsHeldUntilTheSegmentsBackward) {
   }
 }
 
-// uniform3 with one selective policy: stage 0 keeps 6 bytes of operator outputs and recomputes in 0.25 time units,
+// uniform3 with one operator-class set: stage 0 keeps 6 bytes of operator outputs and recomputes in 0.25 time units,
 // stage 1 keeps 4 and recomputes in 0.5 (stage 2 has no variant).
 Chain uniform3_selective() {
   Chain c = uniform3();
-  c.policies = {"keep"};
+  c.operator_classes = {"matmul"};
   c.stages[0].selective_fwd_time = {0.25};
   c.stages[0].selective_kept_bytes = {6};
   c.stages[1].selective_fwd_time = {0.5};
@@ -191,11 +191,11 @@ TEST(Simulate, SelectiveSegmentByHand) {
 TEST(Simulate, InvalidSelectiveScheduleThrows) {
   const Chain c = uniform3_selective();
   EXPECT_THROW(simulate(c, {{0, 2, false, 0}, {2, 3, false}}), std::invalid_argument);  // kept, not selective
-  EXPECT_THROW(simulate(c, {{0, 2, true, 1}, {2, 3, false}}), std::invalid_argument);   // no policy 1
+  EXPECT_THROW(simulate(c, {{0, 2, true, 1}, {2, 3, false}}), std::invalid_argument);   // no set 1
   EXPECT_THROW(simulate(c, {{0, 2, true, -2}, {2, 3, false}}), std::invalid_argument);
   EXPECT_THROW(simulate(c, {{0, 3, true, 0}}), std::invalid_argument);  // stage 2 has no variant
   EXPECT_NO_THROW(simulate(c, {{0, 3, true}}));
-  EXPECT_THROW(simulate(uniform3(), {{0, 3, true, 0}}), std::invalid_argument);  // a chain without policies
+  EXPECT_THROW(simulate(uniform3(), {{0, 3, true, 0}}), std::invalid_argument);  // a chain without sets
 }
 
 TEST(Simulate, InvalidScheduleThrows) {

@@ -240,7 +240,7 @@ TEST(Solver, OptimalBeatsSqrtOnAHeterogeneousChain) {
 // recomputing the rest meets the budget at a fraction of whole recompute's time.
 TEST(Solver, SelectiveSegmentsWinWhenCheapOperatorsHoldTheBytes) {
   Chain c;
-  c.policies = {"matmul"};
+  c.operator_classes = {"matmul"};
   const int L = 8;
   for (int i = 0; i < L; ++i) {
     Stage s;
@@ -253,7 +253,7 @@ TEST(Solver, SelectiveSegmentsWinWhenCheapOperatorsHoldTheBytes) {
     c.stages.push_back(s);
   }
   Chain whole_only = c;
-  whole_only.policies.clear();
+  whole_only.operator_classes.clear();
   for (Stage& s : whole_only.stages) {
     s.selective_fwd_time.clear();
     s.selective_kept_bytes.clear();
@@ -269,7 +269,7 @@ TEST(Solver, SelectiveSegmentsWinWhenCheapOperatorsHoldTheBytes) {
   EXPECT_TRUE(has_selective(sel.segments));
   EXPECT_LE(2 * sel.predicted_extra_time, whole.predicted_extra_time);
   EXPECT_EQ(simulate(c, sel.segments).peak_bytes, sel.predicted_peak_bytes);
-  // Without policies the chain plans exactly as before.
+  // Without operator classes the chain plans exactly as before.
   EXPECT_FALSE(has_selective(whole.segments));
 }
 

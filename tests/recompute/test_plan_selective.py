@@ -11,8 +11,8 @@ most half the recompute FLOPs (``compat.count_flops`` over backward, minus eager
 the same budget, and its gradients are bitwise eager's. What the live planner chooses from measured timings is a
 benchmark claim (benchmarks/frontier.py, its recompute-FLOP columns). Plus: ``selective=False`` gives module-level
 plans, the summary and JSON show what each region keeps, older JSON loads, bad arguments are rejected, the binding
-takes policies, selective plans fit every budget module-level ones fit, and selective variants price their dispatch
-overhead.
+takes operator-class sets, selective plans fit every budget module-level ones fit, and selective variants price their
+dispatch overhead.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import memsave
 from memsave._C import planner_simulate, planner_solve
 from memsave.common import compat
 from memsave.models import hub
+from memsave.recompute.planning.chain import Chain, Stage
 from memsave.recompute.selective import OPERATOR_CLASSES
 
 
@@ -84,14 +85,14 @@ _SHARE = {"matmul": 0.8, "attention": 0.15, "conv": 0.8}
 
 def _inject_costs(prof: Any) -> None:
     """Replace the profile's measured times by costs that depend on its (deterministic) bytes only."""
-    from memsave.recompute.planning.operators import policy_classes
+    from memsave.recompute.planning.operators import split_operator_classes
 
     chain = prof.chain
     for st, met in zip(chain.stages, prof.classes_met):
         st.fwd_time = 1e-9 * (st.saved_bytes + st.output_bytes) + 1e-6
         st.bwd_time = 2 * st.fwd_time
         for k, variant in enumerate(chain.operator_classes[: len(st.selective_fwd_time)]):
-            kept = sum(_SHARE[c] for c in policy_classes(variant) if c in met)
+            kept = sum(_SHARE[c] for c in split_operator_classes(variant) if c in met)
             st.selective_fwd_time[k] = st.fwd_time * max(0.05, 1.0 - kept)
 
 
@@ -176,8 +177,11 @@ def test_summary_and_json_show_what_each_region_keeps(planned: Dict[str, Any]) -
             assert set(p.keeps(k)) <= set(OPERATOR_CLASSES)
     q = memsave.Plan.from_json(p.to_json())
     assert q == p and q.selective == p.selective and q.chain.operator_classes == p.chain.operator_classes
-    # A plan written before selective plans existed (no selective fields anywhere) still loads: regions whole.
+    # A plan written by memsave 0.3 or earlier names the operator classes "policies": it loads the same.
     d = json.loads(p.to_json())
+    d["chain"]["policies"] = d["chain"].pop("operator_classes")
+    assert memsave.Plan.from_json(json.dumps(d)) == p
+    # A plan written before selective plans existed (no selective fields anywhere) still loads: regions whole.
     del d["selective"]
     del d["chain"]["policies"]
     for st in d["chain"]["stages"]:
@@ -216,7 +220,7 @@ def test_selective_classes_can_be_restricted_and_bad_values_are_rejected() -> No
         memsave.plan(model, x, budget=0.6, selective=[])
 
 
-def test_binding_takes_policies_and_selective_segments() -> None:
+def test_binding_takes_operator_classes_and_selective_segments() -> None:
     stage = {
         "fwd_time": 1.0,
         "bwd_time": 2.0,
@@ -226,16 +230,40 @@ def test_binding_takes_policies_and_selective_segments() -> None:
         "selective_fwd_time": [0.25],
         "selective_kept_bytes": [4],
     }
-    chain = {"stages": [stage] * 4, "policies": ["matmul"]}
+    chain = {"stages": [stage] * 4, "operator_classes": ["matmul"]}
     whole = planner_simulate(chain, [(0, 2, True), (2, 4, False)])
     sel = planner_simulate(chain, [(0, 2, True, 0), (2, 4, False)])
     assert sel["extra_time"] == 0.5 and whole["extra_time"] == 2.0
     assert sel["peak_bytes"] >= whole["peak_bytes"]  # the kept outputs are held until the recompute
     assert planner_simulate(chain, [(0, 2, True, None), (2, 4, False)]) == whole
     res = planner_solve(chain, sel["peak_bytes"], "optimal")
-    assert len(res["segment_policies"]) == len(res["segments"]) and 0 in res["segment_policies"]
+    assert len(res["segment_kept_classes"]) == len(res["segments"]) and 0 in res["segment_kept_classes"]
     with pytest.raises(ValueError, match="selective"):
-        planner_simulate({"stages": [dict(stage, selective_fwd_time=[])] * 4, "policies": ["matmul"]}, [(0, 4, False)])
+        planner_simulate(
+            {"stages": [dict(stage, selective_fwd_time=[])] * 4, "operator_classes": ["matmul"]}, [(0, 4, False)]
+        )
+    with pytest.raises(ValueError, match="kept_classes 1; .* 1 operator_classes entries"):
+        planner_simulate(chain, [(0, 2, True, 1), (2, 4, False)])
+    # The binding knows one name only: the old key is an unknown one, and the message lists the right one.
+    with pytest.raises(ValueError, match="unknown key 'policies'.*operator_classes"):
+        planner_simulate({"stages": [stage] * 4, "policies": ["matmul"]}, [(0, 4, False)])
+    with pytest.raises(TypeError, match=r"operator_classes'\] must be a list of str"):
+        planner_simulate({"stages": [stage] * 4, "operator_classes": "matmul"}, [(0, 4, False)])
+
+
+def test_chain_reads_the_old_policies_key_and_writes_operator_classes() -> None:
+    stage = Stage("s", 1.0, 2.0, 10, 10, saved_bytes=20, selective_fwd_time=[0.25, 0.5], selective_kept_bytes=[4, 2])
+    chain = Chain(stages=[stage, dataclasses.replace(stage, name="t")], operator_classes=["matmul+attention", "matmul"])
+    d = chain.to_dict()
+    assert d["operator_classes"] == ["matmul+attention", "matmul"] and "policies" not in d
+    old = dict(d)
+    old["policies"] = old.pop("operator_classes")  # as memsave 0.3 and earlier wrote it
+    assert Chain.from_dict(old) == chain == Chain.from_dict(d)
+    assert Chain.from_dict(dict(d, policies=d["operator_classes"])) == chain  # both keys, agreeing
+    with pytest.raises(ValueError, match="both operator_classes .* and its old name policies"):
+        Chain.from_dict(dict(d, policies=["conv"]))
+    # The chain the binding reads is the one it writes: a selective segment of entry 1 costs that entry's variants.
+    assert chain.simulate([(0, 2, True, 1)])["extra_time"] == 1.0
 
 
 @pytest.mark.slow

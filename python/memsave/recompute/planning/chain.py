@@ -14,9 +14,8 @@ fitted so that the predicted timeline of the eager step is never below the alloc
 same step.
 
 :class:`Stage`, :class:`Skip` and :class:`Chain` mirror ``planner::Stage``, ``planner::Skip`` and ``planner::Chain``
-(``csrc/planner/chain.h``) field for field (the chain's ``operator_classes`` are the binding's ``policies``);
-:meth:`Chain.to_dict` is the form the pybind11 binding reads. :class:`StageModules` says what each stage is in the
-model.
+(``csrc/planner/chain.h``) field for field; :meth:`Chain.to_dict` is the form the pybind11 binding reads.
+:class:`StageModules` says what each stage is in the model.
 """
 
 from __future__ import annotations
@@ -77,7 +76,8 @@ class Skip:
 class Chain:
     """The whole cost model (``planner::Chain``): the stages, the skips, the constant terms and the operator classes
     a selective region may keep (each entry a ``"+"``-joined set such as ``"matmul+attention"``; see
-    :mod:`.operators`). The C++ binding calls the entries ``policies``; :meth:`to_dict` writes that key.
+    :mod:`.operators`). A selective segment names the entry it keeps by index (the binding's
+    ``segment_kept_classes``).
 
     Examples:
         >>> chain.simulate([(0, len(chain.stages), False)])["peak_bytes"]   # eager's predicted peak
@@ -91,18 +91,17 @@ class Chain:
     operator_classes: List[str] = field(default_factory=list)  # per selective variant: "+"-joined classes kept
 
     def to_dict(self) -> Dict[str, Any]:
-        """The plain form ``memsave._C.planner_solve`` / ``planner_simulate`` read, and a plan's JSON stores
-        (``operator_classes`` under the binding's key ``policies``)."""
-        d = asdict(self)
-        d["policies"] = d.pop("operator_classes")
-        return d
+        """The plain form ``memsave._C.planner_solve`` / ``planner_simulate`` read, and a plan's JSON stores."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Chain":
-        """Inverse of :meth:`to_dict`.
+        """Inverse of :meth:`to_dict`. Plans written by memsave 0.3 and earlier store the operator classes under the
+        key ``policies``; that key is read too.
 
         Raises:
             TypeError, KeyError: a missing or unknown field.
+            ValueError: both ``operator_classes`` and the old ``policies`` are given, and they differ.
         """
         return cls(
             stages=[Stage(**s) for s in d["stages"]],
@@ -110,7 +109,7 @@ class Chain:
             base_bytes=d.get("base_bytes", 0),
             segment_bytes=d.get("segment_bytes", 0),
             recompute_bytes=d.get("recompute_bytes", 0),
-            operator_classes=list(d.get("policies", d.get("operator_classes", []))),
+            operator_classes=_operator_classes(d),
         )
 
     def solve(self, budget_bytes: Optional[int], solver: str, slots: int) -> Dict[str, Any]:
@@ -132,6 +131,17 @@ class Chain:
         """This chain without its operator classes and selective variants: the cost model of module-level plans."""
         stages = [replace(s, selective_fwd_time=[], selective_kept_bytes=[]) for s in self.stages]
         return replace(self, stages=stages, operator_classes=[])
+
+
+def _operator_classes(d: Dict[str, Any]) -> List[str]:
+    """A chain dict's operator-class sets: ``operator_classes``, or ``policies`` as memsave 0.3 and earlier wrote it."""
+    new, old = d.get("operator_classes"), d.get("policies")
+    if new is not None and old is not None and list(new) != list(old):
+        raise ValueError(
+            f"the chain gives both operator_classes {list(new)!r} and its old name policies {list(old)!r}, and they "
+            "differ; keep operator_classes only"
+        )
+    return [str(c) for c in (new if new is not None else old if old is not None else [])]
 
 
 @dataclass

@@ -7,8 +7,8 @@ other operators in backward. To plan with it, each stage of the chain needs, per
 time a selective region saves). :func:`profile_operator_classes` measures both in a few forward passes under a
 ``TorchDispatchMode`` that times every operator of a class and sums the storage bytes it returns, attributed to the
 stage whose modules are running, and counts every operator each stage dispatches; :func:`selective_variants` turns
-them into the chain's policies and per-stage variants (``planner::Stage::selective_fwd_time`` /
-``selective_kept_bytes``).
+them into the chain's operator-class sets (``Chain.operator_classes``) and per-stage variants
+(``planner::Stage::selective_fwd_time`` / ``selective_kept_bytes``).
 
 A selective region also costs what the recompute saves nothing on: torch's selective-checkpoint contexts run every
 operator of the region through a Python dispatch mode, in forward and again in the recompute (tens of microseconds
@@ -38,10 +38,10 @@ from .chain import Chain, StageModules
 __all__ = [
     "ClassProfile",
     "OperatorProfile",
-    "policy_classes",
     "profile_operator_classes",
     "selective_overhead_per_operator",
     "selective_variants",
+    "split_operator_classes",
 ]
 
 # Per stage: operator class -> (bytes of the outputs its operators return, median seconds of those operators).
@@ -178,7 +178,7 @@ def selective_overhead_per_operator(
 ) -> float:
     """Seconds torch's selective-checkpoint contexts add to one operator, its forward and its recompute together.
 
-    Runs ``length`` tiny operators (matrix products, which the policy keeps, alternating with multiplications, which
+    Runs ``length`` tiny operators (matrix products, which the region keeps, alternating with multiplications, which
     it recomputes) plainly, then under a selective region's forward context and its recompute context, ``repeats``
     times interleaved, and returns the median difference per operator: the dispatch overhead, which does not grow
     with the tensors' size. Never negative.
@@ -228,27 +228,33 @@ def selective_overhead_per_operator(
     return max(0.0, (statistics.median(times["selective"]) - statistics.median(times["plain"])) / length)
 
 
-def policy_classes(policy: str) -> Tuple[str, ...]:
-    """The operator classes a policy name of the chain keeps (``"matmul+attention"`` -> ``("matmul", "attention")``).
+def split_operator_classes(entry: str) -> Tuple[str, ...]:
+    """The operator classes one entry of ``Chain.operator_classes`` names, in order.
+
+    Args:
+        entry: a ``"+"``-joined operator-class set, as :func:`selective_variants` writes it.
+
+    Returns:
+        the classes (``"matmul+attention"`` -> ``("matmul", "attention")``).
 
     Examples:
-        >>> policy_classes("matmul+attention")
+        >>> split_operator_classes("matmul+attention")
         ('matmul', 'attention')
     """
-    return tuple(policy.split("+"))
+    return tuple(entry.split("+"))
 
 
 def selective_variants(
     chain: Chain, stage_modules: Sequence[StageModules], profile: OperatorProfile, overhead_per_operator: float = 0.0
 ) -> None:
-    """Give ``chain`` its selective policies and each recomputable stage one variant per policy, in place.
+    """Give ``chain`` its operator-class sets and each recomputable stage one variant per set, in place.
 
-    The policies are the non-empty sets of the operator classes found in some recomputable stage, largest first
-    (``"matmul+attention"``, ``"matmul"``, ``"attention"``): a selective region may keep every class or only some.
-    A stage's variant for a policy keeps the bytes of its classes' outputs and costs its forward time less their
-    time, plus ``overhead_per_operator`` for every operator the stage dispatches (the selective contexts' dispatch
-    mode, in forward and recompute). Stages that cannot be recomputed get no variant. A chain without any such
-    operator gets no policy.
+    The sets (``chain.operator_classes``) are the non-empty sets of the operator classes found in some recomputable
+    stage, largest first (``"matmul+attention"``, ``"matmul"``, ``"attention"``): a selective region may keep every
+    class or only some. A stage's variant for a set keeps the bytes of its classes' outputs and costs its forward
+    time less their time, plus ``overhead_per_operator`` for every operator the stage dispatches (the selective
+    contexts' dispatch mode, in forward and recompute). Stages that cannot be recomputed get no variant. A chain
+    without any such operator gets no set.
 
     Args:
         chain: the chain.
@@ -262,14 +268,14 @@ def selective_variants(
     """
     classes = profile.classes
     present = [c for c in OPERATOR_CLASSES if any(c in p for p in classes)]
-    policies = [combo for n in range(len(present), 0, -1) for combo in itertools.combinations(present, n)]
-    chain.operator_classes = ["+".join(p) for p in policies]
+    class_sets = [combo for n in range(len(present), 0, -1) for combo in itertools.combinations(present, n)]
+    chain.operator_classes = ["+".join(p) for p in class_sets]
     for st, pc, prof, n in zip(chain.stages, stage_modules, classes, profile.operators):
-        if not (pc.kind == "module" and pc.recomputable) or not policies:
+        if not (pc.kind == "module" and pc.recomputable) or not class_sets:
             st.selective_fwd_time, st.selective_kept_bytes = [], []
             continue
         overhead = n * overhead_per_operator
-        st.selective_kept_bytes = [sum(prof.get(c, (0, 0.0))[0] for c in p) for p in policies]
+        st.selective_kept_bytes = [sum(prof.get(c, (0, 0.0))[0] for c in p) for p in class_sets]
         st.selective_fwd_time = [
-            max(0.0, st.fwd_time - sum(prof.get(c, (0, 0.0))[1] for c in p)) + overhead for p in policies
+            max(0.0, st.fwd_time - sum(prof.get(c, (0, 0.0))[1] for c in p)) + overhead for p in class_sets
         ]

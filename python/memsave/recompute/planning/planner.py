@@ -60,7 +60,12 @@ from ...measurement.units import Budget, format_bytes, parse_budget
 from ..selective import OPERATOR_CLASSES
 from ..wrapping import is_wrapped, unwrap_module
 from .chain import Chain, StageModules, build_chain
-from .operators import policy_classes, profile_operator_classes, selective_overhead_per_operator, selective_variants
+from .operators import (
+    profile_operator_classes,
+    selective_overhead_per_operator,
+    selective_variants,
+    split_operator_classes,
+)
 from .partitioner import compile_at
 from .plan import Plan, apply_regions, fingerprint
 from .search import search_chains, smallest_plan
@@ -267,7 +272,7 @@ class Profile:
             segments=[(int(s[0]), int(s[1]), bool(s[2])) for s in res["segments"]],
             stage_modules=self.stages,
             chain=chain,
-            selective=[self._keeps(seg, k, chain) for seg, k in zip(res["segments"], res["segment_policies"])],
+            selective=[self._keeps(seg, k, chain) for seg, k in zip(res["segments"], res["segment_kept_classes"])],
             model_class=self.model_class,
             fingerprint=self.fingerprint,
             device=self.device,
@@ -279,7 +284,7 @@ class Profile:
         if k is None:
             return ()
         here: Set[str] = set().union(*self.classes_met[segment[0] : segment[1]]) if self.classes_met else set()
-        return tuple(c for c in policy_classes(chain.operator_classes[k]) if c in here)
+        return tuple(c for c in split_operator_classes(chain.operator_classes[k]) if c in here)
 
 
 def _solver_argument(solver: Optional[str], strategy: Optional[str]) -> str:
