@@ -4,6 +4,7 @@ summary says where a mask pays, include/exclude, and the Sequential-pattern exte
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from torch import nn
 import memsave
 import memsave.nn as mnn
 from helpers.models import BasicBlock
+from memsave.errors import MemsaveWarning
+from memsave.models import hub
 from memsave.operators.convert import (
     ConvertReport,
     convert,
@@ -217,9 +220,38 @@ def test_idempotent_shared_modules_and_flags():
     assert model[1] is model[3] and isinstance(model[1], mnn.ReLU)
     assert isinstance(model[4], mnn.Dropout) and model[4].inplace and not model[4].training
     first = [type(m) for m in model]
-    convert(model, dropout=True)
+    with pytest.warns(MemsaveWarning, match="changed nothing"):
+        convert(model, dropout=True)
     assert [type(m) for m in model] == first
     assert repr(model[1]) == "memsave.ReLU()"
+
+
+def test_a_convert_that_changes_nothing_warns():
+    model = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 2))  # no module convert swaps
+    before = [type(m) for m in model.modules()]
+    with pytest.warns(MemsaveWarning, match=r"changed nothing in Sequential: no module left that convert swaps") as got:
+        assert convert(model) is model
+    assert "fuse=True also fuses" in str(got[0].message) and got[0].filename == __file__  # the caller's line
+    assert [type(m) for m in model.modules()] == before
+    with pytest.warns(MemsaveWarning, match=r"every candidate was skipped \(1; verbose=True prints why\)"):
+        convert(nn.Sequential(nn.MaxPool2d(17)))  # a window over 256 elements: skipped
+    model = vgg_like()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        convert(model)  # swaps: no warning
+    with pytest.warns(MemsaveWarning, match="changed nothing in VGG"):
+        convert(model)  # the second time there is nothing left to swap
+
+
+def test_chunking_alone_is_a_change():
+    pytest.importorskip("transformers")
+    llama = hub.causal_lm("Llama", 1, 32, 64, kv_heads=1, vocab=64)  # SiLU MLPs: nothing to swap without fuse
+    with pytest.warns(MemsaveWarning, match="changed nothing in LlamaForCausalLM"):
+        convert(copy.deepcopy(llama))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        convert(llama, mlp_chunks=2)  # the MLPs chunked
+    assert memsave.recompute.is_chunked(llama.model.layers[0].mlp)
 
 
 # ---- Sequential patterns ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from memsave import models as bench_models
 from memsave.errors import MemsaveWarning
 from memsave.measurement.strategies import StrategyContext, parse_strategy
 from memsave.recompute import find_blocks, is_wrapped, resolve_checkpoint_policy
+from memsave.recompute.blocks import explain_blocks
 
 
 def _wrapped(model: nn.Module) -> List[str]:
@@ -152,7 +153,7 @@ def test_outermost_members_and_meta_device() -> None:
     assert find_blocks(big) == ["0", "1", "2"]
 
 
-# ------------------------------------------------------------------------------------ the model's own / Hugging Face
+# -------------------------------------------------------------- the model's own, and the libraries' checkpoint units
 def test_checkpoint_blocks_first() -> None:
     gpt = bench_models.build("gpt2", "tiny").model
     assert find_blocks(gpt) == gpt.checkpoint_blocks() == [f"h.{i}" for i in range(len(gpt.h))]
@@ -178,7 +179,7 @@ class Layer(Block):
 
 
 class PreTrained(nn.Module):
-    """Hugging Face's convention: the layer classes to keep whole, by name (embeddings listed too)."""
+    """Hugging Face's device-map convention: the layer classes to keep whole, by name (embeddings listed too)."""
 
     _no_split_modules: ClassVar[List[str]] = ["Embeddings", "Layer"]
 
@@ -186,19 +187,211 @@ class PreTrained(nn.Module):
         super().__init__()
         self.embed = Embeddings()
         self.layers = nn.ModuleList([Layer() for _ in range(2)])
-        self.extra = nn.ModuleList([Block(8, 256) for _ in range(3)])  # larger, but not the listed class
+        self.extra = nn.ModuleList([Block(8, 256) for _ in range(3)])  # larger, and not the listed class
 
 
-def test_hugging_face_no_split_modules() -> None:
-    model = PreTrained()
-    assert find_blocks(model) == ["layers.0", "layers.1"]  # the listed class held in a layer list
+def test_no_split_modules_is_not_a_checkpoint_unit() -> None:
+    choice = explain_blocks(PreTrained())
+    assert choice.names == ["extra.0", "extra.1", "extra.2"]  # the structure's largest family, not the listed one
+    assert choice.source == "structure"
+
+
+def _named_like(name: str, module: str, **attributes: Any) -> type:
+    """A module class called ``name`` defined in ``module``: find_blocks knows a library's classes by these names
+    along the class hierarchy (it imports no library), so these stand in for the libraries' own base classes."""
+    return type(name, (nn.Module,), {"__module__": module, **attributes})
+
+
+# Hugging Face transformers' and diffusers' base classes, as find_blocks sees them.
+HFLayer = _named_like("GradientCheckpointingLayer", "transformers.modeling_layers", gradient_checkpointing=False)
+HFModel = _named_like("PreTrainedModel", "transformers.modeling_utils", supports_gradient_checkpointing=True)
+DiffusersModel = _named_like("ModelMixin", "diffusers.models.modeling_utils", _supports_gradient_checkpointing=True)
+
+
+class ConvLayer(HFLayer):  # type: ignore[misc,valid-type]
+    """Wav2Vec2's feature encoder layer: a convolution that Hugging Face checkpoints beside the encoder layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv1d(8, 8, 3, padding=1), nn.GroupNorm(1, 8)
+
+
+class EncoderLayer(HFLayer):  # type: ignore[misc,valid-type]
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+
+class EncoderStage(HFLayer):  # type: ignore[misc,valid-type]
+    """Swin's stage: a checkpoint unit holding checkpoint units (its blocks) and a downsampling layer."""
+
+    def __init__(self, down: int = 8) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([EncoderLayer() for _ in range(2)])
+        self.down = nn.Sequential(nn.Linear(8, down), nn.Linear(down, 8))
+
+
+class Transformer(HFModel):  # type: ignore[misc,valid-type]
+    _no_split_modules: ClassVar[List[str]] = ["EncoderStage"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.ModuleList([ConvLayer() for _ in range(3)])
+        self.stages = nn.ModuleList([EncoderStage() for _ in range(2)])
+        self.extra = nn.ModuleList([Block(8, 256) for _ in range(3)])  # larger, but not a checkpoint unit
+
+
+def test_hugging_face_checkpoint_layers_first() -> None:
+    model = Transformer()
+    blocks = [f"stages.{s}.blocks.{b}" for s in range(2) for b in range(2)]
+    choice = explain_blocks(model)
+    assert choice.names == ["features.0", "features.1", "features.2", *blocks]  # the convolutions too
+    assert choice.source == "transformers" and "GradientCheckpointingLayer" in choice.reason, choice
+    assert "EncoderStage gave way to the units inside" in choice.reason, choice.reason
     outer = nn.Module()
     outer.base = model  # read from submodules too (a PEFT model holds the transformers model)
-    assert find_blocks(outer) == ["base.layers.0", "base.layers.1"]
-    model.layers = nn.ModuleList()  # listed classes absent (but the embeddings): those listed
-    assert find_blocks(model) == ["embed"]
-    model._no_split_modules = ["Missing"]  # nothing listed is present: the structure
+    assert find_blocks(outer) == [f"base.{n}" for n in choice.names]
+    # A unit holding units gives way to them only when they hold at least half of its parameters.
+    model.stages[1] = EncoderStage(down=512)
+    assert find_blocks(model) == ["features.0", "features.1", "features.2", *blocks[:2], "stages.1"]
+
+
+class OldEncoder(nn.Module):
+    """A Hugging Face encoder from before GradientCheckpointingLayer: it checkpoints its layers itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gradient_checkpointing = False
+        self.embed = Embeddings()
+        self.layers = nn.ModuleList([Layer() for _ in range(3)])
+
+
+class OldTransformer(HFModel):  # type: ignore[misc,valid-type]
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = OldEncoder()
+        self.extra = nn.ModuleList([Block(8, 256) for _ in range(3)])
+
+
+def test_hugging_face_models_before_checkpoint_layers() -> None:
+    model = OldTransformer()
+    choice = explain_blocks(model)
+    assert choice.names == ["encoder.layers.0", "encoder.layers.1", "encoder.layers.2"], choice
+    assert choice.source == "transformers" and "gradient_checkpointing switch" in choice.reason
+    model.supports_gradient_checkpointing = False  # no switch: the structure
     assert find_blocks(model) == ["extra.0", "extra.1", "extra.2"]
+
+
+class TimmStage(nn.Module):
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.down = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8))
+        self.blocks = nn.Sequential(*[Block() for _ in range(depth)])
+
+
+class NumberedStage(nn.Module):
+    """timm's RegStage: blocks held as attributes, run by ``checkpoint_seq(self.children(), x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.b1, self.b2 = Layer(), Layer()
+
+
+class TimmNet(nn.Module):
+    """timm's convention: ``set_grad_checkpointing`` turns on the ``grad_checkpointing`` of the model or its stages,
+    which run their layer lists through ``checkpoint_seq``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.stem = nn.Sequential(nn.Linear(8, 8), nn.GELU())  # single layers: not blocks
+        self.stages = nn.Sequential(nn.Sequential(Block(), Layer()), nn.Sequential(Block()))  # plain stages: opened
+        self.deep = nn.ModuleList([TimmStage(2), NumberedStage()])
+        self.head1, self.head2 = Block(8, 512), Block(8, 512)  # the structure's largest family: not in a list
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for module in self.modules():
+            if hasattr(module, "grad_checkpointing"):
+                module.grad_checkpointing = enable
+
+
+def test_timm_set_grad_checkpointing_units() -> None:
+    choice = explain_blocks(TimmNet())
+    deep = ["deep.0.blocks.0", "deep.0.blocks.1", "deep.1.b1", "deep.1.b2"]
+    # The model's lists of blocks give their members, plain stages are opened into their blocks, and the TimmStage
+    # unit gives way to the blocks its own switch runs; the stem (single layers) and the heads (not in a list) are
+    # not run through checkpoint_seq.
+    assert choice.names == ["stages.0.0", "stages.0.1", "stages.1.0", *deep], choice
+    assert choice.source == "timm"
+
+
+class Resnets(DiffusersModel):  # type: ignore[misc,valid-type]
+    """diffusers' down block: checkpoints its ResNet blocks; its attentions are models checkpointing their own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gradient_checkpointing = False
+        self.resnets = nn.ModuleList([Block() for _ in range(2)])
+        self.attentions = nn.ModuleList([Attentions() for _ in range(2)])
+
+
+class Attentions(DiffusersModel):  # type: ignore[misc,valid-type]
+    def __init__(self) -> None:
+        super().__init__()
+        self.gradient_checkpointing = False
+        self.proj_in = nn.Linear(8, 8)
+        self.transformer_blocks = nn.ModuleList([Layer() for _ in range(2)])
+
+
+def test_diffusers_checkpoint_units() -> None:
+    choice = explain_blocks(Resnets())
+    attention = [f"attentions.{a}.transformer_blocks.{b}" for a in range(2) for b in range(2)]
+    assert choice.names == ["resnets.0", "resnets.1", *attention], choice
+    assert choice.source == "diffusers"
+
+
+def test_the_libraries_in_order() -> None:
+    # A model following both conventions: Hugging Face's checkpoint layers first.
+    model = TimmNet()
+    model.stem = nn.Sequential(EncoderLayer(), EncoderLayer())
+    assert find_blocks(model) == ["stem.0", "stem.1"]
+    assert explain_blocks(model).source == "transformers"
+
+
+class Branches(nn.Module):
+    """An Inception module: four branches side by side, their outputs concatenated; three of them short runs."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.branch1 = ConvNormAct(c, c)
+        self.branch2 = nn.Sequential(ConvNormAct(c, c), ConvNormAct(c, c))
+        self.branch3 = nn.Sequential(ConvNormAct(c, c), ConvNormAct(c, c))
+        self.branch4 = nn.Sequential(nn.MaxPool2d(3, 1, 1), ConvNormAct(c, c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)], 1)
+
+
+class Aux(nn.Module):
+    """An auxiliary classifier: large in parameters (its Linear), small in activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = ConvNormAct(32, 8), nn.Linear(8 * 16, 4096)
+
+
+def test_a_multi_branch_block_is_one_block_and_auxiliary_heads_are_not_blocks() -> None:
+    model = nn.Module()
+    model.stem = ConvNormAct(3, 8)
+    model.mixed1, model.mixed2 = Branches(), Branches()
+    model.pool = nn.MaxPool2d(2)
+    model.mixed3 = Branches()
+    assert find_blocks(model) == ["mixed1", "mixed2", "mixed3"]  # not each branch's convolutions
+    model.aux1, model.aux2 = Aux(), Aux()  # the largest family, but auxiliary heads
+    choice = explain_blocks(model)
+    assert choice.names == ["mixed1", "mixed2", "mixed3"] and "Aux are auxiliary heads" in choice.reason, choice
 
 
 # ------------------------------------------------------------------------------------------ wrap and strategies

@@ -23,8 +23,9 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
     """The qualified names of the modules ``checkpoint:<policy>`` wraps in ``model``.
 
     * ``blocks``: the model's repeated blocks, :func:`memsave.find_blocks` (what ``memsave.wrap(model)`` with no
-      policy checkpoints): ``model.checkpoint_blocks()`` when the model defines it (the benchmark models do), a
-      Hugging Face model's ``_no_split_modules`` layers, else the largest family of same-class blocks held in a
+      policy checkpoints): ``model.checkpoint_blocks()`` when the model defines it (the benchmark models do), the
+      units of the model's own checkpointing switch (Hugging Face's ``GradientCheckpointingLayer`` layers, timm's
+      ``set_grad_checkpointing`` blocks, diffusers' blocks), else the largest family of same-class blocks held in a
       ``ModuleList``/``Sequential``/``ModuleDict`` (transformer layers, ResNet bottlenecks, ViT encoder blocks).
     * ``all``: every top-level stage: each direct child of ``model``, with plain ``nn.Sequential``/``nn.ModuleList``
       children replaced by their own children.
@@ -55,8 +56,9 @@ def resolve_checkpoint_policy(model: nn.Module, policy: str) -> List[str]:
             classes = sorted({type(m).__name__ for m in modules.values()})
             raise ValueError(
                 f"checkpoint:blocks: found no repeated blocks in {type(model).__name__} (memsave.find_blocks looks for "
-                "a Hugging Face _no_split_modules class, else a family of same-class modules with children held in a "
-                "ModuleList/Sequential/ModuleDict); name the modules to checkpoint instead: a module class name (this "
+                "the units of the model's own checkpointing switch -- Hugging Face, timm, diffusers -- else a family "
+                "of same-class modules with children held in a ModuleList/Sequential/ModuleDict); name the modules "
+                "to checkpoint instead: a module class name (this "
                 f"model has {', '.join(classes[:25])}{', ...' if len(classes) > 25 else ''}), comma-separated "
                 "qualified module names, or 'all'"
             )

@@ -410,8 +410,9 @@ def wrap(
         if not blocks:
             warnings.warn(
                 f"memsave.wrap: found no repeated blocks in {type(model).__name__}, so nothing is checkpointed "
-                "(memsave.find_blocks looks for a Hugging Face _no_split_modules class, else a family of same-class "
-                "modules with children held in a ModuleList/Sequential/ModuleDict). Pass a policy: the class of the "
+                "(memsave.find_blocks looks for the units of the model's own checkpointing switch -- Hugging Face, "
+                "timm, diffusers -- else a family of same-class modules with children held in a "
+                "ModuleList/Sequential/ModuleDict). Pass a policy: the class of the "
                 "blocks to recompute, or a predicate taking (qualified_name, module).",
                 MemsaveWarning,
                 stacklevel=2,

@@ -47,6 +47,7 @@ reported as "depends"). :func:`plan_convert` returns the same report without cha
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
 
@@ -54,6 +55,7 @@ from torch import nn
 
 from ...common.chunking import check_chunks
 from ...common.snapshot import all_or_nothing
+from ...errors import MemsaveWarning
 from .model_zoo import chunk_mlps
 from .registry import (
     DEPENDS,
@@ -482,9 +484,26 @@ def _convert(
         )
     for module, install in installs:
         install(module)
-    if chunks is not None:
-        chunk_mlps(model, chunks)
+    chunked = chunk_mlps(model, chunks) if chunks is not None else []
+    if not planned and not installs and not chunked:
+        _warn_unchanged(model, report, fuse)
     return report
+
+
+def _warn_unchanged(model: nn.Module, report: ConvertReport, fuse: bool) -> None:
+    """A convert that changed nothing says so, as ``memsave.wrap`` does when it finds no block (a user otherwise
+    believes the model saves memory)."""
+    if report.entries:
+        why = f"every candidate was skipped ({report.count(SKIPPED)}; verbose=True prints why)"
+    else:
+        why = "no module left that convert swaps (nn.ReLU, nn.LeakyReLU, nn.MaxPool2d; nn.Dropout with dropout=True)"
+        why += "" if fuse else "; fuse=True also fuses nn.Sequential runs and the model families it knows"
+    warnings.warn(
+        f"memsave.convert: changed nothing in {type(model).__name__}: {why}. memsave.wrap(model) saves memory "
+        "in any model by recomputing its blocks.",
+        MemsaveWarning,
+        stacklevel=4,  # the caller of convert
+    )
 
 
 def convert(
@@ -530,6 +549,10 @@ def convert(
         ValueError: an include pattern matches no module of the model, or a registered pattern broke the state_dict
             keys. Whatever fails (a rule, a pattern, an install), the model is left exactly as it was: module tree,
             forwards, parameters, buffers and hooks.
+
+    Warns:
+        MemsaveWarning: nothing was changed (no module it swaps, every candidate skipped, nothing to chunk), as
+            :func:`memsave.wrap` warns when it finds no block.
 
     Examples:
         >>> model = memsave.convert(torchvision.models.vgg16(), verbose=True)
