@@ -17,9 +17,10 @@ from torch import nn
 
 import memsave
 from helpers import models
+from memsave.errors import MemsaveWarning
 from memsave.measurement.allocator import cpu_peak_bytes
 from memsave.measurement.measuring import default_loss
-from memsave.measurement.units import parse_budget
+from memsave.measurement.units import format_bytes, parse_budget
 from memsave.recompute.planning.plan import _GroupedForward
 
 
@@ -136,13 +137,25 @@ def test_measured_peak_within_budget_and_gradients_bitwise(name: str) -> None:
     print("\n" + "\n".join(lines))
 
 
-def test_budget_at_or_above_eager_peak_recomputes_nothing() -> None:
+def test_budget_at_or_above_eager_peak_recomputes_nothing_and_says_so() -> None:
     model, x = models.build("cnn")
-    p = _plan(model, x, budget=1.0)
+    with pytest.warns(MemsaveWarning, match=r"at or above what the model needs without recompute .* changes nothing"):
+        p = _plan(model, x, budget=1.0)
     assert p.regions() == [] and p.predicted_overhead == 0.0
     assert p.measured_peak_bytes == p.eager_peak_bytes
-    p = _plan(model, x, budget=10 * p.eager_peak_bytes)
+    with pytest.warns(MemsaveWarning, match="the plan recomputes nothing"):
+        p = _plan(model, x, budget=10 * p.eager_peak_bytes)
     assert p.regions() == []
+
+
+def test_an_infeasible_budget_shows_the_floor() -> None:
+    model, x = models.build("cnn")
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    with pytest.raises(memsave.InfeasibleBudgetError) as info:
+        memsave.plan(model, x, budget=1, selective=False, timing_steps=1, verify=False, progress=False)
+    message = str(info.value)
+    assert f"the parameter gradients, {format_bytes(grads)}" in message
+    assert "optimizer's state" in message and "memsave.estimate(model, x, optimizer='adamw')" in message
 
 
 def test_profiled_chain_is_monotonic_and_beats_sqrt(unet_sqrt) -> None:

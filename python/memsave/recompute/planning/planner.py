@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from ...common.progress import progress_bar
-from ...errors import InfeasibleBudgetError
+from ...errors import InfeasibleBudgetError, MemsaveWarning
 from ...measurement.allocator import step_peak_bytes
 from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
 from ...measurement.timing import time_interleaved
@@ -529,6 +529,35 @@ def search(
     )
 
 
+def _floor_note(model: nn.Module) -> str:
+    """What an infeasible budget's floor is made of, beyond activations: the parameter gradients (allocated in
+    backward, so inside a step's peak) and what is outside the budget (parameters, optimizer state)."""
+    params = {id(p): p for p in model.parameters()}.values()
+    grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    weights = sum(p.numel() * p.element_size() for p in params)
+    return (
+        f"That floor holds the parameter gradients, {format_bytes(grads)} (one per trainable parameter, allocated "
+        "in backward: only fewer trainable parameters, e.g. LoRA, or 16-bit parameters lower it), and the smallest "
+        "activations and workspaces (a smaller batch or sequence lowers those). The parameters "
+        f"({format_bytes(weights)}) and the optimizer's state (AdamW: twice the trainable parameters) exist before "
+        "the step and are outside the budget; memsave.estimate(model, x, optimizer='adamw') shows the whole footprint."
+    )
+
+
+def _warn_if_empty(result: Plan, budget_bytes: Optional[int], eager_peak_bytes: int) -> None:
+    """A budget at or above eager's peak gives a plan that recomputes nothing: say so instead of returning it
+    silently (wrap(model, plan) would change nothing)."""
+    if budget_bytes is None or result.regions() or getattr(result, "activation_memory_budget", None) is not None:
+        return
+    warnings.warn(
+        f"memsave.plan: the budget {format_bytes(budget_bytes)} is at or above what the model needs without "
+        f"recompute (eager peaks at {format_bytes(eager_peak_bytes)}), so the plan recomputes nothing and "
+        "memsave.wrap(model, plan) changes nothing; give a budget below eager's peak (e.g. budget=0.6) to save memory",
+        MemsaveWarning,
+        stacklevel=3,
+    )
+
+
 def profile(
     model: nn.Module,
     *example_inputs: Any,
@@ -706,6 +735,8 @@ def plan(
             result = _search_compiled(prof, stepper, budget_bytes, solver, measure, slots)
         else:
             result = search(prof, budget_bytes, solver, measure, slots, verify=verify)
+    except InfeasibleBudgetError as e:
+        raise InfeasibleBudgetError(f"{e} {_floor_note(model)}", min_bytes=e.min_bytes) from None
     finally:
         if bar is not None:
             bar.close()
@@ -713,6 +744,7 @@ def plan(
             torch._dynamo.reset()  # drop the candidates' compiled code, which holds the model
         stepper.state.restore()
     result.planning_seconds = time.perf_counter() - start
+    _warn_if_empty(result, budget_bytes, prof.eager_peak_bytes)
     if verbose:
         print(result.summary())
         print(f"planning took {result.planning_seconds:.1f} s{' (compiled candidates)' if compile else ''}")
