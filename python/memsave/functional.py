@@ -11,48 +11,5 @@ Examples:
 
 from __future__ import annotations
 
-from .operators.functional import (
-    ACTIVATIONS,
-    GATED_ACTIVATIONS,
-    INVERTIBLE_ACTIVATIONS,
-    act_linear,
-    batch_norm_act,
-    batch_norm_act_conv2d,
-    dropout,
-    gated_act,
-    gated_act_linear,
-    inplace_abn,
-    layer_norm_linear,
-    leaky_relu,
-    linear_cross_entropy,
-    max_pool2d,
-    pool_params,
-    relu,
-    resolve_activation,
-    resolve_gated_activation,
-    rms_norm,
-    rms_norm_linear,
-)
-
-__all__ = [
-    "ACTIVATIONS",
-    "GATED_ACTIVATIONS",
-    "INVERTIBLE_ACTIVATIONS",
-    "act_linear",
-    "batch_norm_act",
-    "batch_norm_act_conv2d",
-    "dropout",
-    "gated_act",
-    "gated_act_linear",
-    "inplace_abn",
-    "layer_norm_linear",
-    "leaky_relu",
-    "linear_cross_entropy",
-    "max_pool2d",
-    "pool_params",
-    "relu",
-    "resolve_activation",
-    "resolve_gated_activation",
-    "rms_norm",
-    "rms_norm_linear",
-]
+from .operators.functional import *  # noqa: F403  (every name operators/functional.py lists in __all__)
+from .operators.functional import __all__ as __all__

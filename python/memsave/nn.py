@@ -10,48 +10,5 @@ Examples:
 
 from __future__ import annotations
 
-from .operators.nn import (
-    ActLinear,
-    BatchNormAct2d,
-    BatchNormActConv2d,
-    DeferredBatchNormAct2d,
-    DeferredLayerNorm,
-    DeferredRMSNorm,
-    Dropout,
-    GatedMLP,
-    InPlaceABN2d,
-    LayerNormLinear,
-    LeakyReLU,
-    LinearCrossEntropy,
-    MaxPool2d,
-    ReLU,
-    RMSNorm,
-    RMSNormLinear,
-    activation_spec,
-    fuse_batch_norm_act_conv2d,
-    fuse_layer_norm_linear,
-    fuse_rms_norm_linear,
-)
-
-__all__ = [
-    "ActLinear",
-    "BatchNormAct2d",
-    "BatchNormActConv2d",
-    "DeferredBatchNormAct2d",
-    "DeferredLayerNorm",
-    "DeferredRMSNorm",
-    "Dropout",
-    "GatedMLP",
-    "InPlaceABN2d",
-    "LayerNormLinear",
-    "LeakyReLU",
-    "LinearCrossEntropy",
-    "MaxPool2d",
-    "RMSNorm",
-    "RMSNormLinear",
-    "ReLU",
-    "activation_spec",
-    "fuse_batch_norm_act_conv2d",
-    "fuse_layer_norm_linear",
-    "fuse_rms_norm_linear",
-]
+from .operators.nn import *  # noqa: F403  (every name operators/nn/__init__.py lists in __all__)
+from .operators.nn import __all__ as __all__
