@@ -48,8 +48,10 @@ for spec in "scikit_build_core:scikit-build-core>=0.10" "pybind11:pybind11>=2.12
   have_module "${spec%%:*}" || need+=("${spec#*:}")
 done
 if [[ $WITH_TEST == 1 ]]; then
+  # parameterized: transformers' own tests/test_modeling_common.py imports it (tests/integrations/hf_suite runs it).
   for spec in "pytest:pytest>=7" "expecttest:expecttest" "hypothesis:hypothesis" "matplotlib:matplotlib" \
-              "pandas:pandas" "nbformat:nbformat" "nbclient:nbclient" "ipykernel:ipykernel"; do
+              "pandas:pandas" "nbformat:nbformat" "nbclient:nbclient" "ipykernel:ipykernel" \
+              "parameterized:parameterized"; do
     have_module "${spec%%:*}" || need+=("${spec#*:}")
   done
 fi

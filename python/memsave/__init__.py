@@ -13,8 +13,9 @@ Three levers and one instrument, one subpackage each:
                     :func:`register_strategy` (a strategy that compare, estimate and the command line understand)
 ==================  ============================================================================================
 
-``integrations/``   Hugging Face Trainer (:mod:`memsave.integrations.transformers`: ``enable``, ``MemoryCallback``),
-                    Lightning (:mod:`memsave.integrations.lightning`: ``MemoryMonitor``); imported on demand
+``integrations/``   Hugging Face Trainer (:mod:`memsave.integrations.transformers`: ``Memsave``, ``enable``,
+                    ``MemoryCallback``), Lightning (:mod:`memsave.integrations.lightning`: ``Memsave``,
+                    ``MemoryCallback``); imported on demand
 ``models/``         the built-in benchmark models of the demo, the command line and ``benchmarks/``
 
 plus ``errors.py`` (every exception), ``extension.py`` (loads the compiled ``memsave._C``), ``common/`` (the RNG
@@ -25,7 +26,10 @@ what ``operators/functional.py`` and ``operators/nn/`` define.
 
 Importing memsave loads the compiled extension, then registers, by explicit calls made once here and in this order,
 the operators' fake kernels and autograd formulas and each part's :func:`compare` strategies (recompute, operators,
-amp). No module registers anything when it is imported.
+amp), and the wrap listener that lets :func:`wrap` keep a Hugging Face model's own checkpointing switch
+(:mod:`memsave.integrations.transformers_switch`). No module registers anything when it is imported, and nothing in
+transformers is patched: only a model given to :func:`wrap` or :func:`memsave.integrations.transformers.enable` is
+changed, on the instance.
 
 Examples:
     >>> import memsave
@@ -58,6 +62,7 @@ from .errors import (  # noqa: E402
     PlanMismatchError,
     RecomputeMismatchError,
 )
+from .integrations import transformers_switch  # noqa: E402
 from .measurement import (  # noqa: E402
     Comparison,
     Estimate,
@@ -85,6 +90,7 @@ from .recompute import (  # noqa: E402
 )
 from .recompute import strategies as recompute_strategies  # noqa: E402
 from .recompute.chunked import chunked_method  # noqa: E402
+from .recompute.wrapping import add_wrap_listener  # noqa: E402
 
 operators.ops.register()
 # The strategies of compare, estimate and the command line, in the order help texts list them.
@@ -92,6 +98,8 @@ for _strategies in (recompute_strategies, operator_strategies, amp_strategies):
     _strategies.register_strategies()
 # convert(mlp_chunks=...) (operators) slices MLPs with recompute's regions, reached through common/chunking.py.
 provide_chunking(chunked, chunked_method)
+# wrap / unwrap claim a Hugging Face model's own checkpointing switch, and give it back (on that model only).
+add_wrap_listener(transformers_switch.after_wrap, transformers_switch.after_unwrap)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 import memsave.integrations.transformers as ms_hf  # noqa: E402
+from memsave.integrations.transformers_switch import LayerCheckpoint  # noqa: E402
 from memsave.models import hub  # noqa: E402
 from memsave.recompute import is_wrapped  # noqa: E402
 
@@ -98,7 +99,7 @@ def test_wrap_stays_in_force_under_trainer_activation_checkpointing(tmp_path, mo
     assert counter.calls == 0
     assert _losses(trainer) == reference and len(reference) == 20
     assert [n for n, m in model.named_modules() if is_wrapped(m)] == [f"model.layers.{i}" for i in range(3)]
-    assert not model.is_activation_checkpointing  # transformers' own flags stay off: no nested regions
+    assert model.is_activation_checkpointing  # reported as on, and memsave's regions (not nested ones) recompute
 
 
 @pytest.mark.slow
@@ -106,9 +107,10 @@ def test_enable_makes_the_models_switch_use_memsave(tmp_path, monkeypatch):
     reference = _losses(_train(memsave.wrap(_llama()), tmp_path / "a"))
     counter = _CountTorchCheckpoint(monkeypatch)
     model = ms_hf.enable(_llama())
-    assert not any(is_wrapped(m) for m in model.modules())  # enable only routes the switch
+    assert not model.is_activation_checkpointing  # enable only routes the switch
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert [n for n, m in model.named_modules() if is_wrapped(m)] == [f"model.layers.{i}" for i in range(3)]
+    assert model.is_activation_checkpointing and not any(is_wrapped(m) for m in model.modules())
+    assert all(isinstance(layer._gradient_checkpointing_func, LayerCheckpoint) for layer in model.model.layers)
     trainer = _train(model, tmp_path / "b", activation_checkpointing=True)
     assert counter.calls == 0 and _losses(trainer) == reference
 
@@ -116,9 +118,9 @@ def test_enable_makes_the_models_switch_use_memsave(tmp_path, monkeypatch):
 def test_switch_every_n_layers_disable_and_unknown_options():
     model = ms_hf.enable(_llama())
     model.activation_checkpointing_enable(every_n_layers=2)
-    assert [n for n, m in model.named_modules() if is_wrapped(m)] == ["model.layers.0", "model.layers.2"]
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, False, True]
     model.activation_checkpointing_disable()
-    assert not any(is_wrapped(m) for m in model.modules())
+    assert not model.is_activation_checkpointing
     with pytest.raises(TypeError, match="does not take 'offload_to'"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"offload_to": "cpu"})
     with pytest.raises(ValueError, match="offload"):
@@ -129,22 +131,22 @@ def test_switch_every_n_layers_disable_and_unknown_options():
         ms_hf.enable(torch.nn.Linear(2, 2))
 
 
-def test_wrap_turns_transformers_checkpointing_off_and_unwrap_gives_the_switch_back(monkeypatch):
+def test_wrap_keeps_the_models_checkpointing_on_as_memsaves_and_unwrap_gives_the_switch_back(monkeypatch):
     model = _llama()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model.gradient_checkpointing_enable()
-    assert model.is_activation_checkpointing
+    theirs = model.model.layers[0]._gradient_checkpointing_func
     memsave.wrap(model)
-    assert not model.is_activation_checkpointing  # torch's checkpoint would run inside memsave's regions
+    assert model.is_activation_checkpointing  # still on: memsave's regions, not torch's checkpoint inside them
+    assert isinstance(model.model.layers[0]._gradient_checkpointing_func, LayerCheckpoint)
     counter = _CountTorchCheckpoint(monkeypatch)
     ids = torch.randint(0, VOCAB, (2, SEQ))
     model(ids, labels=ids).loss.backward()
     assert counter.calls == 0
     memsave.unwrap(model)
     assert "activation_checkpointing_enable" not in vars(model)  # transformers' own switch again
-    model.activation_checkpointing_enable()
-    assert model.is_activation_checkpointing
+    assert model.model.layers[0]._gradient_checkpointing_func is theirs and model.is_activation_checkpointing
 
 
 @pytest.mark.slow
@@ -156,7 +158,7 @@ def test_a_plan_stays_in_force_when_the_switch_is_turned_on():
     wrapped = [n for n, m in model.named_modules() if is_wrapped(m)]
     model.activation_checkpointing_enable()
     assert [n for n, m in model.named_modules() if is_wrapped(m)] == wrapped
-    assert not model.is_activation_checkpointing
+    assert model.is_activation_checkpointing  # on, through the plan's regions (each layer runs inside them)
 
 
 @pytest.mark.slow

@@ -122,7 +122,7 @@ def test_no_private_name_crosses_parts() -> None:
                 continue
             crosses = _part(target) != _part(name)
             private_module = any(p.startswith("_") and not p.startswith("__") for p in target.split(".")[1:])
-            private_name = imported.startswith("_")
+            private_name = imported.startswith("_") and not (imported.startswith("__") and imported.endswith("__"))
             if crosses and (private_module or private_name):
                 bad.append(f"{path.relative_to(PACKAGE)}:{line} imports {target}{'.' + imported if imported else ''}")
     assert not bad, "private names imported across parts:\n" + "\n".join(bad)

@@ -33,6 +33,10 @@ __all__ = ["MemoryMonitor", "StepMemory", "cuda_memory_snapshot"]
 
 T = TypeVar("T")
 
+#: What Lightning and transformers look up on a callback before its ``on_*`` hooks (Lightning: ``state_dict`` when
+#: its Trainer is built, then ``setup``): :class:`MemoryMonitor` answers them with a TypeError naming the callbacks.
+_CALLBACK_HOOKS = frozenset({"state_dict", "load_state_dict", "state_key", "setup", "teardown"})
+
 
 @dataclass(frozen=True)
 class StepMemory:
@@ -86,7 +90,14 @@ class MemoryMonitor:
     ) -> None:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)  # type: ignore[arg-type]
+        except (RuntimeError, TypeError):  # "tpu", 3.5, a model passed first
+            hint = " (pass the model as model=...)" if isinstance(device, nn.Module) else ""
+            raise ValueError(
+                f"MemoryMonitor: device must be 'cpu', 'cuda' or 'cuda:N' (a str or torch.device), got "
+                f"{type(device).__name__} {device!r}{hint}"
+            ) from None
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 raise ValueError("MemoryMonitor: device='cuda' but CUDA is not available; use device='cpu'")
@@ -109,6 +120,17 @@ class MemoryMonitor:
         self._baseline = 0
         self._tracker: Optional[LiveTensorTracker] = None
         self._active = False
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names the class lacks: a trainer looking up a callback hook gets a pointer to the right class.
+        if name in _CALLBACK_HOOKS or name.startswith("on_"):
+            raise TypeError(
+                f"memsave.MemoryMonitor is the memory monitor of a training loop you write yourself, not a trainer "
+                f"callback (a trainer asked it for {name!r}); pass "
+                "memsave.integrations.lightning.MemoryCallback() to lightning.Trainer(callbacks=[...]), "
+                "memsave.integrations.transformers.MemoryCallback() to transformers.Trainer(callbacks=[...])"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ lifetime
     def start(self) -> "MemoryMonitor":

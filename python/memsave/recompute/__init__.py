@@ -11,13 +11,9 @@
                    ``csrc/planner``)
 ``strategies.py``  the ``checkpoint:<policy>`` and ``plan:<budget>`` strategies of :func:`memsave.compare`
 ``policies.py``    the policy strings :func:`wrap` and ``checkpoint:<policy>`` share (``"blocks"``, ``"all"``, ...)
-``switch.py``      a Hugging Face model's own checkpointing switch, routed to memsave's regions
 =================  ==============================================================================================
 """
 
-from . import (
-    switch,  # noqa: F401  (wrap claims a Hugging Face model's own checkpointing switch)
-)
 from .blocks import find_blocks
 from .chunked import chunked, is_chunked
 from .planning import Plan, plan

@@ -28,6 +28,7 @@ __all__ = [
     "CheckpointedForward",
     "RegionPlan",
     "WrappedRepr",
+    "add_wrap_listener",
     "all_or_nothing",
     "is_wrapped",
     "unwrap",
@@ -44,10 +45,38 @@ ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 _TAG = "[memsave.checkpoint]"
 
-#: Called with the model at the end of every :func:`wrap` that wrapped something, and of every :func:`unwrap`:
-#: :mod:`memsave.recompute.switch` claims (and gives back) a Hugging Face model's own checkpointing switch there.
-WRAP_HOOKS: List[Callable[[nn.Module], None]] = []
-UNWRAP_HOOKS: List[Callable[[nn.Module], None]] = []
+#: The wrap listeners: each is called with the model at the end of every :func:`wrap` that wrapped something
+#: (``after_wrap``) and of every :func:`unwrap` (``after_unwrap``). Filled only by :func:`add_wrap_listener`, which
+#: ``memsave/__init__.py`` calls once (a Hugging Face model's own checkpointing switch, claimed by
+#: :mod:`memsave.integrations.transformers_switch`); this part never imports its listeners.
+_WRAP_LISTENERS: List[Callable[[nn.Module], None]] = []
+_UNWRAP_LISTENERS: List[Callable[[nn.Module], None]] = []
+
+
+def add_wrap_listener(after_wrap: Callable[[nn.Module], None], after_unwrap: Callable[[nn.Module], None]) -> None:
+    """Have ``after_wrap(model)`` called at the end of every :func:`wrap` that wrapped something, and
+    ``after_unwrap(model)`` at the end of every :func:`unwrap`; adding the same pair twice adds it once.
+
+    A listener's exception propagates from :func:`wrap` / :func:`unwrap`; what the listener changed on the model
+    before raising it must undo itself.
+
+    Args:
+        after_wrap: called with the model :func:`wrap` was given, once its regions are in place.
+        after_unwrap: called with the model :func:`unwrap` was given, once it is plain eager again.
+
+    Raises:
+        TypeError: a listener is not callable.
+
+    Examples:
+        >>> add_wrap_listener(transformers_switch.after_wrap, transformers_switch.after_unwrap)
+    """
+    for listener in (after_wrap, after_unwrap):
+        if not callable(listener):
+            raise TypeError(f"add_wrap_listener: listeners must be callable, got {type(listener).__name__}")
+    if after_wrap not in _WRAP_LISTENERS:
+        _WRAP_LISTENERS.append(after_wrap)
+    if after_unwrap not in _UNWRAP_LISTENERS:
+        _UNWRAP_LISTENERS.append(after_unwrap)
 
 
 def _run_hooks(hooks: Sequence[Callable[[nn.Module], None]], model: ModuleT) -> ModuleT:
@@ -404,7 +433,7 @@ def wrap(
             )
         with all_or_nothing(model):
             policy.apply_to(model, preserve_rng_state=preserve_rng_state, strict=strict)  # in place: returns model
-            return _run_hooks(WRAP_HOOKS, model)
+            return _run_hooks(_WRAP_LISTENERS, model)
     if policy is None:
         blocks = set(find_blocks(model))
         if not blocks:
@@ -444,7 +473,7 @@ def wrap(
             MemsaveWarning,
             stacklevel=2,
         )
-    return _run_hooks(WRAP_HOOKS, model) if matched else model
+    return _run_hooks(_WRAP_LISTENERS, model) if matched else model
 
 
 def unwrap(model: ModuleT) -> ModuleT:
@@ -471,4 +500,4 @@ def unwrap(model: ModuleT) -> ModuleT:
     with all_or_nothing(model):
         for module in model.modules():
             unwrap_module(module)
-    return _run_hooks(UNWRAP_HOOKS, model)
+    return _run_hooks(_UNWRAP_LISTENERS, model)
