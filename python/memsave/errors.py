@@ -6,6 +6,8 @@ Every error says what was wrong and what to do about it; a region's errors name 
 
 from __future__ import annotations
 
+from torch.utils import checkpoint as torch_checkpoint
+
 __all__ = [
     "CheckpointError",
     "RecomputeMismatchError",
@@ -14,11 +16,17 @@ __all__ = [
     "InfeasibleBudgetError",
     "PlanMismatchError",
     "NoFakeKernelError",
+    "UnsupportedTransformError",
 ]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(torch_checkpoint.CheckpointError):
     """Base class of the errors raised by a checkpointed region (forward or recompute in backward).
+
+    A subclass of ``torch.utils.checkpoint.CheckpointError`` (a ``RuntimeError``), so that code catching torch's
+    checkpoint errors catches memsave's; the messages keep torch's key phrases after ``memsave:`` ("trying to save
+    more tensors during recomputation than during the original forward pass", "Recomputed values for the following
+    tensors have different metadata than during the forward pass", ...).
 
     Examples:
         >>> try:
@@ -95,4 +103,13 @@ class PlanMismatchError(ValueError):
     Examples:
         >>> p = memsave.plan(model_a, x, budget=0.5)
         >>> memsave.wrap(model_b, p)               # raises PlanMismatchError naming the modules that differ
+    """
+
+
+class UnsupportedTransformError(NotImplementedError):
+    """A memsave operator or module was put through a torch mechanism it does not support: forward-mode AD
+    (``torch.func.jvp``, ``torch.autograd.forward_ad``) through an operator without a jvp rule, a torch.func transform
+    that differentiates (``torch.func.grad``, ``vjp``, ``jacrev``), or ``torch.jit.script``. The message names the
+    operator or module and what to use instead (the torch modules it replaces, reverse mode with ``.backward()``,
+    ``torch.compile``).
     """

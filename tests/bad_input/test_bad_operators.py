@@ -3,13 +3,18 @@ documented type naming the argument (a meta-device weight against a real input i
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
+from torch import nn
 
-from bad_input.checking import Case, check, params
+from bad_input.checking import Case, World, check, params
 from bad_input.checking import rand as r
 from memsave import functional as F
 from memsave import nn as mnn
+from memsave.errors import UnsupportedTransformError
 
 TARGET = torch.zeros(4, dtype=torch.long)
 LONG = torch.ones(4, 8, dtype=torch.long)
@@ -22,6 +27,74 @@ def meta(*shape: int) -> torch.Tensor:
 X = r(4, 8)
 IMG = r(2, 3, 8, 8)
 NO_CHANNELS = r(2, 0, 4, 4)
+BN = (torch.zeros(3), torch.ones(3))  # running statistics, copied by the calls that update them
+
+
+def fresh(make: Callable[[], Any]) -> Any:
+    """A module built without drawing from the global RNG a case's check watches."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return make()
+
+
+def memsave_model() -> nn.Module:
+    """A model holding memsave.nn modules between torch Linears (what memsave.convert makes of a ReLU MLP)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), mnn.ReLU(), mnn.Dropout(0.1), nn.Linear(8, 2))
+
+
+def dual(fn: Callable[..., Any], *primals: torch.Tensor) -> Callable[[World], Any]:
+    """``fn`` run on dual tensors (torch.autograd.forward_ad), each with a tangent of ones."""
+
+    def call(w: World) -> Any:
+        with fwAD.dual_level():
+            return fn(*(fwAD.make_dual(p, torch.ones_like(p)) for p in primals))
+
+    return call
+
+
+def jvp(fn: Callable[..., Any], *primals: torch.Tensor) -> Callable[[World], Any]:
+    """``torch.func.jvp`` of ``fn`` at ``primals`` (module arguments are built inside, from ``fn()``)."""
+    return lambda w: torch.func.jvp(fn, primals, tuple(torch.ones_like(p) for p in primals))
+
+
+def module_jvp(make: Callable[[], Any], *primals: torch.Tensor) -> Callable[[World], Any]:
+    return lambda w: jvp(fresh(make), *primals)(w)
+
+
+def func_grad(fn: Callable[..., torch.Tensor], *primals: torch.Tensor) -> Callable[[World], Any]:
+    """``torch.func.grad`` of ``fn(...).sum()``."""
+    return lambda w: torch.func.grad(lambda *a: fn(*a).float().sum())(*primals)
+
+
+def script(make: Callable[[], Any]) -> Callable[[World], Any]:
+    return lambda w: torch.jit.script(fresh(make))
+
+
+def tile_lse(class_start: int, num_classes: int) -> Callable[[World], Any]:
+    logits, target = r(4, 3), torch.zeros(4, dtype=torch.long)
+    state = torch.zeros(4, 3, dtype=torch.float64)
+    return lambda w: torch.ops.memsave.cross_entropy_tile_lse_(logits, target, state, class_start, num_classes, -100, 0)
+
+
+def tile_grad(class_start: int, num_classes: int) -> Callable[[World], Any]:
+    logits, target = r(4, 3), torch.zeros(4, dtype=torch.long)
+    lse, scale = torch.zeros(4, dtype=torch.float64), torch.ones(1)
+    return lambda w: torch.ops.memsave.cross_entropy_tile_grad_(
+        logits.clone(), target, lse, scale, class_start, num_classes, -100, 0.0
+    )
+
+
+def _bn_act(op: Callable[..., Any], act: str = "relu") -> Callable[[torch.Tensor], Any]:
+    return lambda x: op(x * 1.0, BN[0].clone(), BN[1].clone(), training=True, act=act)
+
+
+_NO_JVP = r"memsave\.{} has no forward-mode AD rule.*use the torch modules it replaces"
+_NO_FUNC = r"memsave\.{} cannot be differentiated under torch\.func transforms.*torch\.autograd\.grad"
+_NO_SCRIPT = r"torch\.jit\.script cannot compile memsave\.nn\.{}.*torch\.compile"
+G = r(4, 16)
+W16 = r(8, 16)
+TARGET4 = torch.zeros(4, dtype=torch.long)
 
 CASES = [
     # ---- memsave.nn constructors
@@ -189,6 +262,439 @@ CASES = [
         lambda w: F.batch_norm_act(IMG, torch.zeros(5), torch.ones(5)),
         ValueError,
         r"running_mean must have shape \[3\]",
+    ),
+    # ---- forward-mode AD through an operator without a jvp rule: a clear error, not a silent zero tangent
+    Case(
+        "forward_ad-rms_norm",
+        dual(lambda x: F.rms_norm(x, None), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("rms_norm"),
+    ),
+    Case(
+        "forward_ad-rms_norm-weight-only",
+        dual(lambda w: F.rms_norm(X, w), torch.ones(8)),
+        UnsupportedTransformError,
+        _NO_JVP.format("rms_norm"),
+    ),
+    Case(
+        "forward_ad-act_linear",
+        dual(lambda x: F.act_linear(x, r(4, 8), act="gelu"), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("act_linear"),
+    ),
+    Case(
+        "forward_ad-act_linear-weight-only",
+        dual(lambda w: F.act_linear(X, w), r(4, 8)),
+        UnsupportedTransformError,
+        _NO_JVP.format("act_linear"),
+    ),
+    Case(
+        "forward_ad-gated_act_linear",
+        dual(lambda g: F.gated_act_linear(g, G, W16), G),
+        UnsupportedTransformError,
+        _NO_JVP.format("gated_act_linear"),
+    ),
+    Case(
+        "forward_ad-layer_norm_linear",
+        dual(lambda x: F.layer_norm_linear(x, 8, None, None, r(4, 8)), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("layer_norm_linear"),
+    ),
+    Case(
+        "forward_ad-rms_norm_linear",
+        dual(lambda x: F.rms_norm_linear(x, torch.ones(8), [r(4, 8), r(2, 8)]), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("rms_norm_linear"),
+    ),
+    Case(
+        "forward_ad-linear_cross_entropy",
+        dual(lambda h: F.linear_cross_entropy(h, r(3, 8), TARGET4), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("linear_cross_entropy"),
+    ),
+    Case(
+        "forward_ad-batch_norm_act",
+        dual(_bn_act(F.batch_norm_act), IMG),
+        UnsupportedTransformError,
+        _NO_JVP.format("batch_norm_act"),
+    ),
+    Case(
+        "forward_ad-inplace_abn",
+        dual(_bn_act(F.inplace_abn, "leaky_relu"), IMG),
+        UnsupportedTransformError,
+        _NO_JVP.format("inplace_abn"),
+    ),
+    Case(
+        "forward_ad-batch_norm_act_conv2d",
+        dual(lambda x: F.batch_norm_act_conv2d(x, None, None, None, None, r(4, 3, 1, 1), training=True), IMG),
+        UnsupportedTransformError,
+        _NO_JVP.format("batch_norm_act_conv2d"),
+    ),
+    Case(
+        "forward_ad-gated_act_backward",
+        dual(lambda g: torch.ops.memsave.gated_act_backward(g, X, X, "silu"), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("gated_act_backward"),
+    ),
+    Case("jvp-RMSNorm", module_jvp(lambda: mnn.RMSNorm(8), X), UnsupportedTransformError, _NO_JVP.format("rms_norm")),
+    Case(
+        "jvp-ActLinear",
+        module_jvp(lambda: mnn.ActLinear(8, 4), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("act_linear"),
+    ),
+    Case(
+        "jvp-GatedMLP",
+        module_jvp(lambda: mnn.GatedMLP(8, 16), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("gated_act_linear"),
+    ),
+    Case(
+        "jvp-LayerNormLinear",
+        module_jvp(lambda: mnn.LayerNormLinear(8, 4), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("layer_norm_linear"),
+    ),
+    Case(
+        "jvp-RMSNormLinear",
+        module_jvp(lambda: mnn.RMSNormLinear(8, 4), X),
+        UnsupportedTransformError,
+        _NO_JVP.format("rms_norm_linear"),
+    ),
+    # (the batch norms in eval mode: in training, torch's own num_batches_tracked update is refused under jvp)
+    Case(
+        "jvp-BatchNormAct2d",
+        module_jvp(lambda: mnn.BatchNormAct2d(3).eval(), IMG),
+        UnsupportedTransformError,
+        _NO_JVP.format("batch_norm_act"),
+    ),
+    Case(
+        "jvp-InPlaceABN2d",
+        module_jvp(lambda: mnn.InPlaceABN2d(3).eval(), IMG),
+        UnsupportedTransformError,
+        _NO_JVP.format("inplace_abn"),
+    ),
+    Case(
+        "jvp-BatchNormActConv2d",
+        module_jvp(lambda: mnn.BatchNormActConv2d(3, 4, 3, padding=1).eval(), IMG),
+        UnsupportedTransformError,
+        _NO_JVP.format("batch_norm_act_conv2d"),
+    ),
+    Case(
+        "jvp-LinearCrossEntropy",
+        lambda w: torch.func.jvp(lambda h: fresh(lambda: mnn.LinearCrossEntropy(8, 3))(h, TARGET4), (X,), (X,)),
+        UnsupportedTransformError,
+        _NO_JVP.format("linear_cross_entropy"),
+    ),
+    # ---- torch.func transforms that differentiate: a clear error naming the operator, not torch's internal one
+    Case("func_grad-relu", func_grad(F.relu, X), UnsupportedTransformError, _NO_FUNC.format("relu")),
+    Case(
+        "func_grad-leaky_relu",
+        func_grad(lambda x: F.leaky_relu(x, 0.2), X),
+        UnsupportedTransformError,
+        _NO_FUNC.format("leaky_relu"),
+    ),
+    Case(
+        "func_grad-dropout",
+        func_grad(lambda x: F.dropout(x, 0.5), X),
+        UnsupportedTransformError,
+        _NO_FUNC.format("dropout"),
+    ),
+    Case(
+        "func_grad-relu-inplace",
+        func_grad(lambda x: F.relu(x * 1.0, inplace=True), X),
+        UnsupportedTransformError,
+        _NO_FUNC.format("relu"),
+    ),
+    Case(
+        "func_grad-max_pool2d",
+        func_grad(lambda x: F.max_pool2d(x, 2), IMG),
+        UnsupportedTransformError,
+        _NO_FUNC.format("max_pool2d"),
+    ),
+    Case(
+        "func_grad-gated_act",
+        func_grad(lambda g: F.gated_act(g, G), G),
+        UnsupportedTransformError,
+        _NO_FUNC.format("gated_act"),
+    ),
+    Case(
+        "func_grad-rms_norm",
+        func_grad(lambda x: F.rms_norm(x, None), X),
+        UnsupportedTransformError,
+        _NO_FUNC.format("rms_norm"),
+    ),
+    Case(
+        "func_grad-batch_norm_act",
+        func_grad(_bn_act(F.batch_norm_act), IMG),
+        UnsupportedTransformError,
+        _NO_FUNC.format("batch_norm_act"),
+    ),
+    Case(
+        "func_vjp-act_linear",
+        lambda w: torch.func.vjp(lambda x: F.act_linear(x, r(4, 8)), X),
+        UnsupportedTransformError,
+        _NO_FUNC.format("act_linear"),
+    ),
+    Case(
+        "func_jacrev-linear_cross_entropy",
+        lambda w: torch.func.jacrev(lambda h: F.linear_cross_entropy(h, r(3, 8), TARGET4))(X),
+        UnsupportedTransformError,
+        _NO_FUNC.format("linear_cross_entropy"),
+    ),
+    Case(
+        "func_grad-model-with-memsave-modules",
+        lambda w: torch.func.grad(lambda x: w.model(x).sum())(w.x),
+        UnsupportedTransformError,
+        _NO_FUNC.format("relu"),
+        model=memsave_model,
+    ),
+    # ---- torch.jit.script of memsave modules: refused at once, naming memsave and what to use
+    Case("script-ReLU", script(lambda: mnn.ReLU()), UnsupportedTransformError, _NO_SCRIPT.format("ReLU")),
+    Case(
+        "script-LeakyReLU",
+        script(lambda: mnn.LeakyReLU(0.2)),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format("LeakyReLU"),
+    ),
+    Case("script-Dropout", script(lambda: mnn.Dropout(0.1)), UnsupportedTransformError, _NO_SCRIPT.format("Dropout")),
+    Case(
+        "script-MaxPool2d", script(lambda: mnn.MaxPool2d(2)), UnsupportedTransformError, _NO_SCRIPT.format("MaxPool2d")
+    ),
+    Case("script-RMSNorm", script(lambda: mnn.RMSNorm(8)), UnsupportedTransformError, _NO_SCRIPT.format("RMSNorm")),
+    Case(
+        "script-ActLinear",
+        script(lambda: mnn.ActLinear(8, 4)),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format("ActLinear"),
+    ),
+    Case(
+        "script-GatedMLP", script(lambda: mnn.GatedMLP(8, 16)), UnsupportedTransformError, _NO_SCRIPT.format("GatedMLP")
+    ),
+    Case(
+        "script-LayerNormLinear",
+        script(lambda: mnn.LayerNormLinear(8, 4)),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format("LayerNormLinear"),
+    ),
+    Case(
+        "script-RMSNormLinear",
+        script(lambda: mnn.RMSNormLinear(8, 4)),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format("RMSNormLinear"),
+    ),
+    Case(
+        "script-BatchNormAct2d",
+        script(lambda: mnn.BatchNormAct2d(3)),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format("BatchNormAct2d"),
+    ),
+    Case(
+        "script-InPlaceABN2d",
+        script(lambda: mnn.InPlaceABN2d(3)),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format("InPlaceABN2d"),
+    ),
+    Case(
+        "script-BatchNormActConv2d",
+        script(lambda: mnn.BatchNormActConv2d(3, 4, 3)),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format("(BatchNormActConv2d|DeferredBatchNormAct2d)"),
+    ),
+    Case(
+        "script-LinearCrossEntropy",
+        script(lambda: mnn.LinearCrossEntropy(8, 3)),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format("LinearCrossEntropy"),
+    ),
+    Case(
+        "script-model-with-memsave-modules",
+        lambda w: torch.jit.script(w.model),
+        UnsupportedTransformError,
+        _NO_SCRIPT.format(r"\w+"),
+        model=memsave_model,
+    ),
+    # ---- the linear_cross_entropy tile operators' class range, checked without overflowing class_start + width
+    Case(
+        "tile_lse-class_start-overflow", tile_lse(2**63 - 2, 10), ValueError, r"3 classes starting at class_start=9223"
+    ),
+    Case(
+        "tile_lse-class_start-negative",
+        tile_lse(-1, 10),
+        ValueError,
+        r"class_start=-1 must lie in \[0, num_classes=10\)",
+    ),
+    Case("tile_lse-past-the-end", tile_lse(8, 10), ValueError, r"class_start=8 must lie in \[0, num_classes=10\)"),
+    Case("tile_lse-num_classes-0", tile_lse(0, 0), ValueError, r"num_classes must be >= 1, got 0"),
+    Case("tile_grad-class_start-overflow", tile_grad(2**63 - 1, 10), ValueError, r"class_start=9223372036854775807"),
+    Case("tile_grad-num_classes-negative", tile_grad(0, -5), ValueError, r"num_classes must be >= 1, got -5"),
+    # ---- memsave.nn constructors and forwards: wrong types refused at construction, not read as truthy
+    Case(
+        "ReLU-inplace-str",
+        lambda w: mnn.ReLU(inplace="yes"),
+        TypeError,
+        r"ReLU: inplace must be True or False, got 'yes'",
+    ),
+    Case("LeakyReLU-slope-nan", lambda w: mnn.LeakyReLU(float("nan")), ValueError, r"negative_slope must be a finite"),
+    Case("LeakyReLU-inplace-int", lambda w: mnn.LeakyReLU(0.1, inplace=1), TypeError, r"inplace must be True or False"),
+    Case("Dropout-p-str", lambda w: mnn.Dropout("0.5"), TypeError, r"Dropout: p must be a number, got '0.5'"),
+    Case("Dropout-p-nan", lambda w: mnn.Dropout(float("nan")), ValueError, r"between 0 and 1, but got nan"),
+    Case(
+        "Dropout-inplace-str",
+        lambda w: mnn.Dropout(0.5, inplace="no"),
+        TypeError,
+        r"inplace must be True or False, got 'no'",
+    ),
+    Case(
+        "RMSNorm-float",
+        lambda w: mnn.RMSNorm(8.0),
+        TypeError,
+        r"normalized_shape must be an int or a 1-tuple.*float 8\.0",
+    ),
+    Case(
+        "RMSNorm-forward-int",
+        lambda w: fresh(lambda: mnn.RMSNorm(8))(LONG),
+        TypeError,
+        r"floating-point",
+    ),
+    Case(
+        "ActLinear-bias-str", lambda w: mnn.ActLinear(8, 4, bias="yes"), TypeError, r"ActLinear: bias must be True or"
+    ),
+    Case("ActLinear-act-None", lambda w: mnn.ActLinear(8, 4, act=None), ValueError, r"unknown activation None"),
+    Case(
+        "ActLinear-act_param-str",
+        lambda w: mnn.ActLinear(8, 4, act="leaky_relu", act_param="x"),
+        TypeError,
+        r"act_param must be a number, got 'x'",
+    ),
+    Case(
+        "GatedMLP-bias-str", lambda w: mnn.GatedMLP(8, 16, bias="x"), TypeError, r"GatedMLP: bias must be True or False"
+    ),
+    Case(
+        "GatedMLP-forward-width",
+        lambda w: fresh(lambda: mnn.GatedMLP(8, 16))(r(4, 5)),
+        ValueError,
+        r"GatedMLP: expected an input whose last dimension is gate_proj's in_features=8, got shape \(4, 5\)",
+    ),
+    Case(
+        "GatedMLP-forward-list",
+        lambda w: fresh(lambda: mnn.GatedMLP(8, 16))([1.0]),
+        TypeError,
+        r"GatedMLP expects a torch",
+    ),
+    Case(
+        "LayerNormLinear-bias-str",
+        lambda w: mnn.LayerNormLinear(8, 4, bias="no"),
+        TypeError,
+        r"bias must be True or Fa",
+    ),
+    Case("RMSNormLinear-bias-int", lambda w: mnn.RMSNormLinear(8, 4, bias=1), TypeError, r"bias must be True or False"),
+    Case("LCE-bias-str", lambda w: mnn.LinearCrossEntropy(8, 3, bias="x"), TypeError, r"bias must be True or False"),
+    Case(
+        "LCE-ignore_index-str",
+        lambda w: mnn.LinearCrossEntropy(8, 3, ignore_index="x"),
+        TypeError,
+        r"ignore_index must",
+    ),
+    Case(
+        "LCE-ignore_index-float", lambda w: mnn.LinearCrossEntropy(8, 3, ignore_index=1.5), TypeError, r"ignore_index"
+    ),
+    Case(
+        "BatchNormAct2d-momentum-str",
+        lambda w: mnn.BatchNormAct2d(3, momentum="x"),
+        TypeError,
+        r"momentum must be None",
+    ),
+    Case(
+        "BatchNormActConv2d-stride-0",
+        lambda w: mnn.BatchNormActConv2d(3, 4, 3, stride=0),
+        ValueError,
+        r"stride must be an",
+    ),
+    Case(
+        "BatchNormActConv2d-padding-negative",
+        lambda w: mnn.BatchNormActConv2d(3, 4, 3, padding=-1),
+        ValueError,
+        r"padding must be an int >= 0",
+    ),
+    Case(
+        "BatchNormActConv2d-dilation-0",
+        lambda w: mnn.BatchNormActConv2d(3, 4, 3, dilation=(1, 0)),
+        ValueError,
+        r"dilation must be an int >= 1 or a pair",
+    ),
+    Case(
+        "BatchNormActConv2d-out-0", lambda w: mnn.BatchNormActConv2d(3, 0, 3), ValueError, r"out_channels must be a pos"
+    ),
+    # ---- memsave.functional: wrong types named, not converted or passed to the dispatcher
+    Case("dropout-p-str", lambda w: F.dropout(X, "0.5"), TypeError, r"dropout: p must be a number, got '0.5'"),
+    Case("dropout-p-nan", lambda w: F.dropout(X, float("nan")), ValueError, r"between 0 and 1, but got nan"),
+    Case(
+        "rms_norm-eps-str", lambda w: F.rms_norm(X, torch.ones(8), eps="x"), TypeError, r"rms_norm: eps must be a num"
+    ),
+    Case("rms_norm-eps-nan", lambda w: F.rms_norm(X, torch.ones(8), eps=float("nan")), ValueError, r"eps must be >= 0"),
+    Case(
+        "rms_norm-weight-list", lambda w: F.rms_norm(X, [1.0] * 8), TypeError, r"weight must be a tensor or None, got l"
+    ),
+    Case(
+        "act_linear-act_param-str",
+        lambda w: F.act_linear(X, r(4, 8), act="elu", act_param="x"),
+        TypeError,
+        r"act_param",
+    ),
+    Case(
+        "layer_norm_linear-eps-negative",
+        lambda w: F.layer_norm_linear(X, 8, None, None, r(4, 8), eps=-1.0),
+        ValueError,
+        r"layer_norm_linear: eps must be a finite number >= 0, got -1\.0",
+    ),
+    Case(
+        "layer_norm_linear-eps-str",
+        lambda w: F.layer_norm_linear(X, 8, None, None, r(4, 8), eps="1e-5"),
+        TypeError,
+        r"eps must be a number",
+    ),
+    Case(
+        "linear_cross_entropy-ignore_index-str",
+        lambda w: F.linear_cross_entropy(X, r(3, 8), TARGET4, ignore_index="x"),
+        TypeError,
+        r"ignore_index must be an int",
+    ),
+    Case(
+        "linear_cross_entropy-label_smoothing-str",
+        lambda w: F.linear_cross_entropy(X, r(3, 8), TARGET4, label_smoothing="0.1"),
+        TypeError,
+        r"label_smoothing must be a number",
+    ),
+    Case(
+        "linear_cross_entropy-target-out-of-range",
+        lambda w: F.linear_cross_entropy(X, r(3, 8), torch.full((4,), 3, dtype=torch.long)),
+        IndexError,
+        r"target holds 3 .*neither a class index in \[0, 3\) nor ignore_index",
+    ),
+    Case(
+        "batch_norm_act-act_param-str",
+        lambda w: F.batch_norm_act(IMG, None, None, training=True, act="elu", act_param="x"),
+        TypeError,
+        r"act_param must be a number",
+    ),
+    Case(
+        "batch_norm_act-one-value-per-channel",
+        lambda w: F.batch_norm_act(r(1, 3), None, None, training=True),
+        ValueError,
+        r"more than 1 value per channel when training",
+    ),
+    Case(
+        "inplace_abn-eval-without-stats",
+        lambda w: F.inplace_abn(IMG.clone(), None, None, training=False),
+        ValueError,
+        r"eval mode \(training=False\) normalizes with running_mean/running_var",
+    ),
+    Case(
+        "max_pool2d-output-too-small",
+        lambda w: F.max_pool2d(r(1, 1, 2, 2), 3, padding=1, dilation=2),
+        RuntimeError,
+        r"calculated output size .* is too small",
     ),
     # ---- zero channels in training: the per-channel check divided by size(1) and killed the interpreter (SIGFPE)
     Case(

@@ -11,6 +11,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 from torch import nn
+from torch.utils import checkpoint as torch_checkpoint
 
 import memsave
 from bad_input.checking import Case, World, check, params, rand, tiny_model
@@ -106,6 +107,76 @@ def _unwrap_failing_halfway(world: World) -> None:
         memsave.unwrap(world.model)
     finally:
         wrapping.unwrap_module = original  # type: ignore[assignment]
+
+
+def _set(path: str, value: Any) -> Any:
+    """An edit of the plan's JSON: the field at ``path`` (keys and list indices joined by dots) set to ``value``."""
+
+    def edit(d: Dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = d
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(last) if isinstance(node, list) else last] = value
+
+    return edit
+
+
+def _drop(path: str) -> Any:
+    def edit(d: Dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = d
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        del node[last]
+
+    return edit
+
+
+def from_json(edit: Any) -> Any:
+    return lambda w: _edited_plan(edit)
+
+
+def _region_counting(extra: int = 0, shape_change: bool = False, fewer: bool = False) -> Any:
+    """A region whose recompute differs from its forward (a counter that changes between the two runs): it saves
+    ``extra`` more tensors, a tensor of another shape, or fewer tensors."""
+    calls = [0]
+
+    def region(x: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        again = calls[0] > 1
+        y = x[: 2 if (shape_change and again) else 3].sin()
+        steps = 3 + (extra if again else 0) - (2 if (fewer and again) else 0)
+        for _ in range(steps):
+            y = y.cos()
+        return y
+
+    return region
+
+
+def _backward_through(region: Any, **options: Any) -> Any:
+    def call(w: World) -> None:
+        x = torch.ones(4, 3, requires_grad=True)
+        ckpt(region, x, **options).sum().backward()
+
+    return call
+
+
+class _ReadsSavedTwice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        (x_again,) = ctx.saved_tensors  # a second read of a recomputed tensor in one backward
+        return grad * 2 + 0 * x * x_again
+
+
+def _reads_saved_twice(x: torch.Tensor) -> torch.Tensor:
+    return _ReadsSavedTwice.apply(x.sin())
 
 
 CASES = [
@@ -384,22 +455,326 @@ CASES = [
     Case("from_json-not-json", lambda w: memsave.Plan.from_json("not json"), ValueError, r"not valid JSON"),
     Case("from_json-None", lambda w: memsave.Plan.from_json(None), ValueError, r"not valid JSON"),
     Case("from_json-list", lambda w: memsave.Plan.from_json("[]"), ValueError, r"not a memsave plan of format"),
-    Case("from_json-format-2", lambda w: memsave.Plan.from_json('{"format": 2}'), ValueError, r"format 1 \(got 2\)"),
+    Case(
+        "from_json-format-2",
+        lambda w: memsave.Plan.from_json('{"format": 2}'),
+        ValueError,
+        r"not a memsave plan of format 1 \(field 'format' is 2 \(an int\)",
+    ),
     Case(
         "from_json-partitioner-budget-out-of-range",
         lambda w: memsave.Plan.from_json(
             _plan_json().replace('"activation_memory_budget": null', '"activation_memory_budget": 1.5')
         ),
         ValueError,
-        r"activation_memory_budget must be in \[0, 1\]",
+        r"field 'activation_memory_budget' must be in \[0, 1\] or null, got 1\.5",
     ),
-    Case("from_json-no-fields", lambda w: memsave.Plan.from_json('{"format": 1}'), ValueError, r"field .*strategy"),
+    Case(
+        "from_json-no-fields",
+        lambda w: memsave.Plan.from_json('{"format": 1}'),
+        ValueError,
+        r"lacks the field 'solver'",
+    ),
     Case(
         "from_json-bad-segment",
         lambda w: memsave.Plan.from_json(_plan_json().replace('"segments": [', '"segments": [7, ', 1)),
         ValueError,
-        r"bad field",
+        r"field 'segments\[0\]' must be a \[begin, end, recompute\] triple, got 7 \(an int\)",
     ),
+    # ---- Plan.from_json, field by field: the type a field must have, named, before anything uses it
+    Case(
+        "from_json-format-str",
+        from_json(_set("format", "1")),
+        ValueError,
+        r"field 'format' is '1' \(a string\); it must",
+    ),
+    Case("from_json-format-true", from_json(_set("format", True)), ValueError, r"field 'format' is True \(a bool\)"),
+    Case("from_json-format-float", from_json(_set("format", 1.0)), ValueError, r"field 'format' is 1\.0 \(a float\)"),
+    Case("from_json-format-missing", from_json(_drop("format")), ValueError, r"field 'format' is missing"),
+    Case("from_json-solver-int", from_json(_set("solver", 3)), ValueError, r"field 'solver' must be a string, got 3"),
+    Case(
+        "from_json-peak-str",
+        from_json(_set("predicted_peak_bytes", "57048")),
+        ValueError,
+        r"field 'predicted_peak_bytes' must be an int, got '57048' \(a string\)",
+    ),
+    Case(
+        "from_json-peak-float",
+        from_json(_set("predicted_peak_bytes", 1.5)),
+        ValueError,
+        r"field 'predicted_peak_bytes' must be an int, got 1\.5",
+    ),
+    Case(
+        "from_json-peak-negative",
+        from_json(_set("eager_peak_bytes", -1)),
+        ValueError,
+        r"field 'eager_peak_bytes' must be an int >= 0, got -1",
+    ),
+    Case(
+        "from_json-peak-bool",
+        from_json(_set("min_feasible_bytes", True)),
+        ValueError,
+        r"field 'min_feasible_bytes' must be an int, got True \(a bool\)",
+    ),
+    Case(
+        "from_json-budget-str",
+        from_json(_set("budget_bytes", "4GiB")),
+        ValueError,
+        r"field 'budget_bytes' must be an int, got '4GiB'",
+    ),
+    Case(
+        "from_json-measured-list",
+        from_json(_set("measured_peak_bytes", [1])),
+        ValueError,
+        r"field 'measured_peak_bytes' must be an int, got \[1\] \(a list\)",
+    ),
+    Case(
+        "from_json-seconds-str",
+        from_json(_set("eager_step_seconds", "0.3")),
+        ValueError,
+        r"field 'eager_step_seconds' must be a finite number, got '0\.3'",
+    ),
+    Case(
+        "from_json-seconds-nan",
+        from_json(_set("planning_seconds", float("nan"))),  # json.dumps writes NaN
+        ValueError,
+        r"field 'planning_seconds' must be a finite number, got nan",
+    ),
+    Case(
+        "from_json-seconds-negative",
+        from_json(_set("predicted_extra_seconds", -0.5)),
+        ValueError,
+        r"field 'predicted_extra_seconds' must be a number >= 0, got -0\.5",
+    ),
+    Case(
+        "from_json-compiled-str-false",  # a non-empty string would have been read as True
+        from_json(_set("compiled", "false")),
+        ValueError,
+        r"field 'compiled' must be true or false \(a JSON bool\), got 'false'",
+    ),
+    Case(
+        "from_json-compiled-int", from_json(_set("compiled", 0)), ValueError, r"field 'compiled' must be true or false"
+    ),
+    Case("from_json-device-int", from_json(_set("device", 0)), ValueError, r"field 'device' must be a string, got 0"),
+    Case(
+        "from_json-fingerprint-null",
+        from_json(_set("fingerprint", None)),
+        ValueError,
+        r"'fingerprint' must be a string",
+    ),
+    Case(
+        "from_json-model_class-missing", from_json(_drop("model_class")), ValueError, r"lacks the field 'model_class'"
+    ),
+    Case(
+        "from_json-segment-end-float",  # was truncated to 2
+        from_json(_set("segments.0.1", 2.5)),
+        ValueError,
+        r"field 'segments\[0\]\[1\] \(end\)' must be an int, got 2\.5",
+    ),
+    Case(
+        "from_json-segment-recompute-str",
+        from_json(_set("segments.1.2", "false")),
+        ValueError,
+        r"field 'segments\[1\]\[2\] \(recompute\)' must be true or false",
+    ),
+    Case(
+        "from_json-segment-begin-str",
+        from_json(_set("segments.0.0", "0")),
+        ValueError,
+        r"field 'segments\[0\]\[0\] \(begin\)' must be an int, got '0'",
+    ),
+    Case(
+        "from_json-segment-empty",
+        from_json(_set("segments.0", [1, 1, True])),
+        ValueError,
+        r"segments\[0\] must satisfy 0 <= begin < end .*got \[1, 1\]",
+    ),
+    Case(
+        "from_json-segment-pair",
+        from_json(_set("segments.0", [0, 1])),
+        ValueError,
+        r"field 'segments\[0\]' must be a \[begin, end, recompute\] triple, got \[0, 1\]",
+    ),
+    Case(
+        "from_json-segments-object",
+        from_json(_set("segments", {"0": 1})),
+        ValueError,
+        r"field 'segments' must be a list of \[begin, end, recompute\] triples",
+    ),
+    Case(
+        "from_json-stage_modules-kind-int",
+        from_json(_set("stage_modules.0.kind", 1)),
+        ValueError,
+        r"field 'stage_modules\[0\]\.kind' must be a string, got 1",
+    ),
+    Case(
+        "from_json-stage_modules-modules-str",
+        from_json(_set("stage_modules.1.modules", "0.1")),
+        ValueError,
+        r"field 'stage_modules\[1\]\.modules' must be a list of str, got '0\.1'",
+    ),
+    Case(
+        "from_json-stage_modules-child_index-str",
+        from_json(_set("stage_modules.0.child_index", ["0"])),
+        ValueError,
+        r"field 'stage_modules\[0\]\.child_index\[0\]' must be an int, got '0'",
+    ),
+    Case(
+        "from_json-stage_modules-unknown-field",
+        from_json(_set("stage_modules.0.colour", "red")),
+        ValueError,
+        r"stage_modules\[0\] has unknown field\(s\) \['colour'\]",
+    ),
+    Case(
+        "from_json-stage_modules-missing-kind",
+        from_json(_drop("stage_modules.0.kind")),
+        ValueError,
+        r"stage_modules\[0\] lacks the field 'kind'",
+    ),
+    Case(
+        "from_json-chain-stage-fwd_time-str",
+        from_json(_set("chain.stages.2.fwd_time", "fast")),
+        ValueError,
+        r"field 'chain\.stages\[2\]\.fwd_time' must be a finite number, got 'fast'",
+    ),
+    Case(
+        "from_json-chain-stage-bytes-float",
+        from_json(_set("chain.stages.0.output_bytes", 128.5)),
+        ValueError,
+        r"field 'chain\.stages\[0\]\.output_bytes' must be an int, got 128\.5",
+    ),
+    Case(
+        "from_json-chain-stage-recomputable-str",
+        from_json(_set("chain.stages.0.recomputable", "true")),
+        ValueError,
+        r"field 'chain\.stages\[0\]\.recomputable' must be true or false",
+    ),
+    Case(
+        "from_json-chain-stage-selective-str",
+        from_json(_set("chain.stages.0.selective_fwd_time", "0.1")),
+        ValueError,
+        r"field 'chain\.stages\[0\]\.selective_fwd_time' must be a list of float",
+    ),
+    Case(
+        "from_json-chain-stage-unknown",
+        from_json(_set("chain.stages.0.speed", 3)),
+        ValueError,
+        r"chain\.stages\[0\] has unknown field\(s\) \['speed'\]",
+    ),
+    Case(
+        "from_json-chain-stages-missing",
+        from_json(_drop("chain.stages")),
+        ValueError,
+        r"chain lacks the field 'stages'",
+    ),
+    Case(
+        "from_json-chain-base_bytes-str",
+        from_json(_set("chain.base_bytes", "0")),
+        ValueError,
+        r"field 'chain\.base_bytes' must be an int",
+    ),
+    Case(
+        "from_json-chain-skips-str",
+        from_json(_set("chain.skips", "none")),
+        ValueError,
+        r"field 'chain\.skips' must be a list of Skip objects",
+    ),
+    Case(
+        "from_json-chain-unknown-field",
+        from_json(_set("chain.extra", 1)),
+        ValueError,
+        r"chain has unknown field\(s\) \['extra'\]",
+    ),
+    Case(
+        "from_json-chain-operator_classes-int",
+        from_json(_set("chain.operator_classes", [1])),
+        ValueError,
+        r"field 'chain\.operator_classes\[0\]' must be a string, got 1",
+    ),
+    Case(
+        "from_json-selective-str",
+        from_json(_set("selective", "matmul")),
+        ValueError,
+        r"field 'selective' must be a list of List\[str\], got 'matmul'",
+    ),
+    Case(
+        "from_json-selective-entry-int",
+        from_json(_set("selective.0", [3])),
+        ValueError,
+        r"field 'selective\[0\]\[0\]' must be a string, got 3",
+    ),
+    Case(
+        "from_json-activation_memory_budget-str",
+        from_json(_set("activation_memory_budget", "0.5")),
+        ValueError,
+        r"field 'activation_memory_budget' must be a finite number, got '0\.5'",
+    ),
+    # ---- checkpoint mismatch errors keep torch's key phrases (code matching torch's messages keeps working)
+    Case(
+        "checkpoint-recompute-saves-more",
+        _backward_through(_region_counting(extra=2), early_stop=False),
+        memsave.RecomputeMismatchError,
+        r"torch\.utils\.checkpoint: trying to save more tensors during recomputation than during the original forward "
+        r"pass: the recompute of checkpointed region",
+    ),
+    Case(
+        "checkpoint-recompute-other-metadata",
+        _backward_through(_region_counting(shape_change=True)),
+        memsave.RecomputeMismatchError,
+        r"torch\.utils\.checkpoint: Recomputed values for the following tensors have different metadata than during "
+        r"the forward pass: .*saved tensor #\d+ has shape \(2, 3\)",
+    ),
+    Case(
+        "checkpoint-recompute-saves-fewer",
+        _backward_through(_region_counting(fewer=True), early_stop=False),
+        memsave.RecomputeMismatchError,
+        r"torch\.utils\.checkpoint: A different number of tensors was saved during the original forward and "
+        r"recomputation",
+    ),
+    Case(
+        "checkpoint-unpacked-twice",
+        _backward_through(_reads_saved_twice),
+        memsave.CheckpointError,
+        r"torch\.utils\.checkpoint: Unpack is being triggered for a tensor that was already unpacked once",
+    ),
+    Case(
+        "checkpoint-caught-as-torch-CheckpointError",  # memsave's errors are torch's CheckpointError too
+        _backward_through(_region_counting(shape_change=True)),
+        torch_checkpoint.CheckpointError,
+        r"Recomputed values for the following tensors have different metadata",
+    ),
+    # ---- torch's keyword arguments of checkpoint / checkpoint_sequential: wrong types refused, not read as truthy
+    Case(
+        "checkpoint-use_reentrant-str",
+        lambda w: ckpt(w.model, w.x, use_reentrant="no"),
+        TypeError,
+        r"checkpoint: use_reentrant must be None, True or False, got 'no'",
+    ),
+    Case(
+        "checkpoint-preserve_rng_state-str",
+        lambda w: ckpt(w.model, w.x, preserve_rng_state="no"),
+        TypeError,
+        r"checkpoint: preserve_rng_state must be True or False, got 'no'",
+    ),
+    Case(
+        "sequential-use_reentrant-int",
+        lambda w: seq(w.model, 2, w.x, use_reentrant=0),
+        TypeError,
+        r"checkpoint_sequential: use_reentrant must be None, True or False, got 0",
+    ),
+    Case(
+        "sequential-preserve_rng_state-none",
+        lambda w: seq(w.model, 2, w.x, preserve_rng_state=None),
+        TypeError,
+        r"checkpoint_sequential: preserve_rng_state must be True or False, got None",
+    ),
+    Case(
+        "selective-list",
+        lambda w: memsave.selective(["matmul", "conv"]),
+        TypeError,
+        r"give the operator classes as separate arguments.*selective\(\*\['matmul', 'conv'\]\)",
+    ),
+    Case("selective-bytes", lambda w: memsave.selective(b"matmul"), ValueError, r"unknown operator class b'matmul'"),
     # ---- selective
     Case("selective-nothing", lambda w: memsave.selective(), ValueError, r"name at least one operator class"),
     Case("selective-unknown", lambda w: memsave.selective("bogus"), ValueError, r"unknown operator class 'bogus'"),

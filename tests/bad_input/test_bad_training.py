@@ -78,6 +78,28 @@ def mbs(**kwargs: Any) -> Any:
     return lambda w: memsave.max_batch_size(w.model, batch, **{"device": "cpu", **kwargs})
 
 
+def bn_module(make: Any) -> Any:
+    """``memsave.chunked`` on a module holding a batch norm, built without drawing from the global RNG."""
+
+    def call(w: World) -> Any:
+        with torch.random.fork_rng(devices=[]):
+            module = make()
+        return memsave.chunked(module, 2)
+
+    return call
+
+
+def nonscalar(out: torch.Tensor) -> torch.Tensor:
+    return out  # the model's [4, 2] output: not a scalar loss
+
+
+def _acc_backward(loss: Any) -> Any:
+    def call(w: World) -> None:
+        memsave.accumulate(w.model, w.optimizer, 2).backward(loss(w) if callable(loss) else loss)
+
+    return call
+
+
 CASES = [
     # ---- GradScaler
     Case("scaler-init_scale-0", scaler(init_scale=0.0), ValueError, r"init_scale must be a finite number > 0"),
@@ -289,6 +311,177 @@ CASES = [
     Case("chunked-chunks-str", lambda w: memsave.chunked(w.model, "lots"), ValueError, r"chunks must be .* 'lots'"),
     Case("chunked-chunks-float", lambda w: memsave.chunked(w.model, 2.5), TypeError, r"chunks must be .*float"),
     Case("chunked-dim-str", lambda w: memsave.chunked(w.model, 2, dim="1"), TypeError, r"dim must be an int"),
+    # ---- chunked: a module with batch statistics is refused (slices would change outputs and running statistics)
+    Case(
+        "chunked-BatchNorm1d",
+        lambda w: memsave.chunked(w.model, 2),
+        ValueError,
+        r"chunked: Sequential holds 0\.1 \(BatchNorm1d\), .*normalizes with statistics over the whole batch.*running "
+        r"statistics once per slice.*memsave\.wrap",
+    ),
+    Case(
+        "chunked-BatchNorm2d-itself",
+        bn_module(lambda: nn.BatchNorm2d(4)),
+        ValueError,
+        r"holds \(the module itself\) \(BatchNorm2d\)",
+    ),
+    Case(
+        "chunked-SyncBatchNorm",
+        bn_module(lambda: nn.Sequential(nn.Conv2d(3, 4, 1), nn.SyncBatchNorm(4))),
+        ValueError,
+        r"holds 1 \(SyncBatchNorm\)",
+    ),
+    Case(
+        "chunked-LazyBatchNorm1d",
+        bn_module(lambda: nn.Sequential(nn.Linear(8, 8), nn.LazyBatchNorm1d())),
+        ValueError,
+        r"holds 1 \(LazyBatchNorm1d\)",
+    ),
+    Case(
+        "chunked-BatchNorm-deep",
+        bn_module(lambda: nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.ReLU(), nn.BatchNorm1d(8)))),
+        ValueError,
+        r"holds 1\.1 \(BatchNorm1d\)",
+    ),
+    Case(
+        "chunked-BatchNormAct2d",
+        bn_module(lambda: nn.Sequential(nn.Conv2d(3, 4, 1), memsave.nn.BatchNormAct2d(4))),
+        ValueError,
+        r"holds 1 \(BatchNormAct2d\)",
+    ),
+    Case(
+        "chunked-InPlaceABN2d",
+        bn_module(lambda: memsave.nn.InPlaceABN2d(4)),
+        ValueError,
+        r"holds \(the module itself\) \(InPlaceABN2d\)",
+    ),
+    Case(
+        "chunked-BatchNormActConv2d",
+        bn_module(lambda: memsave.nn.BatchNormActConv2d(3, 4, 1)),
+        ValueError,
+        r"holds \(the module itself\) \(BatchNormActConv2d\)",
+    ),
+    Case(
+        "chunked-converted-batch-norm",
+        lambda w: memsave.chunked(w.model, "auto"),
+        ValueError,
+        r"BatchNorm",
+        model=lambda: memsave.convert(tiny_model()),
+    ),
+    # ---- measure / compare / estimate: a loss that is not a scalar (plan's check, shared)
+    Case(
+        "measure-loss_fn-not-scalar",
+        lambda w: memsave.measure(w.model, w.x, loss_fn=nonscalar, steps=1, warmup=0),
+        TypeError,
+        r"measure: loss_fn must return a scalar tensor, got a tensor of shape \(4, 2\); reduce it",
+    ),
+    Case(
+        "measure-loss_fn-returns-None",
+        lambda w: memsave.measure(w.model, w.x, loss_fn=lambda out: None, steps=1, warmup=0),
+        TypeError,
+        r"measure: loss_fn must return a scalar tensor, got NoneType",
+    ),
+    Case(
+        "measure-loss_fn-without-grad",
+        lambda w: memsave.measure(w.model, w.x, loss_fn=lambda out: out.detach().sum(), steps=1, warmup=0),
+        TypeError,
+        r"measure: the loss does not require grad",
+    ),
+    Case(
+        "compare-loss_fn-not-scalar",
+        lambda w: memsave.compare(w.model, w.x, strategies=["eager"], loss_fn=nonscalar, steps=1, progress=False),
+        TypeError,
+        r"compare: loss_fn must return a scalar tensor, got a tensor of shape \(4, 2\)",
+    ),
+    Case(
+        "estimate-loss_fn-not-scalar",
+        est(loss_fn=nonscalar),
+        TypeError,
+        r"estimate: loss_fn must return a scalar tensor, got a tensor of shape \(4, 2\)",
+    ),
+    Case(
+        "compare-strategies-int",
+        lambda w: memsave.compare(w.model, w.x, strategies=3),
+        TypeError,
+        r"compare: strategies must be a list of strategy names .* or a dict .*got int",
+    ),
+    Case("max_batch_size-model-str", lambda w: memsave.max_batch_size("m", batch, device="cpu"), TypeError, r"max_bat"),
+    # ---- register_strategy: wrong types refused before anything is registered
+    Case(
+        "register_strategy-name-int",
+        lambda w: memsave.register_strategy(3, "three"),
+        TypeError,
+        r"register_strategy: name must be a string, got int",
+    ),
+    Case(
+        "register_strategy-function-as-description",
+        lambda w: memsave.register_strategy("mine", lambda model, arg, ctx: model),
+        TypeError,
+        r"description must be a string .*pass the function as apply=",
+    ),
+    Case(
+        "register_strategy-apply-int",
+        lambda w: memsave.register_strategy("mine", "my strategy", apply=3),
+        TypeError,
+        r"register_strategy: apply must be a function or None, got int",
+    ),
+    Case(
+        "register_strategy-nothing-to-do",
+        lambda w: memsave.register_strategy("mine", "my strategy"),
+        ValueError,
+        r"strategy 'mine' needs apply=\(model, arg, ctx\) -> model or context=",
+    ),
+    # ---- MemoryMonitor
+    Case(
+        "MemoryMonitor-device-unknown",
+        lambda w: memsave.MemoryMonitor("tpu"),
+        ValueError,
+        r"MemoryMonitor: device must be 'cpu', 'cuda' or 'cuda:N' .*got str 'tpu'",
+    ),
+    Case(
+        "MemoryMonitor-model-as-device",
+        lambda w: memsave.MemoryMonitor(w.model),
+        ValueError,
+        r"MemoryMonitor: device must be .*\(pass the model as model=\.\.\.\)",
+    ),
+    Case("MemoryMonitor-device-meta", lambda w: memsave.MemoryMonitor("meta"), ValueError, r"device must be 'cpu' or"),
+    Case(
+        "MemoryMonitor-log_every-0", lambda w: memsave.MemoryMonitor("cpu", log_every=0), ValueError, r"log_every must"
+    ),
+    # ---- accumulate(...).backward: a loss it cannot accumulate, refused before the micro-step is counted
+    Case(
+        "accumulate-backward-not-scalar",
+        _acc_backward(lambda w: w.model[-1].weight * 2.0),  # no forward: the BatchNorm statistics stay
+        ValueError,
+        r"backward expects a scalar loss .*got a tensor of shape \(2, 8\)",
+    ),
+    Case(
+        "accumulate-backward-no-grad",
+        _acc_backward(torch.tensor(1.0)),
+        ValueError,
+        r"the loss does not require grad",
+    ),
+    Case("accumulate-backward-str", _acc_backward("loss"), TypeError, r"backward expects the loss tensor, got str"),
+    # ---- GradScaler: wrong types refused before any state is kept
+    Case("scaler-enabled-str", scaler(enabled="yes"), TypeError, r"enabled must be True or False, got 'yes'"),
+    Case(
+        "scaler-scale-str",
+        lambda w: w.scaler.scale("loss"),
+        ValueError,
+        r"outputs must be a Tensor or an iterable .*str",
+    ),
+    Case(
+        "scaler-unscale_-str",
+        lambda w: w.scaler.unscale_("adam"),
+        TypeError,
+        r"GradScaler\.unscale_: optimizer must be a torch\.optim\.Optimizer .*got str",
+    ),
+    Case(
+        "scaler-step-model",
+        lambda w: w.scaler.step(w.model),
+        TypeError,
+        r"GradScaler\.step: optimizer must be a torch\.optim\.Optimizer .*got Sequential",
+    ),
     # ---- Plan.apply_to
     Case("apply_to-str", lambda w: _plan(w).apply_to("m"), TypeError, r"apply_to: model must be"),
     Case(

@@ -73,12 +73,14 @@ inline void check_linear_params(const at::Tensor& weight, const c10::optional<at
 inline void check_linear_grad_out(const at::Tensor& grad_out, const char* name, const at::Tensor& ref,
                                   const char* ref_name, const at::Tensor& weight, const char* op) {
   check_float_arg(grad_out, name, ref, ref_name, op);
-  const int64_t out_features = weight.size(0), in_features = weight.size(1);
-  TORCH_CHECK_VALUE(
-      grad_out.dim() == ref.dim() && grad_out.size(-1) == out_features &&
-          grad_out.numel() / std::max<int64_t>(out_features, 1) == ref.numel() / std::max<int64_t>(in_features, 1),
-      "memsave.", op, ": ", name, " has shape ", grad_out.sizes(), ", which does not match the output of ", ref_name,
-      " of shape ", ref.sizes(), " and a weight of shape ", weight.sizes());
+  // The leading sizes are compared directly: with a zero-width output or input, counting rows as numel / width
+  // would say 0 rows.
+  const int64_t out_features = weight.size(0);
+  TORCH_CHECK_VALUE(grad_out.dim() == ref.dim() && grad_out.size(-1) == out_features &&
+                        grad_out.sizes().slice(0, grad_out.dim() - 1).equals(ref.sizes().slice(0, ref.dim() - 1)),
+                    "memsave.", op, ": ", name, " has shape ", grad_out.sizes(),
+                    ", which does not match the output of ", ref_name, " of shape ", ref.sizes(),
+                    " and a weight of shape ", weight.sizes());
 }
 
 }  // namespace memsave

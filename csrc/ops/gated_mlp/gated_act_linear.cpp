@@ -70,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_act_linear_back
   check_linear_params(weight, c10::nullopt, gate.size(-1), gate, "gate", "weight", "bias", op);
   check_linear_grad_out(grad_out, "grad_out", gate, "gate", weight, op);
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, weight.size(0)});
+  const at::Tensor go2 = linear_grad_2d(grad_out, weight);
   auto [grad_weight, grad_bias] = linear_param_grads(go2, call_gated_act(gate, up, act), weight, has_bias);
   auto grads = call_gated_act_backward(at::mm(go2, weight).view(gate.sizes()), gate, up, act);
   return {std::get<0>(grads), std::get<1>(grads), grad_weight, grad_bias};

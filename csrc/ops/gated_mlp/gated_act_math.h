@@ -4,6 +4,7 @@
 //
 //   forward:  p = act(gate) * up
 //   backward: grad_gate = grad * up * act'(gate),  grad_up = grad * act(gate)
+//             (relu: grad_gate = gate <= 0 ? 0 : grad * up, a select as torch's threshold_backward)
 // Each element is computed in float (double for double tensors) and rounded once to the result dtype; torch's
 // composition rounds act(gate) before the product, and each of its backward products, once more.
 #pragma once
@@ -69,7 +70,13 @@ template <Act A, typename T>
 C10_HOST_DEVICE inline void gated_act_grads(T grad, T gate, T up, T& grad_gate, T& grad_up) {
   T value, slope;
   act_value_and_grad<A, T>(gate, value, slope);
-  grad_gate = grad * up * slope;
+  if constexpr (A == Act::ReLU) {
+    // torch's threshold_backward selects instead of multiplying by 0, so a gate <= 0 gets 0 even where grad * up is
+    // inf or NaN (inf * 0 would be NaN).
+    grad_gate = gate <= T(0) ? T(0) : grad * up;
+  } else {
+    grad_gate = grad * up * slope;
+  }
   grad_up = grad * value;
 }
 

@@ -106,7 +106,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> act_linear_backward(const at::Ten
   check_linear_grad_out(grad_out, "grad_out", input, "input", weight, op);
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const at::Tensor x = input.contiguous();  // so the input gradient is contiguous whatever the input's strides
-  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, weight.size(0)});
+  const at::Tensor go2 = linear_grad_2d(grad_out, weight);
   auto [grad_weight, grad_bias] = linear_param_grads(go2, activation(x, a, act_param), weight, has_bias);
   const at::Tensor grad_h = at::mm(go2, weight).reshape(x.sizes()).to(x.scalar_type());
   return {activation_backward(grad_h, x, a, act_param), grad_weight, grad_bias};

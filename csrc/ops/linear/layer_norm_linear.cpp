@@ -149,7 +149,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_nor
   const at::ScalarType cdt = ln_compute_dtype(input, ln_weight);
   const at::Tensor x = input.to(cdt);
   const c10::optional<at::Tensor> lw = cast_opt(ln_weight, cdt), lb = cast_opt(ln_bias, cdt);
-  const at::Tensor go2 = grad_out.to(weight.scalar_type()).reshape({-1, weight.size(0)});
+  const at::Tensor go2 = linear_grad_2d(grad_out, weight);
 
   auto [grad_weight, grad_bias] = linear_param_grads(
       go2, call_layer_norm_apply(x, normalized_shape, mean, rstd, lw, lb, weight.scalar_type()), weight, has_bias);

@@ -107,9 +107,12 @@ inline void check_lce_tile_args(const at::Tensor& logits, const at::Tensor& targ
                    target.scalar_type());
   TORCH_CHECK_VALUE(target.dim() == 1 && target.size(0) == logits.size(0), "memsave.", op,
                     ": target must hold one class index per logits row (", logits.size(0), "), got ", target.sizes());
-  TORCH_CHECK_VALUE(class_start >= 0 && class_start + logits.size(1) <= num_classes, "memsave.", op,
-                    ": the tile's classes [", class_start, ", ", class_start + logits.size(1),
-                    ") must lie in [0, num_classes=", num_classes, ")");
+  // Written so that nothing overflows: class_start + width could wrap around for a class_start near INT64_MAX.
+  const int64_t width = logits.size(1);
+  TORCH_CHECK_VALUE(num_classes >= 1, "memsave.", op, ": num_classes must be >= 1, got ", num_classes);
+  TORCH_CHECK_VALUE(class_start >= 0 && width <= num_classes && class_start <= num_classes - width, "memsave.", op,
+                    ": the tile's ", width, " classes starting at class_start=", class_start,
+                    " must lie in [0, num_classes=", num_classes, ")");
   check_same_device(target, "target", logits, "logits", op);
 }
 

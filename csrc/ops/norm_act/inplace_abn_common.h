@@ -51,6 +51,12 @@ inline std::tuple<at::Tensor, at::Tensor> inplace_abn_stats(const at::Tensor& x,
   if (!training) {
     return {running_mean->to(sd, false, true), running_var->to(at::kDouble).add(eps).rsqrt().to(sd)};
   }
+  if (x.numel() == 0) {
+    // An empty batch: torch's batch norm leaves the running statistics as they are (batch_norm_update_stats would
+    // refuse it); the statistics of no values are returned as 0 and 1, and nothing reads them.
+    const auto opts = x.options().dtype(sd);
+    return {at::zeros({x.size(1)}, opts), at::ones({x.size(1)}, opts)};
+  }
   at::Tensor rm, rv;
   if (is_defined(running_mean)) {
     rm = *running_mean;

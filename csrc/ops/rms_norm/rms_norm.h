@@ -28,8 +28,11 @@ struct RmsShape {
 inline RmsShape rms_shape(const at::Tensor& input, const char* op) {
   check_floating(input, "input", op);
   TORCH_CHECK_VALUE(input.dim() >= 1, "memsave.", op, ": input must have at least one dimension (the one normalized)");
-  const int64_t cols = input.size(-1);
-  return {cols == 0 ? 0 : input.numel() / cols, cols};
+  // The product of the leading sizes, not numel / cols: with cols == 0 there are still rows (each gets a NaN
+  // statistic, as torch's rms_norm gives an empty row).
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < input.dim(); ++d) rows *= input.size(d);
+  return {rows, input.size(-1)};
 }
 
 // The norm's weight: [cols], floating, on the input's device.

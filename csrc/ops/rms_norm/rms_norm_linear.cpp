@@ -31,6 +31,7 @@
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "common/linear_grads.h"
 #include "common/registration.h"
 #include "rms_norm/rms_norm.h"
 
@@ -129,8 +130,8 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tens
         grad_biases.push_back(has_bias.get(i) ? at::zeros({w.size(0)}, w.options()) : at::empty({0}, w.options()));
         continue;
       }
-      const at::Tensor go2 = g->to(w.scalar_type()).reshape({-1, w.size(0)});
-      grad_weights.push_back(at::mm(go2.t(), cast_for(h, w.scalar_type(), cast).reshape({-1, in_features})));
+      const at::Tensor go2 = linear_grad_2d(*g, w);
+      grad_weights.push_back(at::mm(go2.t(), cast_for(h, w.scalar_type(), cast).reshape({s.rows, in_features})));
       grad_biases.push_back(has_bias.get(i) ? at::sum(go2, 0) : at::empty({0}, w.options()));
       at::Tensor gh = at::mm(go2, w);
       if (!grad_h.defined()) {

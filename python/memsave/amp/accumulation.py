@@ -116,6 +116,17 @@ class Accumulator:
         """
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward expects the loss tensor, got {type(loss).__name__}")
+        # Checked before counting the micro-step: a refused call must leave the window as it was.
+        if loss.numel() != 1:
+            raise ValueError(
+                f"backward expects a scalar loss (one value, averaged over the micro-batch), got a tensor of shape "
+                f"{tuple(loss.shape)}; reduce it first (loss.mean())"
+            )
+        if not loss.requires_grad:
+            raise ValueError(
+                "backward: the loss does not require grad (computed under torch.no_grad(), detached, or from nothing "
+                "that requires grad), so it has no gradients to accumulate"
+            )
         self.micro_step += 1
         scaled = loss / self.steps
         if self.scaler is not None:

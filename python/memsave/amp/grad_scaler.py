@@ -29,7 +29,6 @@ Examples:
 
 from __future__ import annotations
 
-import enum
 import functools
 import inspect
 import math
@@ -39,6 +38,7 @@ from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 from ..extension import build_info
 
@@ -65,15 +65,14 @@ def needs_grad_scaling(dtype: torch.dtype) -> bool:
     return dtype == torch.float16
 
 
-class _Stage(enum.Enum):
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
+# torch's own stages and per-optimizer state layout, so that code reading ``_per_optimizer_states`` (torch's tests,
+# libraries that check the stage) sees what torch.amp.GradScaler keeps there.
+_Stage = OptState
 
 
 def _fresh_optimizer_state() -> Dict[str, Any]:
-    # found_inf_per_device: device -> float32 flag; diagnostics: (names, per-tensor flags) per device group.
-    return {"stage": _Stage.READY, "found_inf_per_device": {}, "diagnostics": []}
+    # found_inf_per_device: device -> float32 flag (torch.amp.grad_scaler._refresh_per_optimizer_state's layout).
+    return {"stage": _Stage.READY, "found_inf_per_device": {}}
 
 
 _INT32_MAX = 2**31 - 1  # the trackers are int32 tensors
@@ -157,6 +156,16 @@ def _validated(settings: Mapping[str, Tuple[str, Any]]) -> Dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=None)
+def _check_optimizer(optimizer: Any, what: str) -> None:
+    """TypeError unless ``optimizer`` looks like a ``torch.optim.Optimizer`` (its ``param_groups`` and ``step``),
+    checked before the scaler keeps any state for it."""
+    if not (hasattr(optimizer, "param_groups") and callable(getattr(optimizer, "step", None))):
+        raise TypeError(
+            f"GradScaler.{what}: optimizer must be a torch.optim.Optimizer (with param_groups and step()), got "
+            f"{type(optimizer).__name__}"
+        )
+
+
 def _kernel_device_types() -> Tuple[str, ...]:
 
     return ("cpu", "cuda") if build_info()["cuda"] else ("cpu",)
@@ -180,7 +189,8 @@ class GradScaler:
             steps), and :attr:`last_overflow` names them after an overflow.
 
     Raises:
-        TypeError: for a setting that is not a number (growth_interval and hysteresis: not an int).
+        TypeError: for a setting that is not a number (growth_interval and hysteresis: not an int), or ``enabled``
+            that is not a bool.
         ValueError: for a device that is not a torch device type, an init_scale that is not a finite number > 0
             (in float32), a growth factor <= 1 or infinite, a backoff factor outside (0, 1), or a growth interval or
             hysteresis that is not a whole number in [1, 2**31 - 1]. The setters, ``update(new_scale=...)`` and
@@ -218,7 +228,9 @@ class GradScaler:
                 "hysteresis": ("hysteresis", hysteresis),
             }
         )
-        self._enabled = bool(enabled)
+        if not isinstance(enabled, bool):
+            raise TypeError(f"GradScaler: enabled must be True or False, got {enabled!r}")
+        self._enabled = enabled
         if self._device == "cuda" and self._enabled and not torch.cuda.is_available():
             warnings.warn(
                 "memsave.amp.GradScaler(device='cuda') is enabled but CUDA is not available; disabling it (as "
@@ -238,6 +250,8 @@ class GradScaler:
         self._growth_tracker: Optional[torch.Tensor] = None
         self._overflow_tracker: Optional[torch.Tensor] = None
         self._per_optimizer_states: Dict[int, Dict[str, Any]] = defaultdict(_fresh_optimizer_state)
+        # overflow_diagnostics: per optimizer, (names, per-tensor flags) per device group, until update().
+        self._overflow_flags: Dict[int, List[Tuple[List[str], torch.Tensor]]] = defaultdict(list)
         self._diagnostics = isinstance(overflow_diagnostics, torch.nn.Module) or bool(overflow_diagnostics)
         self._param_names: Dict[int, str] = {}
         if isinstance(overflow_diagnostics, torch.nn.Module):
@@ -318,7 +332,7 @@ class GradScaler:
                 return value * copies[value.device]
             if isinstance(value, (list, tuple)):
                 return type(value)(apply(v) for v in value)
-            if isinstance(value, Iterable):
+            if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
                 return map(apply, value)
             raise ValueError(f"outputs must be a Tensor or an iterable of Tensors, got {type(value).__name__}")
 
@@ -367,7 +381,7 @@ class GradScaler:
                         names[target.device].append(self._name(param, gi, pi))
 
             found_per_device: Dict[torch.device, torch.Tensor] = {}
-            state_diag = self._per_optimizer_states[id(optimizer)]["diagnostics"]
+            state_diag = self._overflow_flags[id(optimizer)]
             kernel_types = _kernel_device_types()
             for device, device_grads in grads.items():
                 found = found_inf if found_inf.device == device else found_inf.to(device, copy=True)
@@ -399,11 +413,13 @@ class GradScaler:
         Raises:
             RuntimeError: when called twice for one optimizer before :meth:`update`, after :meth:`step`, or before
                 :meth:`scale`.
+            TypeError: ``optimizer`` is not an optimizer.
 
         Examples:
             >>> scaler.unscale_(optimizer)
             >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         """
+        _check_optimizer(optimizer, "unscale_")
         if not self._enabled:
             return
         scale, _, _ = self._require_scale("unscale_")
@@ -447,10 +463,12 @@ class GradScaler:
         Raises:
             RuntimeError: when called twice before :meth:`update`, before :meth:`scale`, with a closure, or when the
                 optimizer has no gradients (backward was not run, or none of its parameters took part in the loss).
+            TypeError: ``optimizer`` is not an optimizer.
 
         Examples:
             >>> scaler.step(optimizer)
         """
+        _check_optimizer(optimizer, "step")
         if not self._enabled:
             self._last_step_skipped = False
             return optimizer.step(*args, **kwargs)
@@ -470,7 +488,7 @@ class GradScaler:
         if not skipped:
             result = optimizer.step(*args, **kwargs)
         else:
-            self._record_overflow(state)
+            self._record_overflow(optimizer)
         state["stage"] = _Stage.STEPPED
         self._last_step_skipped = skipped
         return result
@@ -485,10 +503,11 @@ class GradScaler:
             )
         return found_per_device
 
-    def _record_overflow(self, state: Dict[str, Any]) -> None:
+    def _record_overflow(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._diagnostics:
             return
-        names = [name for names, flags in state["diagnostics"] for name, bad in zip(names, flags.tolist()) if bad]
+        flagged = self._overflow_flags[id(optimizer)]
+        names = [name for names, flags in flagged for name, bad in zip(names, flags.tolist()) if bad]
         # Several optimizers overflowing in one iteration report together.
         self._last_overflow = self._last_overflow + names if self._overflow_in_iteration else names
         self._overflow_in_iteration = True
@@ -534,7 +553,7 @@ class GradScaler:
         if self._diagnostics:  # naming the parameters needs to know now: one synchronization
             self._last_step_skipped = bool(found_inf.item())
             if self._last_step_skipped:
-                self._record_overflow(state)
+                self._record_overflow(optimizer)
         else:
             self._last_step_skipped = found_inf  # read (one synchronization) by last_step_skipped when asked
         return result
@@ -546,7 +565,7 @@ class GradScaler:
         """
         scale, _, _ = self._require_scale("step")
         state = self._per_optimizer_states[id(optimizer)]
-        state["diagnostics"] = []
+        self._overflow_flags[id(optimizer)] = []
         one = torch.ones((), dtype=torch.float32, device=scale.device)
         found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
         state["found_inf_per_device"] = self._unscale_grads_(optimizer, one, found_inf, allow_fp16=True)
@@ -626,6 +645,7 @@ class GradScaler:
                 self._hysteresis,
             )
         self._per_optimizer_states = defaultdict(_fresh_optimizer_state)
+        self._overflow_flags = defaultdict(list)
         self._overflow_in_iteration = False
 
     # ------------------------------------------------------------------------------------------ getters / setters
@@ -810,12 +830,14 @@ class GradScaler:
             state["_growth_tracker"] = None
             state["_overflow_tracker"] = None
         state["_per_optimizer_states"] = None
+        state["_overflow_flags"] = None
         state["_last_step_skipped"] = self.last_step_skipped
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._per_optimizer_states = defaultdict(_fresh_optimizer_state)
+        self._overflow_flags = defaultdict(list)
 
     def __repr__(self) -> str:
         if not self._enabled:

@@ -32,6 +32,7 @@ __all__ = [
     "checkpoint_global_switches",
     "compile_backend",
     "count_flops",
+    "custom_op_autograd_kernel",
     "cuda_memory_history",
     "native_linear_cross_entropy",
     "native_rms_norm",
@@ -76,6 +77,24 @@ def require_autograd_redispatch() -> None:
     """
     if not hasattr(torch._C, "_AutoDispatchBelowAutograd") or not hasattr(torch._C, "_after_autograd_keyset"):
         raise ImportError(str(_missing("memsave's fused operators", "torch._C._AutoDispatchBelowAutograd")))
+
+
+def custom_op_autograd_kernel(
+    op: torch._ops.OpOverload, backward: Callable[..., Any], setup_context: Optional[Callable[..., Any]]
+) -> Callable[..., Any]:
+    """The Autograd kernel ``torch.library.register_autograd(op, backward, setup_context=...)`` would register, made
+    but not registered, so that memsave can wrap it (forward-mode AD and torch.func checks) before registering it.
+
+    Raises:
+        RuntimeError: this torch has no ``torch._library.autograd.make_autograd_impl`` / ``Info``.
+    """
+    try:
+        from torch._library import autograd as library_autograd
+
+        make, info = library_autograd.make_autograd_impl, library_autograd.Info
+    except (ImportError, AttributeError) as exc:
+        raise _missing("memsave's operators' autograd", "torch._library.autograd.make_autograd_impl") from exc
+    return make(op, info(backward, setup_context))
 
 
 def partitioner_budget(activation_memory_budget: Optional[float]) -> ContextManager[Any]:

@@ -17,7 +17,7 @@ import os
 import re
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -397,6 +397,11 @@ def parse_strategies(strategies: Strategies) -> List[Strategy]:
     """
     if isinstance(strategies, (str, Strategy)):
         strategies = [strategies]
+    if not isinstance(strategies, Iterable):
+        raise TypeError(
+            f"compare: strategies must be a list of strategy names (e.g. ['eager', 'checkpoint:blocks']) or a dict "
+            f"{{name: fn(model) -> model}}, got {type(strategies).__name__}"
+        )
     parsed: List[Strategy] = []
     if isinstance(strategies, Mapping):
         for name, entry in strategies.items():

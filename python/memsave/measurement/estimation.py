@@ -68,7 +68,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from ..common.rng import RngState
 from ..errors import NoFakeKernelError
 from .allocator import cpu_memory_stats
-from .measuring import LossFn, resolve_loss_fn
+from .measuring import LossFn, check_loss, resolve_loss_fn
 from .strategies import Strategy, StrategyContext, parse_strategy, strip_runner_prefix
 from .tracker import LiveTensorTracker, storage_of
 from .units import format_bytes, parse_bytes
@@ -483,8 +483,7 @@ def _run_fake_step(
                 activation = tracker.live_bytes
                 by_module = tracker.live_by_module()
                 loss = loss_fn(out)
-                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise TypeError("estimate: loss_fn must return a scalar tensor")
+                check_loss(out, loss, "estimate")
                 del out
                 loss.backward()
                 del loss
@@ -675,12 +674,15 @@ def max_batch_size(
     Raises:
         ValueError: ``memory`` does not parse, ``headroom`` is outside [0, 1), ``min_batch`` < 1 or
             ``max_batch`` < ``min_batch``.
+        TypeError: ``model`` is not an nn.Module, or ``make_inputs`` is not callable.
 
     Examples:
         >>> memsave.max_batch_size(model, lambda b: torch.empty(b, 3, 224, 224, device="meta"), "24GiB",
         ...                        strategy="checkpoint:blocks")
         212
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"max_batch_size: model must be an nn.Module, got {type(model).__name__}")
     limit = parse_bytes(memory, what="max_batch_size: memory")
     if not (isinstance(headroom, (int, float)) and 0.0 <= headroom < 1.0):
         raise ValueError(f"max_batch_size: headroom must be a fraction in [0, 1), got {headroom!r}")

@@ -44,6 +44,8 @@ __all__ = [
     "Measurement",
     "SavedStepState",
     "StepMemory",
+    "check_loss",
+    "checked_loss_fn",
     "default_loss",
     "measure",
     "measure_memory",
@@ -273,9 +275,66 @@ class SavedStepState:
         self.rng.restore()
 
 
-def _forward_backward(model: Any, inputs: Sequence[Any], kwargs: Dict[str, Any], loss_fn: LossFn) -> None:
+def check_loss(out: Any, loss: Any, where: str) -> None:
+    """Raise a TypeError saying what is wrong when ``loss`` (``loss_fn(out)``) is not a scalar tensor one can
+    backpropagate: the check every step driver (:func:`measure`, :func:`memsave.compare`, :func:`memsave.plan`) makes
+    before ``loss.backward()``.
+
+    Args:
+        out: the model's output; loss: what the loss function made of it.
+        where: the calling function's name, for the message (``"measure"``, ``"memsave.plan"``).
+
+    Raises:
+        TypeError: the loss is None (a Hugging Face output without labels), not a one-element tensor, or does not
+            require grad.
+
+    Examples:
+        >>> check_loss(out, out, "measure")   # an output of shape (4, 2) as the loss
+        Traceback (most recent call last):
+        TypeError: measure: loss_fn must return a scalar tensor, got a tensor of shape (4, 2); reduce it ...
+    """
+    if loss is None and getattr(out, "loss", 0) is None:
+        raise TypeError(
+            f"{where}: the loss is None: the model returned a {type(out).__name__} whose .loss is None (a Hugging "
+            f"Face model computes its loss only when called with labels=...); pass labels=... to {where}, or a "
+            f"loss_fn that maps the output to a scalar loss"
+        )
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError(
+            f"{where}: loss_fn must return a scalar tensor, got {got}; reduce it to one value (e.g. "
+            f"loss_fn=lambda out: out.sum() or a criterion with reduction='mean')"
+        )
+    if not loss.requires_grad:
+        raise TypeError(
+            f"{where}: the loss does not require grad (computed without autograd, or from nothing that requires "
+            f"grad), so a training step has no backward"
+        )
+
+
+def checked_loss_fn(loss_fn: LossFn, where: str) -> LossFn:
+    """``loss_fn`` with :func:`check_loss` run on each loss it returns (for step drivers that call it themselves).
+
+    Examples:
+        >>> checked_loss_fn(lambda out: out, "compare")(torch.ones(2, requires_grad=True))
+        Traceback (most recent call last):
+        TypeError: compare: loss_fn must return a scalar tensor, got a tensor of shape (2,); ...
+    """
+
+    def checked(out: Any) -> Any:
+        loss = loss_fn(out)
+        check_loss(out, loss, where)
+        return loss
+
+    return checked
+
+
+def _forward_backward(
+    model: Any, inputs: Sequence[Any], kwargs: Dict[str, Any], loss_fn: LossFn, where: str = "measure"
+) -> None:
     out = model(*inputs, **kwargs)
     loss = loss_fn(out)
+    check_loss(out, loss, where)
     loss.backward()
 
 

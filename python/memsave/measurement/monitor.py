@@ -91,7 +91,7 @@ class MemoryMonitor:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         try:
-            dev = torch.device(device)  # type: ignore[arg-type]
+            dev = torch.device(device)
         except (RuntimeError, TypeError):  # "tpu", 3.5, a model passed first
             hint = " (pass the model as model=...)" if isinstance(device, nn.Module) else ""
             raise ValueError(

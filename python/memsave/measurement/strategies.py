@@ -142,13 +142,29 @@ def register_strategy(
     Raises:
         ValueError: a bad name, an existing name without ``replace=True``, or neither ``apply`` nor ``context``
             for a strategy other than eager.
+        TypeError: ``name`` or ``description`` is not a string, or ``apply`` / ``context`` is not callable.
 
     Examples:
         >>> register_strategy("channels_last", "NHWC memory format",
         ...                   apply=lambda model, arg, ctx: model.to(memory_format=torch.channels_last))
     """
+    if not isinstance(name, str):
+        raise TypeError(f"register_strategy: name must be a string, got {type(name).__name__}")
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name or ""):
         raise ValueError(f"register_strategy: bad name {name!r}; use letters, digits, '_', '-' and '.'")
+    if not isinstance(description, str):
+        raise TypeError(
+            f"register_strategy: description must be a string (one line for help texts), got "
+            f"{type(description).__name__}; pass the function as apply=..."
+        )
+    for what, fn in (("apply", apply), ("context", context)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"register_strategy: {what} must be a function or None, got {type(fn).__name__}")
+    if apply is None and context is None and name != "eager":
+        raise ValueError(
+            f"register_strategy: strategy {name!r} needs apply=(model, arg, ctx) -> model or context=(arg, device) "
+            f"-> context manager"
+        )
     if name in _REGISTRY and not replace:
         raise ValueError(f"register_strategy: {name!r} is already registered; pass replace=True to redefine it")
     if choices is not None and arg is None:

@@ -32,10 +32,12 @@ __all__ = [
     "AUTO_CHUNK_POSITIONS",
     "ChunkedForward",
     "auto_chunks",
+    "batch_statistics_modules",
     "check_chunks",
     "chunked",
     "chunked_call",
     "chunked_method",
+    "default_dim",
     "is_chunked",
 ]
 
@@ -78,6 +80,37 @@ def _join(outs: List[Any], dim: int, name: str) -> Any:
     )
 
 
+def default_dim(x: torch.Tensor) -> int:
+    """The dimension :func:`chunked` slices when none is given: 1 (the sequence of ``[batch, sequence, hidden]``)
+    for inputs of 3 or more dimensions, 0 (the rows of ``[rows, features]``) for 2-d ones; never the last one, which
+    holds the features each position's computation reads.
+
+    Examples:
+        >>> default_dim(torch.ones(4, 8)), default_dim(torch.ones(2, 16, 8))
+        (0, 1)
+    """
+    return 1 if x.dim() >= 3 else 0
+
+
+def batch_statistics_modules(module: nn.Module) -> List[str]:
+    """The modules inside ``module`` (itself included) that normalize with statistics over the whole batch in training:
+    torch's batch norms (``BatchNorm1d/2d/3d``, ``SyncBatchNorm``, the lazy ones) and any module declaring
+    ``memsave_batch_statistics = True`` (memsave's ``BatchNormAct2d``, ``InPlaceABN2d``, ``BatchNormActConv2d``).
+
+    Returns:
+        ``"name (Class)"`` for each, in module order (``""`` names ``module`` itself).
+
+    Examples:
+        >>> batch_statistics_modules(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)))
+        ['1 (BatchNorm1d)']
+    """
+    return [
+        f"{name or '(the module itself)'} ({type(m).__name__})"
+        for name, m in module.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) or getattr(m, "memsave_batch_statistics", False)
+    ]
+
+
 def _contiguous_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return fn(*(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
 
@@ -88,15 +121,16 @@ def chunked_call(
     kwargs: Any,
     *,
     chunks: Chunks,
-    dim: int,
+    dim: Optional[int],
     name: str,
     watch: Sequence[nn.Module] = (),
 ) -> Any:
-    """``fn(*args, **kwargs)`` run slice by slice along ``dim``, each slice a checkpointed region.
+    """``fn(*args, **kwargs)`` run slice by slice along ``dim`` (None: :func:`default_dim` of the input), each slice
+    a checkpointed region.
 
     The first positional argument must be a tensor; it and every other positional tensor of the same size along
-    ``dim`` are sliced, everything else is passed to each slice as it is. With grad mode off, or one slice, ``fn``
-    runs once on the whole input.
+    ``dim`` are sliced, everything else is passed to each slice as it is. With grad mode off, one slice, or a 0-d or
+    1-d input (one position), ``fn`` runs once on the whole input.
     """
     x = args[0] if args else None
     if not isinstance(x, torch.Tensor):
@@ -104,6 +138,10 @@ def chunked_call(
             f"memsave.chunked: {name} was called with a {type(x).__name__} first; a chunked module takes the tensor "
             f"to slice as its first positional argument"
         )
+    if dim is None:
+        if x.dim() < 2:  # a single position (or none): nothing to slice
+            return fn(*args, **kwargs)
+        dim = default_dim(x)
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"memsave.chunked: dim {dim} is out of range for {name}'s {x.dim()}-d input")
     n = _slice_count(chunks, x, dim)
@@ -137,7 +175,7 @@ class ChunkedForward:
         self,
         module: nn.Module,
         chunks: Chunks,
-        dim: int,
+        dim: Optional[int],
         name: str,
         previous: Optional[Callable[..., Any]],
         method: str = "forward",
@@ -169,7 +207,7 @@ def is_chunked(module: nn.Module) -> bool:
     return isinstance(module.__dict__.get("forward"), ChunkedForward)
 
 
-def chunked(module: ModuleT, chunks: Chunks, dim: int = 1) -> ModuleT:
+def chunked(module: ModuleT, chunks: Chunks, dim: Optional[int] = None) -> ModuleT:
     """Run a position-wise module on ``chunks`` slices of its input along ``dim``, each recomputed in its own backward.
 
     In place, like :func:`memsave.wrap`: the module gets an instance-level ``forward``; no wrapper module is
@@ -189,7 +227,9 @@ def chunked(module: ModuleT, chunks: Chunks, dim: int = 1) -> ModuleT:
         chunks: the number of slices (at most the input's length along ``dim``), or ``"auto"``: decided at each call
             from the input's length along ``dim`` and its last dimension (:func:`auto_chunks`:
             ``ceil(length / max(hidden, 256))``, so sequences up to ``max(hidden, 256)`` positions run unchunked).
-        dim: the sequence dimension (1 for ``[batch, sequence, hidden]``).
+        dim: the dimension of the positions; default (None): decided at each call from the input
+            (:func:`default_dim`): 1 for ``[batch, sequence, hidden]`` (and more dimensions), 0 for
+            ``[rows, features]``.
 
     Returns:
         ``module``, typed as the class it was given.
@@ -197,7 +237,9 @@ def chunked(module: ModuleT, chunks: Chunks, dim: int = 1) -> ModuleT:
     Raises:
         TypeError: ``module`` is not an ``nn.Module``, ``chunks`` or ``dim`` has a wrong type; at call time, a first
             argument that is not a tensor or an output that is not a tensor or a tuple of tensors.
-        ValueError: ``chunks`` < 1 or a string other than ``"auto"``; at call time, ``dim`` out of range.
+        ValueError: ``chunks`` < 1 or a string other than ``"auto"``; ``module`` holds a batch norm
+            (:func:`batch_statistics_modules`: its batch statistics would be computed per slice, changing the outputs,
+            and its running statistics updated once per slice); at call time, ``dim`` out of range.
 
     Examples:
         >>> mlp = model.model.layers[0].mlp
@@ -207,8 +249,17 @@ def chunked(module: ModuleT, chunks: Chunks, dim: int = 1) -> ModuleT:
     if not isinstance(module, nn.Module):
         raise TypeError(f"memsave.chunked: module must be an nn.Module, got {type(module).__name__}")
     chunks = check_chunks(chunks, "chunked")
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"memsave.chunked: dim must be an int, got {type(dim).__name__}")
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)):
+        raise TypeError(f"memsave.chunked: dim must be an int or None, got {type(dim).__name__}")
+    norms = batch_statistics_modules(module) if chunks != 1 else []
+    if norms:
+        raise ValueError(
+            f"memsave.chunked: {type(module).__name__} holds {', '.join(norms)}, which normalizes with statistics "
+            f"over the whole batch in training: run slice by slice it would normalize each slice with its own "
+            f"statistics (other outputs than the module's) and update its running statistics once per slice. Chunk "
+            f"a position-wise part without the batch norm (e.g. the MLP after it), or recompute the whole module "
+            f"with memsave.wrap / memsave.checkpoint."
+        )
     current = module.__dict__.get("forward")
     previous = current.previous if isinstance(current, ChunkedForward) else current
     if chunks == 1:

@@ -39,7 +39,11 @@ How a region works (non-reentrant, built on :class:`torch.autograd.graph.saved_t
 
 **RNG.** With ``preserve_rng_state=True`` the CPU generator and, when CUDA is initialised, the generator of
 every CUDA device are saved at region entry and restored (inside :func:`torch.random.fork_rng`, so the
-caller's RNG streams are untouched) for the recompute: dropout masks are identical to eager's.
+caller's RNG streams are untouched) for the recompute: dropout masks are identical to eager's. Explicit
+``torch.Generator`` objects the forward draws from (``torch.rand(..., generator=g)``) are noted with their state before
+the first draw (a torch function mode, :class:`~memsave.common.rng.GeneratorRecorder`, active during the forward) and
+replayed the same way: the recompute draws the forward's numbers, and each generator ends where eager leaves it
+(advanced once, not twice).
 
 **Buffers (BatchNorm and friends).** While a region's forward runs, global module hooks (registered only while
 some region is active, because a global hook turns off ``nn.Module``'s hook-free fast path) snapshot each
@@ -99,7 +103,7 @@ from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._device import DeviceContext
 
 from ..common import compat
-from ..common.rng import RngState
+from ..common.rng import GeneratorRecorder, RngState, replayed_generators
 from ..errors import CheckpointError, InplaceModificationError, MemsaveWarning, RecomputeMismatchError
 from . import state
 
@@ -164,7 +168,13 @@ class _Frame:
         self.early_stop = early_stop
         self.check_metadata = check_metadata
         self.recompute_context = recompute_context
+        # torch's create_selective_checkpoint_contexts(..., allow_cache_entry_mutation=True): the caller allows a
+        # cached operator output to be modified in place after it was cached, so the recompute may see it at another
+        # version than the forward saved; torch then skips its check, and so does the recompute here.
+        self.allow_cache_entry_mutation = bool(getattr(recompute_context, "allow_cache_entry_mutation", False))
         self.rng = RngState() if preserve_rng_state else None
+        # Explicit generators the forward drew from, with their states before (filled by run_region's recorder).
+        self.generators: List[Tuple[torch.Generator, torch.Tensor]] = []
         self.autocast = state.AutocastState()
         self.device = _default_device()
         self.module_records: state.ModuleRecords = state.ModuleRecords()
@@ -307,12 +317,13 @@ class _Frame:
         shape, dtype, device, version, has_history = self.metas[i]
         if self.check_metadata and (t.shape != shape or t.dtype != dtype or t.device != device):
             raise RecomputeMismatchError(
-                f"memsave: the recompute of checkpointed region '{self.name}' does not match its forward: "
-                f"saved tensor #{i} has shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device} in the "
-                f"recompute but shape {tuple(shape)}, dtype {dtype}, device {device} in the forward. "
+                f"memsave: torch.utils.checkpoint: Recomputed values for the following tensors have different "
+                f"metadata than during the forward pass: the recompute of checkpointed region '{self.name}' does not "
+                f"match its forward: saved tensor #{i} has shape {tuple(t.shape)}, dtype {t.dtype}, device "
+                f"{t.device} in the recompute but shape {tuple(shape)}, dtype {dtype}, device {device} in the forward. "
                 f"{_MISMATCH_ADVICE}{self.debug_table(trace, i)}"
             )
-        if has_history and t._version != version:
+        if has_history and t._version != version and not self.allow_cache_entry_mutation:
             raise InplaceModificationError(
                 f"memsave: one of the variables needed for gradient computation has been modified by an "
                 f"inplace operation: {self._tensor_label(t, i)} saved by checkpointed region '{self.name}' "
@@ -354,9 +365,10 @@ class _Frame:
                     # the forward yet, so there is nothing to compare with.
                     return value
                 raise RecomputeMismatchError(
-                    f"memsave: the recompute of checkpointed region '{self.name}' saved more tensors for backward "
-                    f"than its forward did ({n}); the extra tensor #{i} is {_describe(t)}. {_MISMATCH_ADVICE}"
-                    f"{self.debug_table(trace, i)}"
+                    f"memsave: torch.utils.checkpoint: trying to save more tensors during recomputation than during "
+                    f"the original forward pass: the recompute of checkpointed region '{self.name}' saved more "
+                    f"tensors for backward than its forward did ({n}); the extra tensor #{i} is {_describe(t)}. "
+                    f"{_MISMATCH_ADVICE}{self.debug_table(trace, i)}"
                 )
             self.check_recomputed(i, t, trace)
             if i in needed:
@@ -375,6 +387,8 @@ class _Frame:
                 stack.enter_context(torch.enable_grad())
                 if self.rng is not None:
                     stack.enter_context(self.rng.fork_and_restore())
+                if self.generators:
+                    stack.enter_context(replayed_generators(self.generators))
                 for ctx in self.autocast.contexts():
                     stack.enter_context(ctx)
                 if self.device != _default_device():
@@ -389,8 +403,9 @@ class _Frame:
                 raise
         if not stopped[0] and forward_done and count[0] != n:
             raise RecomputeMismatchError(
-                f"memsave: the recompute of checkpointed region '{self.name}' saved {count[0]} tensors for "
-                f"backward but its forward saved {n}. {_MISMATCH_ADVICE}{self.debug_table(trace, count[0])}"
+                f"memsave: torch.utils.checkpoint: A different number of tensors was saved during the original "
+                f"forward and recomputation: the recompute of checkpointed region '{self.name}' saved {count[0]} "
+                f"tensors for backward but its forward saved {n}. {_MISMATCH_ADVICE}{self.debug_table(trace, count[0])}"
             )
 
     def debug_table(self, recompute: Optional[List[str]], at: int) -> str:
@@ -405,7 +420,12 @@ class _Frame:
             f"{recompute[i] if i < len(recompute) else '-'}"
             for i in range(lo, hi)
         ]
-        return ("\nSaved tensors (debug=True), forward | recompute:\n" + "\n".join(rows)) if rows else ""
+        # torch's key phrase first, so code matching torch's debug error matches this one too.
+        head = (
+            "\nYou are seeing this error because you passed `debug=True` to checkpoint (or "
+            "set_checkpoint_debug_enabled(True)). Saved tensors, forward | recompute:\n"
+        )
+        return (head + "\n".join(rows)) if rows else ""
 
     def _tensor_label(self, t: torch.Tensor, index: int) -> str:
         base = t._base if t._base is not None else t  # e.g. weight.t() saved by linear
@@ -498,12 +518,14 @@ def _unpack(handle: _Handle) -> torch.Tensor:
                 ""
                 if ends
                 else (
-                    " Backward calls under one torch.utils.checkpoint.GraphExecGroup share one recompute, so they must "
-                    "not need the same saved tensor."
+                    " Performing two backward calls that overlap (i.e. require the same saved activation in order to "
+                    "compute gradients) is not allowed while under the torch.utils.checkpoint.GraphExecGroup context: "
+                    "they share one recompute."
                 )
             )
             raise CheckpointError(
-                f"memsave: saved tensor #{index} of checkpointed region '{frame.name}' "
+                f"memsave: torch.utils.checkpoint: Unpack is being triggered for a tensor that was already unpacked "
+                f"once: saved tensor #{index} of checkpointed region '{frame.name}' "
                 f"({_describe_meta(frame.metas[index])}) is unpacked a second time in the same backward. A region's "
                 f"recomputed tensors are freed as soon as backward reads them (as in torch.utils.checkpoint): if a "
                 f"custom autograd.Function reads ctx.saved_tensors in its backward, read it once and keep the result. "
@@ -696,12 +718,16 @@ def run_region(
     cuda_was_initialized = torch.cuda.is_available() and torch.cuda.is_initialized()
     state.acquire_module_hooks()
     state.tls.records.append(frame.module_records)
+    # Explicit torch.Generator objects are replayed too (the default generators are in frame.rng).
+    recorder = GeneratorRecorder() if preserve_rng_state else None
     try:
         with (
             torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack),
             forward_context if forward_context is not None else contextlib.nullcontext(),
+            recorder if recorder is not None else contextlib.nullcontext(),
         ):
             out = fn(*args, **kwargs)
+        frame.generators = recorder.states if recorder is not None else []
     finally:
         stack = state.tls.records
         if stack and stack[-1] is frame.module_records:
@@ -797,6 +823,8 @@ def _torch_options(
         ``(context_fn, check_metadata, debug, early_stop)`` for :func:`run_region`, torch's global switches
         (``set_checkpoint_early_stop``, ``set_checkpoint_debug_enabled``) applied.
     """
+    if use_reentrant is not None and not isinstance(use_reentrant, bool):
+        raise TypeError(f"memsave.{where}: use_reentrant must be None, True or False, got {use_reentrant!r}")
     if use_reentrant:
         warnings.warn(
             f"memsave.{where}: use_reentrant=True asks for torch's reentrant checkpoint; memsave's regions are always "
@@ -908,8 +936,8 @@ def checkpoint(
         Whatever ``fn`` returns.
 
     Raises:
-        TypeError: ``fn`` is not callable, ``debug``/``early_stop`` are not bools, or ``context_fn`` does not return
-            two context managers.
+        TypeError: ``fn`` is not callable, ``debug``/``early_stop``/``preserve_rng_state`` are not bools,
+            ``use_reentrant`` is not None or a bool, or ``context_fn`` does not return two context managers.
         ValueError: an unknown ``determinism_check``.
         RecomputeMismatchError: (in backward) the recompute saved tensors of other shapes/dtypes/devices.
         InplaceModificationError: ``fn`` modified one of its tensor arguments in place (at forward), or an
@@ -925,6 +953,7 @@ def checkpoint(
         >>> y.sum().backward()
     """
     _check_callable(fn, "checkpoint")
+    check_region_options("checkpoint", preserve_rng_state=preserve_rng_state)
     context_fn, check_metadata, debug, early_stop = _torch_options(
         "checkpoint", use_reentrant, context_fn, determinism_check, debug, early_stop
     )
@@ -1112,6 +1141,7 @@ def checkpoint_sequential(
             f"memsave.checkpoint_sequential: segments must be between 1 and the number of modules ({n}), got "
             f"{segments}. Use at most one segment per module; 2 segments is the classic choice for a plain stack."
         )
+    check_region_options("checkpoint_sequential", preserve_rng_state=preserve_rng_state)
     context_fn, check_metadata, debug, _ = _torch_options(
         "checkpoint_sequential", use_reentrant, context_fn, determinism_check, debug, True
     )

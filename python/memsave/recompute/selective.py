@@ -97,6 +97,7 @@ def selective(*operator_classes: str) -> Callable[[], Tuple[Any, Any]]:
 
     Raises:
         ValueError: no class, or an unknown class name.
+        TypeError: the classes given as one list instead of separate arguments.
 
     Examples:
         >>> keep_matmuls = memsave.selective("matmul", "attention")
@@ -105,7 +106,13 @@ def selective(*operator_classes: str) -> Callable[[], Tuple[Any, Any]]:
     """
     if not operator_classes:
         raise ValueError(f"memsave.selective: name at least one operator class to keep: {', '.join(OPERATOR_CLASSES)}")
-    unknown = [c for c in operator_classes if c not in OPERATOR_CLASSES]
+    if len(operator_classes) == 1 and isinstance(operator_classes[0], (list, tuple, set)):
+        raise TypeError(
+            f"memsave.selective: give the operator classes as separate arguments, selective('matmul', 'conv'), not "
+            f"one {type(operator_classes[0]).__name__} ({operator_classes[0]!r}); write "
+            f"selective(*{list(operator_classes[0])!r})"
+        )
+    unknown = [c for c in operator_classes if not isinstance(c, str) or c not in OPERATOR_CLASSES]
     if unknown:
         raise ValueError(
             f"memsave.selective: unknown operator class {unknown[0]!r}; the classes are {', '.join(OPERATOR_CLASSES)}"

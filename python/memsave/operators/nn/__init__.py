@@ -4,8 +4,8 @@
   module they replace): :class:`ReLU`, :class:`LeakyReLU`, :class:`Dropout`, :class:`MaxPool2d`.
 * Fused recompute-in-backward modules: :class:`BatchNormAct2d`, :class:`InPlaceABN2d`, :class:`BatchNormActConv2d`
   (``norm_act.py``), :class:`LayerNormLinear`, :class:`ActLinear` (``linear.py``).
-* Transformer modules: :class:`RMSNorm`, :class:`RMSNormLinear` (``rms_norm.py``), :class:`GatedMLP`
-  (``gated_mlp.py``).
+* Transformer modules: :class:`RMSNorm`, :class:`RMSNormLinear` (``rms_norm.py``), :class:`GatedMLP`,
+  :class:`PackedGatedMLP` (``gated_mlp.py``).
 * A loss that never holds the logits: :class:`LinearCrossEntropy` (``loss.py``).
 
 :func:`memsave.convert` swaps them into an existing model.
@@ -13,7 +13,7 @@
 
 from .activation import LeakyReLU, ReLU, activation_spec
 from .dropout import Dropout
-from .gated_mlp import GatedMLP
+from .gated_mlp import GatedMLP, PackedGatedMLP
 from .linear import ActLinear, DeferredLayerNorm, LayerNormLinear, fuse_layer_norm_linear
 from .loss import LinearCrossEntropy
 from .norm_act import (
@@ -40,6 +40,7 @@ __all__ = [
     "LeakyReLU",
     "LinearCrossEntropy",
     "MaxPool2d",
+    "PackedGatedMLP",
     "RMSNorm",
     "RMSNormLinear",
     "ReLU",

@@ -8,8 +8,33 @@ from typing import Any, ClassVar, Optional, Tuple
 
 from torch import Tensor, nn
 
+from ...errors import UnsupportedTransformError
 
-class MemsaveModuleMixin:
+
+class ScriptGuard:
+    """Makes ``torch.jit.script`` of a memsave module (or of a model holding one) fail at once with a message naming
+    memsave and what to use instead, rather than deep inside TorchScript's compiler ("Unknown type name 'object'").
+
+    The modules' forwards call memsave's custom operators through Python (argument checks, autocast casts, the
+    functional forms' options) that TorchScript cannot compile; ``torch.compile`` runs them (fake kernels and
+    autograd are registered for it). TorchScript calls ``__prepare_scriptable__`` on every module before compiling.
+
+    Examples:
+        >>> torch.jit.script(memsave.convert(model))  # doctest: +SKIP
+        UnsupportedTransformError: torch.jit.script cannot compile memsave.ReLU ...
+    """
+
+    def __prepare_scriptable__(self) -> Any:
+        name = type(self).__name__
+        raise UnsupportedTransformError(
+            f"torch.jit.script cannot compile memsave.nn.{name}: its forward calls memsave's custom operators "
+            f"(torch.ops.memsave) through Python that TorchScript does not support. Use torch.compile(model), which "
+            f"runs memsave's operators, or script the model before memsave.convert (TorchScript keeps no memsave "
+            f"memory saving anyway)."
+        )
+
+
+class MemsaveModuleMixin(ScriptGuard):
     """Mixed in before the torch.nn class a memsave module subclasses (``class ReLU(MemsaveModuleMixin, nn.ReLU)``).
 
     It declares, for memsave.convert's summary, that the module keeps neither its input nor its output for backward
@@ -42,6 +67,20 @@ def check_size(name: str, value: Any) -> int:
     return value
 
 
+def check_flag(where: str, name: str, value: Any) -> bool:
+    """``value`` when it is a bool, else TypeError naming the argument (a string such as ``"no"`` is truthy, and would
+    silently mean True).
+
+    Examples:
+        >>> check_flag("memsave.nn.ReLU", "inplace", "no")
+        Traceback (most recent call last):
+        TypeError: memsave.nn.ReLU: inplace must be True or False, got 'no'
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: {name} must be True or False, got {value!r}")
+    return value
+
+
 def check_sizes(**sizes: Any) -> None:
     """:func:`check_size` for each keyword argument, in order.
 
@@ -54,7 +93,7 @@ def check_sizes(**sizes: Any) -> None:
         check_size(name, value)
 
 
-class LinearParamsBase(nn.Module):
+class LinearParamsBase(ScriptGuard, nn.Module):
     """A module holding one Linear's parameters as its own ``weight``/``bias`` (the fused Linear modules and
     LinearCrossEntropy), and :meth:`take_linear`, which adopts them from an nn.Linear.
 
@@ -98,7 +137,10 @@ def check_eps(eps: Optional[float], allow_none: bool = False) -> None:
 
 
 def check_momentum(momentum: Optional[float]) -> None:
-    """A batch norm's momentum: None (cumulative average) or a number in [0, 1], or ValueError naming it."""
+    """A batch norm's momentum: None (cumulative average) or a number in [0, 1], or ValueError (TypeError for a
+    non-number) naming it."""
+    if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, (int, float))):
+        raise TypeError(f"momentum must be None or a number in [0, 1], got {momentum!r}")
     if momentum is not None and not 0.0 <= float(momentum) <= 1.0:
         raise ValueError(f"momentum must be None or a number in [0, 1], got {momentum!r}")
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 from .. import functional as F
 from ..ops._common import check_number
-from ._base import MemsaveModuleMixin
+from ._base import MemsaveModuleMixin, check_flag
 
 __all__ = ["ReLU", "LeakyReLU", "activation_spec"]
 
@@ -27,10 +28,16 @@ class ReLU(MemsaveModuleMixin, nn.ReLU):
     Args:
         inplace: overwrite the input (through a mutating operator whose autograd is exact, as torch's relu_).
 
+    Raises:
+        TypeError: ``inplace`` is not a bool.
+
     Examples:
         >>> act = memsave.nn.ReLU()
         >>> y = act(torch.randn(4, 8, requires_grad=True))
     """
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(check_flag("memsave.nn.ReLU", "inplace", inplace))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.relu(input, inplace=self.inplace)
@@ -46,14 +53,19 @@ class LeakyReLU(MemsaveModuleMixin, nn.LeakyReLU):
         negative_slope: slope for inputs <= 0. Default: 1e-2.
         inplace: overwrite the input.
 
+    Raises:
+        TypeError: ``negative_slope`` is not a number or ``inplace`` not a bool. ValueError: a NaN or infinite slope.
+
     Examples:
         >>> act = memsave.nn.LeakyReLU(0.2)
         >>> y = act(torch.randn(4, 8, requires_grad=True))
     """
 
     def __init__(self, negative_slope: float = 1e-2, inplace: bool = False) -> None:
-        check_number("memsave.nn.LeakyReLU", "negative_slope", negative_slope)  # fail at construction
-        super().__init__(negative_slope, inplace)
+        slope = check_number("memsave.nn.LeakyReLU", "negative_slope", negative_slope)  # fail at construction
+        if not math.isfinite(slope):
+            raise ValueError(f"memsave.nn.LeakyReLU: negative_slope must be a finite number, got {negative_slope!r}")
+        super().__init__(negative_slope, check_flag("memsave.nn.LeakyReLU", "inplace", inplace))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.leaky_relu(input, self.negative_slope, self.inplace)

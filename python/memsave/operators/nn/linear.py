@@ -36,14 +36,14 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import LinearParamsBase, NormLinearBase, check_eps, check_size, check_sizes
+from ._base import LinearParamsBase, NormLinearBase, ScriptGuard, check_eps, check_flag, check_size, check_sizes
 
 Tensor = torch.Tensor
 
 __all__ = ["ActLinear", "DeferredLayerNorm", "LayerNormLinear", "fuse_layer_norm_linear"]
 
 
-class DeferredLayerNorm(nn.Module):
+class DeferredLayerNorm(ScriptGuard, nn.Module):
     """Holds a LayerNorm's parameters where the LayerNorm was; the norm itself is applied by the next module.
 
     Made by :func:`fuse_layer_norm_linear` and ``memsave.convert``: the LayerNorm's place in the model keeps its
@@ -112,6 +112,8 @@ class LayerNormLinear(NormLinearBase):
             check_size("normalized_shape", size)
         check_size("out_features", out_features)
         check_eps(eps)
+        check_flag("memsave.nn.LayerNormLinear", "bias", bias)
+        check_flag("memsave.nn.LayerNormLinear", "norm_bias", norm_bias)
         factory = {"device": device, "dtype": dtype}
         self.norm = nn.LayerNorm(
             cast(Any, normalized_shape), eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias, **factory
@@ -211,6 +213,7 @@ class ActLinear(LinearParamsBase):
     ) -> None:
         super().__init__()
         check_sizes(in_features=in_features, out_features=out_features)
+        check_flag("memsave.nn.ActLinear", "bias", bias)
         self.act, self.act_param = F.resolve_activation(act, act_param)
         self.weight_transposed = False
         self.take_linear(nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import LinearParamsBase, check_sizes
+from ._base import LinearParamsBase, check_flag, check_sizes
 
 Tensor = torch.Tensor
 
@@ -69,6 +69,7 @@ class LinearCrossEntropy(LinearParamsBase):
     ) -> None:
         super().__init__()
         check_sizes(in_features=in_features, num_classes=num_classes)
+        check_flag("memsave.nn.LinearCrossEntropy", "bias", bias)
         self._set_loss_options(ignore_index, label_smoothing, reduction)  # before drawing the initial weights
         linear = nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
         self.take_linear(linear, out_name="num_classes")
@@ -78,6 +79,8 @@ class LinearCrossEntropy(LinearParamsBase):
             raise ValueError(f"LinearCrossEntropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         if not 0.0 <= float(label_smoothing) <= 1.0:
             raise ValueError(f"LinearCrossEntropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+            raise TypeError(f"LinearCrossEntropy: ignore_index must be an int (a class index), got {ignore_index!r}")
         self.ignore_index = int(ignore_index)
         self.label_smoothing = float(label_smoothing)
         self.reduction = reduction

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import check_eps, check_momentum, check_size
+from ._base import ScriptGuard, check_eps, check_momentum, check_size
 from .activation import activation_spec
 
 Tensor = torch.Tensor
@@ -54,13 +54,14 @@ __all__ = [
 ]
 
 
-class _BatchNormActBase(nn.Module):
+class _BatchNormActBase(ScriptGuard, nn.Module):
     """nn.BatchNorm2d's parameters, buffers, state_dict handling and running-statistics policy.
 
     Its ``__init__`` is BatchNormAct2d's and DeferredBatchNormAct2d's (arguments: see :class:`BatchNormAct2d`).
     """
 
     _version = 2  # nn.BatchNorm2d's state_dict version (num_batches_tracked present)
+    memsave_batch_statistics = True  # normalizes with batch statistics in training (memsave.chunked refuses it)
     _invertible = False
     _default_act = "relu"
 
@@ -335,7 +336,7 @@ class DeferredBatchNormAct2d(_BatchNormActBase):
         return super().extra_repr() + ", applied by the next BatchNormActConv2d"
 
 
-class BatchNormActConv2d(nn.Module):
+class BatchNormActConv2d(ScriptGuard, nn.Module):
     """``Conv2d(act(BatchNorm2d(x)))`` keeping ``x`` and two per-channel vectors for backward.
 
     torch keeps the BatchNorm input and the activation's output (the convolution's input), and for
@@ -356,6 +357,8 @@ class BatchNormActConv2d(nn.Module):
         >>> layer = memsave.nn.BatchNormActConv2d(64, 128, 3, padding=1, act="relu")
         >>> y = layer(conv1(x))   # conv(relu(bn(conv1(x)))), keeping conv1's output only
     """
+
+    memsave_batch_statistics = True  # its batch norm may be only referenced, not a submodule
 
     def __init__(
         self,
@@ -380,6 +383,11 @@ class BatchNormActConv2d(nn.Module):
         sizes = [kernel_size] * 2 if isinstance(kernel_size, int) else list(kernel_size)
         if any(not isinstance(k, int) or k < 1 for k in sizes):
             raise ValueError(f"BatchNormActConv2d: kernel_size must be positive ints, got {kernel_size!r}")
+        check_size("out_channels", out_channels)
+        for name, value, low in (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)):
+            pair = [value] * 2 if isinstance(value, int) else list(value)
+            if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in pair):
+                raise ValueError(f"BatchNormActConv2d: {name} must be an int >= {low} or a pair of them, got {value!r}")
         self.bn = DeferredBatchNormAct2d(
             in_channels, act, eps, momentum, affine, track_running_stats, device, dtype, act_param
         )

@@ -10,7 +10,8 @@ RMSNormLinear / fuse_rms_norm_linear   the above + the Linears' input           
 =====================================  ==========================================  ===============================
 
 Both compute LlamaRMSNorm's formula (``weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(x.dtype)``) and load
-its weights: parameter ``weight``, ``eps`` (also readable as ``variance_epsilon``). State dicts: RMSNorm has
+its weights: parameter ``weight``, ``eps`` (also readable as ``variance_epsilon``). ``weight_offset=1.0`` multiplies
+by ``1 + weight`` instead, as Gemma's norms do (their weight starts at zero). State dicts: RMSNorm has
 ``weight``; RMSNormLinear has ``weight``/``bias`` (the Linear's) and ``norm.weight``; :func:`fuse_rms_norm_linear`
 keeps every key where it was::
 
@@ -22,13 +23,14 @@ keeps every key where it was::
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import NormLinearBase, check_eps, check_size, check_sizes
+from ._base import NormLinearBase, ScriptGuard, check_eps, check_flag, check_size, check_sizes
 
 Tensor = torch.Tensor
 
@@ -40,6 +42,11 @@ def _hidden_size(normalized_shape: Union[int, Sequence[int]]) -> int:
         shape: Tuple[int, ...] = (normalized_shape,)
     elif isinstance(normalized_shape, (str, bytes)):  # iterable, and int() of its characters would pass
         raise TypeError(f"normalized_shape must be an int or a 1-tuple of ints, got the string {normalized_shape!r}")
+    elif not isinstance(normalized_shape, (tuple, list, torch.Size)):
+        raise TypeError(
+            f"normalized_shape must be an int or a 1-tuple of ints, got {type(normalized_shape).__name__} "
+            f"{normalized_shape!r}"
+        )
     else:
         shape = tuple(int(s) for s in normalized_shape)
     if len(shape) != 1:
@@ -59,6 +66,20 @@ def _norm_eps(norm: Any) -> Optional[float]:
     raise TypeError(f"{type(norm).__name__} has neither variance_epsilon nor eps: is it an RMSNorm?")
 
 
+def _weight_offset(norm: Any, weight_offset: Optional[float]) -> float:
+    # None: the norm's own (a memsave norm carries it), else 0 (weight * x, Llama's).
+    value = getattr(norm, "weight_offset", 0.0) if weight_offset is None else weight_offset
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"weight_offset must be a finite number (1.0 for Gemma's 1 + weight), got {value!r}")
+    return float(value)
+
+
+def _applied_weight(norm: Any) -> Optional[Tensor]:
+    """The factor the norm multiplies by: ``weight``, or ``weight + weight_offset`` (Gemma's ``1 + weight``)."""
+    weight, offset = norm.weight, getattr(norm, "weight_offset", 0.0)
+    return weight if weight is None or not offset else weight + offset
+
+
 def _check_rms_norm_module(norm: nn.Module) -> None:
     weight = getattr(norm, "weight", None)
     if not isinstance(norm, nn.Module) or (
@@ -71,7 +92,7 @@ def _check_rms_norm_module(norm: nn.Module) -> None:
     _norm_eps(norm)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(ScriptGuard, nn.Module):
     """RMSNorm over the last dimension keeping its input and one float per row for backward.
 
     A drop-in for Hugging Face's ``LlamaRMSNorm`` (and Mistral's, Qwen2's): the same formula value for value (see
@@ -84,9 +105,12 @@ class RMSNorm(nn.Module):
         eps: added to the mean of squares (``variance_epsilon`` in Hugging Face); None: ``torch.finfo(dtype).eps``.
         elementwise_affine: has a ``weight``.
         device, dtype: factory arguments.
+        weight_offset: multiply by ``weight_offset + weight`` (1.0: Gemma's ``1 + weight``, weight initialized to
+            zeros); 0.0 (default): by ``weight``, initialized to ones.
 
     Raises:
-        ValueError: a normalized_shape of more than one dimension or below 1, or a negative or non-finite eps.
+        ValueError: a normalized_shape of more than one dimension or below 1, a negative or non-finite eps, or a
+            non-finite weight_offset.
         TypeError: a normalized_shape given as a string.
 
     Examples:
@@ -102,6 +126,7 @@ class RMSNorm(nn.Module):
         elementwise_affine: bool = True,
         device: Any = None,
         dtype: Any = None,
+        weight_offset: float = 0.0,
     ) -> None:
         super().__init__()
         hidden = _hidden_size(normalized_shape)
@@ -109,8 +134,10 @@ class RMSNorm(nn.Module):
         self.normalized_shape: Tuple[int, ...] = (hidden,)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
+        self.weight_offset = _weight_offset(None, weight_offset)
         if elementwise_affine:
-            self.weight = nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
+            init = torch.zeros if self.weight_offset else torch.ones
+            self.weight = nn.Parameter(init(hidden, device=device, dtype=dtype))
         else:
             self.register_parameter("weight", None)
 
@@ -120,19 +147,21 @@ class RMSNorm(nn.Module):
         return self.eps
 
     @classmethod
-    def from_module(cls, norm: nn.Module) -> "RMSNorm":
+    def from_module(cls, norm: nn.Module, weight_offset: Optional[float] = None) -> "RMSNorm":
         """An RMSNorm sharing ``norm``'s weight (the same tensor) and eps.
 
         Args:
             norm: a ``LlamaRMSNorm``-style module (``weight`` and ``variance_epsilon``) or a ``torch.nn.RMSNorm`` over
                 one dimension (``weight`` and ``eps``). torch.nn.RMSNorm multiplies by the weight before rounding a
                 16-bit result, so for 16-bit inputs the two differ by one rounding; float32 results are the same.
+            weight_offset: 1.0 for a norm that multiplies by ``1 + weight`` (Gemma's); None: ``norm``'s own
+                ``weight_offset`` if it has one, else 0.0.
 
         Returns:
             The memsave module; put it where ``norm`` was (state_dict keys do not change).
 
         Raises:
-            TypeError: ``norm`` has no 1-D weight or no eps.
+            TypeError: ``norm`` has no 1-D weight or no eps. ValueError: a non-finite weight_offset.
 
         Examples:
             >>> layer.input_layernorm = memsave.nn.RMSNorm.from_module(layer.input_layernorm)
@@ -145,6 +174,7 @@ class RMSNorm(nn.Module):
         new.normalized_shape = (hidden,)
         new.eps = _norm_eps(norm)
         new.elementwise_affine = weight is not None
+        new.weight_offset = _weight_offset(norm, weight_offset)
         if weight is not None:
             new.weight = weight
         else:
@@ -152,13 +182,14 @@ class RMSNorm(nn.Module):
         return new
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.rms_norm(input, self.weight, self.eps)
+        return F.rms_norm(input, _applied_weight(self), self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        offset = f", weight_offset={self.weight_offset}" if self.weight_offset else ""
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}{offset}"
 
 
-class DeferredRMSNorm(nn.Module):
+class DeferredRMSNorm(ScriptGuard, nn.Module):
     """Holds an RMSNorm's weight where the RMSNorm was; the norm itself is applied by the next module(s).
 
     Made by :func:`fuse_rms_norm_linear`: the norm's place keeps its parameter (so state_dict keys do not move) while
@@ -172,9 +203,10 @@ class DeferredRMSNorm(nn.Module):
         >>> queries = q(deferred(x))                            # equal to q_proj(input_layernorm(x))
     """
 
-    def __init__(self, norm: nn.Module) -> None:
+    def __init__(self, norm: nn.Module, weight_offset: Optional[float] = None) -> None:
         super().__init__()
         _check_rms_norm_module(norm)
+        self.weight_offset = _weight_offset(norm, weight_offset)
         weight = getattr(norm, "weight", None)
         self.normalized_shape: Tuple[int, ...] = (
             (weight.shape[0],) if weight is not None else tuple(getattr(norm, "normalized_shape", ()))
@@ -194,7 +226,8 @@ class DeferredRMSNorm(nn.Module):
         return input
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, applied by the next RMSNormLinear"
+        offset = f", weight_offset={self.weight_offset}" if self.weight_offset else ""
+        return f"{self.normalized_shape}, eps={self.eps}{offset}, applied by the next RMSNormLinear"
 
 
 class RMSNormLinear(NormLinearBase):
@@ -232,6 +265,7 @@ class RMSNormLinear(NormLinearBase):
     ) -> None:
         super().__init__()
         check_sizes(in_features=in_features, out_features=out_features)
+        check_flag("memsave.nn.RMSNormLinear", "bias", bias)
         factory = {"device": device, "dtype": dtype}
         self.norm = RMSNorm(in_features, eps=eps, elementwise_affine=elementwise_affine, **factory)
         self.take_linear(nn.Linear(in_features, out_features, bias=bias, **factory))
@@ -267,7 +301,7 @@ class RMSNormLinear(NormLinearBase):
 
     def forward(self, input: Tensor) -> Tensor:
         norm = self._norm()
-        out = F.rms_norm_linear(input, norm.weight, self.weight, self.bias, _norm_eps(norm))
+        out = F.rms_norm_linear(input, _applied_weight(norm), self.weight, self.bias, _norm_eps(norm))
         return cast(Tensor, out)  # one weight: one output
 
     def norm_repr(self, norm: Any) -> Tuple[str, str]:
@@ -275,7 +309,7 @@ class RMSNormLinear(NormLinearBase):
 
 
 def fuse_rms_norm_linear(
-    norm: nn.Module, *linears: nn.Linear
+    norm: nn.Module, *linears: nn.Linear, weight_offset: Optional[float] = None
 ) -> Tuple[DeferredRMSNorm, Union[RMSNormLinear, Tuple[RMSNormLinear, ...]]]:
     """Fuse an RMSNorm and the Linear(s) that read its output, keeping every state_dict key where it was.
 
@@ -290,6 +324,7 @@ def fuse_rms_norm_linear(
     Args:
         norm: the RMSNorm (LlamaRMSNorm-style, torch.nn.RMSNorm over one dimension, or memsave's).
         *linears: one or more nn.Linear applied to ``norm``'s output.
+        weight_offset: 1.0 for a norm that multiplies by ``1 + weight`` (Gemma's); None: ``norm``'s own, else 0.0.
 
     Returns:
         ``(DeferredRMSNorm, RMSNormLinear)`` for one Linear, ``(DeferredRMSNorm, (RMSNormLinear, ...))`` for several,
@@ -305,6 +340,6 @@ def fuse_rms_norm_linear(
     """
     if not linears:
         raise ValueError("fuse_rms_norm_linear needs at least one Linear after the norm")
-    deferred = DeferredRMSNorm(norm)
+    deferred = DeferredRMSNorm(norm, weight_offset)
     fused = [RMSNormLinear.from_modules(deferred, linear, register_norm=False) for linear in linears]
     return deferred, (fused[0] if len(fused) == 1 else tuple(fused))

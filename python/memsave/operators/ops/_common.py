@@ -62,7 +62,8 @@ def resolve_activation(act: str, act_param: Optional[float], invertible: bool = 
     """
     if not isinstance(act, str) or act not in ACTIVATIONS:
         raise ValueError(f"unknown activation {act!r}; use one of {', '.join(ACTIVATIONS)}")
-    param = float(act_param) if act_param is not None else _DEFAULT_PARAM.get(act, 0.0)
+    default = _DEFAULT_PARAM.get(act, 0.0)
+    param = check_number("activation", "act_param", act_param) if act_param is not None else default
     if invertible:
         if act not in INVERTIBLE_ACTIVATIONS:
             raise ValueError(

@@ -10,6 +10,11 @@ arguments (the running statistics; inplace_abn also its input). Their Autograd k
 ``register_autograd`` builds one: an ``autograd.Function`` whose forward redispatches the operator below autograd.
 The two private ``torch._C`` names this needs (``_AutoDispatchBelowAutograd``, ``_after_autograd_keyset``) are the
 ones torch.library itself uses; they exist unchanged since torch 2.1 and are checked when registering.
+
+Every Autograd kernel is wrapped by :func:`memsave.operators.ops._transforms.guard` (forward-mode AD through the
+operator's jvp rule, or a clear error; a clear error under torch.func's differentiating transforms). So the kernels of
+functional operators are made as ``register_autograd`` makes them (``torch._library.autograd.make_autograd_impl``,
+reached through :func:`memsave.common.compat.custom_op_autograd_kernel`) and registered wrapped.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
+
+from ...common import compat
+from . import _transforms
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -124,11 +132,17 @@ def linear_output_fake(op: str, input: torch.Tensor, weight: torch.Tensor, input
 # Autograd plumbing shared by the fused operators (batch_norm_act, inplace_abn, layer_norm_linear, act_linear).
 # ----------------------------------------------------------------------------------------------------
 class Redispatch:
-    """Calls an operator below the Autograd key with the keyset the dispatcher handed to the Autograd kernel."""
+    """Calls an operator below the Autograd key with the keyset the dispatcher handed to the Autograd kernel.
+
+    Attributes:
+        stats: what a Function keeps here of the operator's results that it does not return (inplace_abn's
+            statistics), or None.
+    """
 
     def __init__(self, op: torch._ops.OpOverload, keyset: Any) -> None:
         self._op = op
         self._keyset = keyset & torch._C._after_autograd_keyset
+        self.stats: Any = None
 
     def __call__(self, *args: Any) -> Any:
         with torch._C._AutoDispatchBelowAutograd():
@@ -168,17 +182,32 @@ def _no_output(*args: Any, **kwargs: Any) -> None:
 
 
 def _mutating_autograd_kernel(
-    qualname: str, function: Type[torch.autograd.Function], unpack: Callable[[Any], Any]
+    qualname: str, function: Type[torch.autograd.Function], unpack: Callable[[Any, Redispatch], Any]
 ) -> Callable[..., Any]:
     namespace, name = qualname.split("::", 1)
     op = getattr(getattr(torch.ops, namespace), name).default
 
     def autograd_kernel(keyset: Any, *args: Any) -> Any:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return unpack(function.apply(Redispatch(op, keyset), *args))
+            redispatch = Redispatch(op, keyset)
+            return unpack(function.apply(redispatch, *args), redispatch)
         return Redispatch(op, keyset)(*args)
 
-    return autograd_kernel
+    return _transforms.guard(name, autograd_kernel)
+
+
+def _register_autograd(
+    lib: torch.library.Library,
+    qualname: str,
+    backward: Callable[..., Any],
+    setup_context: Optional[Callable[..., Any]],
+    jvp: Optional[_transforms.JvpRule],
+) -> None:
+    """What ``torch.library.register_autograd`` does, with the kernel wrapped by :func:`_transforms.guard`."""
+    namespace, name = qualname.split("::", 1)
+    op = getattr(getattr(torch.ops, namespace), name).default
+    kernel = compat.custom_op_autograd_kernel(op, backward, setup_context)
+    lib.impl(name, _transforms.guard(name, kernel, jvp), "Autograd", with_keyset=True)
 
 
 class Registrations:
@@ -213,22 +242,36 @@ class Registrations:
         for qualname in qualnames:
             self.fake(qualname)(_no_output)
 
-    def autograd(self, qualname: str, backward: Callable[..., Any], setup_context: Callable[..., Any]) -> None:
-        """Record ``torch.library.register_autograd(qualname, backward, setup_context=setup_context)``."""
-        self._steps.append(lambda lib: torch.library.register_autograd(qualname, backward, setup_context=setup_context))
+    def autograd(
+        self,
+        qualname: str,
+        backward: Callable[..., Any],
+        setup_context: Optional[Callable[..., Any]],
+        jvp: Optional[_transforms.JvpRule] = None,
+    ) -> None:
+        """Record the Autograd kernel ``torch.library.register_autograd(qualname, backward, setup_context=...)``
+        would register, guarded for forward-mode AD and torch.func (:func:`_transforms.guard`).
+
+        Args:
+            qualname: ``"memsave::name"``.
+            backward, setup_context: as for ``torch.library.register_autograd``.
+            jvp: the operator's forward-mode rule (see :data:`_transforms.JvpRule`), or None: forward-mode AD
+                through the operator then raises :class:`~memsave.errors.UnsupportedTransformError`.
+        """
+        self._steps.append(lambda lib: _register_autograd(lib, qualname, backward, setup_context, jvp))
 
     def backward_op(self, qualname: str) -> None:
         """Record an Autograd kernel for the ``*_backward`` operator ``qualname`` that raises on double backward.
 
         Without it, differentiating through the backward (``create_graph=True``) would silently give wrong results.
         """
-        self.autograd(qualname, _no_double_backward(qualname.split("::", 1)[1]), setup_context=None)  # type: ignore[arg-type]
+        self.autograd(qualname, _no_double_backward(qualname.split("::", 1)[1]), setup_context=None)
 
     def mutating_autograd(
         self,
         qualname: str,
         function: Type[torch.autograd.Function],
-        unpack: Callable[[Any], Any] = lambda result: result,
+        unpack: Callable[[Any, Redispatch], Any] = lambda result, redispatch: result,
     ) -> None:
         """Record ``function`` as the Autograd kernel of the (mutating) operator ``qualname``.
 
@@ -236,8 +279,9 @@ class Registrations:
             qualname: ``"memsave::name"``.
             function: an ``autograd.Function`` whose ``forward(ctx, redispatch, *op_args)`` runs the operator through
                 ``redispatch`` and whose ``backward`` returns one gradient per ``forward`` argument.
-            unpack: maps ``function.apply``'s result to the operator's return value (inplace_abn's Function also
-                returns the mutated input, which the schema does not).
+            unpack: maps ``function.apply``'s result and the call's :class:`Redispatch` to the operator's return
+                value (inplace_abn's Function returns the mutated input, which the schema does not, and leaves the
+                statistics the schema returns on the Redispatch).
         """
         name = qualname.split("::", 1)[1]
         self._steps.append(

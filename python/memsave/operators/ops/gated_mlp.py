@@ -10,10 +10,11 @@ The module holds the family's Python face: the fake kernels and autograd formula
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
+from . import _transforms
 from ._common import Tensor, autocast_cast, check_tensor
 from ._registration import Registrations, grads_or_none, linear_output_fake
 
@@ -55,7 +56,23 @@ def _gated_act_backward(ctx: Any, grad: Tensor) -> tuple:
     return grads_or_none(ctx.needs_input_grad, (grad_gate, grad_up, None))
 
 
-REGISTRATIONS.autograd("memsave::gated_act", _gated_act_backward, setup_context=_gated_act_setup_context)
+def _gated_act_jvp(run: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> Tensor:
+    """Forward mode: the Jacobian is diagonal in each of gate and up, so the output's tangent is the backward's
+    gate gradient of gate's tangent plus its up gradient of up's tangent (act'(gate) * up * t_gate + act(gate) * t_up).
+    """
+    out = run(*primals)
+    gate, up, act = primals
+    tangent: Optional[Tensor] = None
+    for i, t in enumerate(tangents[:2]):
+        if t is not None:
+            part = torch.ops.memsave.gated_act_backward(t, gate, up, act)[i]
+            tangent = part if tangent is None else tangent + part
+    return _transforms.with_tangent(out, tangent)
+
+
+REGISTRATIONS.autograd(
+    "memsave::gated_act", _gated_act_backward, setup_context=_gated_act_setup_context, jvp=_gated_act_jvp
+)
 REGISTRATIONS.backward_op("memsave::gated_act_backward")
 
 

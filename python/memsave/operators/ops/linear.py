@@ -10,11 +10,12 @@ The module holds the family's Python face: the fake kernels and autograd formula
 
 from __future__ import annotations
 
+import math
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._common import Tensor, autocast_cast, check_tensor, resolve_activation
+from ._common import Tensor, autocast_cast, check_number, check_tensor, resolve_activation
 from ._registration import Registrations, grads_or_none, linear_output_fake
 
 #: What this family registers with torch.library, applied by memsave.operators.ops.register().
@@ -178,11 +179,18 @@ def layer_norm_linear(
     Returns:
         ``[..., out_features]`` tensor.
 
+    Raises:
+        TypeError: ``input`` is not a floating-point tensor or ``eps`` not a number.
+        ValueError: ``eps`` negative or not finite, or shapes that do not fit (naming the argument).
+
     Examples:
         >>> ln, fc = torch.nn.LayerNorm(64), torch.nn.Linear(64, 256)
         >>> y = memsave.functional.layer_norm_linear(x, 64, ln.weight, ln.bias, fc.weight, fc.bias)
     """
     check_tensor("layer_norm_linear", input)
+    eps = check_number("memsave.functional.layer_norm_linear", "eps", eps)
+    if not (math.isfinite(eps) and eps >= 0.0):  # a negative eps can make the variance + eps negative: NaN outputs
+        raise ValueError(f"memsave.functional.layer_norm_linear: eps must be a finite number >= 0, got {eps!r}")
     shape = [int(normalized_shape)] if isinstance(normalized_shape, int) else [int(s) for s in normalized_shape]
     weight, bias = autocast_cast(input.device.type, weight, bias)
     out, _mean, _rstd = torch.ops.memsave.layer_norm_linear(input, shape, ln_weight, ln_bias, float(eps), weight, bias)

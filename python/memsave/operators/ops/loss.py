@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from ._common import Tensor, autocast_cast, check_tensor
+from ._common import Tensor, autocast_cast, check_number, check_tensor
 from ._registration import Registrations, grads_or_none
 
 #: What this family registers with torch.library, applied by memsave.operators.ops.register().
@@ -188,7 +188,8 @@ def linear_cross_entropy(
         The loss: a scalar, or target's shape for ``reduction="none"``; hidden's dtype.
 
     Raises:
-        TypeError: hidden is not floating-point, weight or bias has another dtype, target is not int64.
+        TypeError: hidden is not floating-point, weight or bias has another dtype, target is not int64,
+            ignore_index is not an int or label_smoothing not a number.
         ValueError: shapes that do not fit (naming the argument), label_smoothing outside ``[0, 1]``, an unknown
             reduction.
         IndexError: a target that is neither a class index nor ``ignore_index`` (checked in forward, one device
@@ -210,6 +211,12 @@ def linear_cross_entropy(
         raise ValueError(
             f"memsave.functional.linear_cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}"
         )
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(
+            f"memsave.functional.linear_cross_entropy: ignore_index must be an int (a class index), got "
+            f"{ignore_index!r}"
+        )
+    check_number("memsave.functional.linear_cross_entropy", "label_smoothing", label_smoothing)
     device_type = hidden.device.type
     autocast = device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type)
     hidden, weight, bias = autocast_cast(device_type, hidden, weight, bias)

@@ -20,10 +20,11 @@ The module holds the family's Python face: the fake kernels and autograd formula
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Sequence, Tuple
 
 import torch
 
+from . import _transforms
 from ._common import check_number, check_tensor
 from ._registration import Registrations, packed_mask_bytes, with_strides
 
@@ -78,7 +79,14 @@ def record_mask_op(name: str) -> None:
         grad_out = with_strides(grad_out, ctx.strides)
         return (backward_op(grad_out, mask, *ctx.scalars),) + (None,) * len(ctx.scalars)
 
-    REGISTRATIONS.autograd(qualname, backward, setup_context=setup_context)
+    # The Jacobian is diagonal (the mask times the slope or scale), so the backward operator applied to the tangent is
+    # the output's tangent, bitwise what eager's forward-mode formula gives.
+    def jvp(run: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> Tuple[torch.Tensor, torch.Tensor]:
+        out, mask = run(*primals)
+        tangent = backward_op(with_strides(tangents[0], out.stride()), mask, *primals[1:])
+        return _transforms.with_tangent(out, tangent), mask
+
+    REGISTRATIONS.autograd(qualname, backward, setup_context=setup_context, jvp=jvp)
 
     # <name>_backward is linear in grad_out, so its derivative is itself: double backward works.
     def backward_setup_context(ctx: Any, inputs: Tuple[Any, ...], output: torch.Tensor) -> None:
@@ -91,7 +99,16 @@ def record_mask_op(name: str) -> None:
         grad_grad = with_strides(grad_grad, ctx.strides)
         return (backward_op(grad_grad, mask, *ctx.scalars), None) + (None,) * len(ctx.scalars)
 
-    REGISTRATIONS.autograd(f"{qualname}_backward", backward_backward, setup_context=backward_setup_context)
+    def backward_jvp(run: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> torch.Tensor:
+        grad_in = run(*primals)
+        if tangents[0] is None:  # a tangent on the mask (uint8) cannot exist; on grad_out it is the linear part
+            return grad_in
+        tangent = backward_op(with_strides(tangents[0], grad_in.stride()), *primals[1:])
+        return _transforms.with_tangent(grad_in, tangent)
+
+    REGISTRATIONS.autograd(
+        f"{qualname}_backward", backward_backward, setup_context=backward_setup_context, jvp=backward_jvp
+    )
 
 
 record_mask_op("relu")
@@ -121,6 +138,8 @@ def relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         >>> y.sum().backward()   # x.grad == (x > 0)
     """
     check_tensor("relu", input)
+    if inplace and _transforms.needs_out_of_place(input):
+        return input.copy_(relu(input))  # relu_'s C++ autograd has no forward mode nor torch.func support
     if inplace:
         torch.ops.memsave.relu_(input)
         return input
@@ -147,6 +166,8 @@ def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool 
     """
     check_tensor("leaky_relu", input)
     slope = check_number("memsave.functional.leaky_relu", "negative_slope", negative_slope)
+    if inplace and _transforms.needs_out_of_place(input):
+        return input.copy_(leaky_relu(input, slope))
     if inplace:
         torch.ops.memsave.leaky_relu_(input, slope)
         return input
@@ -173,18 +194,21 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
         The dropped-out tensor (``input`` itself when not training, ``p == 0``, empty, or ``inplace``).
 
     Raises:
-        ValueError: ``p`` outside ``[0, 1]``.
+        ValueError: ``p`` outside ``[0, 1]`` (or NaN).
+        TypeError: ``p`` is not a number.
 
     Examples:
         >>> torch.manual_seed(0)
         >>> y = memsave.functional.dropout(torch.ones(8), p=0.5)   # entries are 0.0 or 2.0
     """
     check_tensor("dropout", input)
-    p = float(p)
+    p = check_number("memsave.functional.dropout", "p", p)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"memsave.functional.dropout: dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0 or input.numel() == 0:
         return input
+    if inplace and _transforms.needs_out_of_place(input):
+        return input.copy_(dropout(input, p))
     if inplace:
         torch.ops.memsave.dropout_(input, p)
         return input

@@ -82,21 +82,25 @@ REGISTRATIONS.fake("memsave::batch_norm_act_backward")(_bn_act_backward_fake)
 REGISTRATIONS.fake("memsave::inplace_abn_backward")(_bn_act_backward_fake)
 
 
-def _bn_act_forward(ctx: Any, redispatch: Any, args: Sequence[Any], inplace: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _bn_act_forward(ctx: Any, redispatch: Any, args: Sequence[Any], inplace: bool) -> Any:
     """Forward of batch_norm_act and inplace_abn (the same ten arguments: input, weight, bias, running_mean,
-    running_var, training, momentum, eps, act, act_param)."""
+    running_var, training, momentum, eps, act, act_param).
+
+    inplace_abn returns only the mutated input: autograd refuses a Function that modifies a view (a channel slice)
+    in place and returns more than one tensor. Its (mean, invstd), which need no gradient, are left on
+    ``redispatch.stats`` for the Autograd kernel to return.
+    """
     x, weight, bias = args[:3]
+    ctx.training, ctx.act, ctx.act_param = args[5], args[8], args[9]
     if inplace:
-        mean, invstd = redispatch(*args)
+        mean, invstd = redispatch.stats = redispatch(*args)
         ctx.mark_dirty(x)
-        out = x
         # The memory win: x now holds the output, which backward inverts; nothing else of full size is kept.
         ctx.save_for_backward(x, weight, bias, invstd)
-    else:
-        out, mean, invstd = redispatch(*args)
-        # The memory win: the input and two per-channel vectors, not the normalized tensor or activation input.
-        ctx.save_for_backward(x, weight, bias, mean, invstd)
-    ctx.training, ctx.act, ctx.act_param = args[5], args[8], args[9]
+        return x
+    out, mean, invstd = redispatch(*args)
+    # The memory win: the input and two per-channel vectors, not the normalized tensor or activation input.
+    ctx.save_for_backward(x, weight, bias, mean, invstd)
     ctx.mark_non_differentiable(mean, invstd)
     return out, mean, invstd
 
@@ -119,11 +123,11 @@ def _bn_act_function(inplace: bool) -> Type[torch.autograd.Function]:
 
     class Function(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, redispatch: Any, *args: Any) -> Tuple[Tensor, Tensor, Tensor]:
+        def forward(ctx: Any, redispatch: Any, *args: Any) -> Any:
             return _bn_act_forward(ctx, redispatch, args, inplace=inplace)
 
         @staticmethod
-        def backward(ctx: Any, grad_out: Optional[Tensor], _grad_mean: Any, _grad_invstd: Any) -> tuple:
+        def backward(ctx: Any, grad_out: Optional[Tensor], *_grad_stats: Any) -> tuple:
             return _bn_act_backward(ctx, grad_out, inplace=inplace)
 
     Function.__name__ = Function.__qualname__ = "_InPlaceABNFunction" if inplace else "_BatchNormActFunction"
@@ -247,11 +251,11 @@ REGISTRATIONS.backward_op("memsave::batch_norm_act_apply")
 # batch_norm_act and inplace_abn (In-Place Activated BatchNorm, keeping only its output, written over its input):
 # one registration for both.
 # ----------------------------------------------------------------------------------------------------
-# inplace_abn's schema returns (mean, invstd); its Function also returns the mutated input
-# so that autograd rebases its history.
+# inplace_abn's schema returns (mean, invstd); its Function returns the mutated input only (so that autograd rebases
+# its history, a view's included) and leaves the statistics on the Redispatch.
 for _name, _inplace, _unpack in (
-    ("batch_norm_act", False, lambda result: result),
-    ("inplace_abn", True, lambda result: result[1:]),
+    ("batch_norm_act", False, lambda result, redispatch: result),
+    ("inplace_abn", True, lambda result, redispatch: redispatch.stats),
 ):
     REGISTRATIONS.mutating_autograd(f"memsave::{_name}", _bn_act_function(_inplace), unpack=_unpack)
     REGISTRATIONS.backward_op(f"memsave::{_name}_backward")

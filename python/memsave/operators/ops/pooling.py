@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 import torch
 from torch._prims_common import suggest_memory_format
 
+from . import _transforms
 from ._common import check_tensor
 from ._registration import Registrations
 
@@ -81,7 +82,16 @@ def _backward(ctx: Any, grad_out: torch.Tensor, _grad_argmax: Any) -> Tuple[Any,
     return grad_in, None, None, None, None, None
 
 
-REGISTRATIONS.autograd("memsave::max_pool2d", _backward, setup_context=_setup_context)
+def _jvp(run: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Forward mode: each output element is one input element (its window's maximum), so its tangent is the input's
+    tangent there."""
+    out, argmax = run(*primals)
+    kernel_size, stride, padding, dilation = (list(p) for p in primals[1:5])
+    tangent = gather_at_argmax(tangents[0], argmax, kernel_size, stride, padding, dilation)
+    return _transforms.with_tangent(out, tangent.contiguous(memory_format=suggest_memory_format(out))), argmax
+
+
+REGISTRATIONS.autograd("memsave::max_pool2d", _backward, setup_context=_setup_context, jvp=_jvp)
 
 
 def argmax_input_positions(
@@ -132,7 +142,17 @@ def _backward_backward(ctx: Any, grad_grad: torch.Tensor) -> Tuple[Any, ...]:
     return (gather_at_argmax(grad_grad, argmax, *ctx.params), None, None, None, None, None, None)
 
 
-REGISTRATIONS.autograd("memsave::max_pool2d_backward", _backward_backward, setup_context=_backward_setup_context)
+def _backward_jvp(run: Any, primals: Sequence[Any], tangents: Sequence[Any]) -> torch.Tensor:
+    """Forward mode of max_pool2d_backward: linear in grad_out, so its tangent is itself applied to grad_out's."""
+    grad_in = run(*primals)
+    if tangents[0] is None:
+        return grad_in
+    return _transforms.with_tangent(grad_in, torch.ops.memsave.max_pool2d_backward(tangents[0], *primals[1:]))
+
+
+REGISTRATIONS.autograd(
+    "memsave::max_pool2d_backward", _backward_backward, setup_context=_backward_setup_context, jvp=_backward_jvp
+)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._common import Tensor, autocast_cast, check_tensor
+from ._common import Tensor, autocast_cast, check_number, check_tensor
 from ._registration import Registrations, grads_or_none, is_dense
 
 #: What this family registers with torch.library, applied by memsave.operators.ops.register().
@@ -155,7 +155,14 @@ REGISTRATIONS.backward_op("memsave::rms_norm_linear_backward")
 # ----------------------------------------------------------------------------------------------------
 def _rms_eps(input: Tensor, eps: Optional[float]) -> float:
     # eps=None is torch.nn.RMSNorm's default: the machine epsilon of the input's dtype.
-    return float(torch.finfo(input.dtype).eps) if eps is None else float(eps)
+    if eps is None:
+        return float(torch.finfo(input.dtype).eps)
+    return check_number("memsave.functional.rms_norm", "eps", eps)
+
+
+def _check_weight(fn: str, name: str, weight: Any) -> None:
+    if weight is not None and not isinstance(weight, Tensor):
+        raise TypeError(f"memsave.functional.{fn}: {name} must be a tensor or None, got {type(weight).__name__}")
 
 
 def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = 1e-6) -> Tensor:
@@ -175,7 +182,7 @@ def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: Optional[float
         The normalized tensor, ``input``'s shape.
 
     Raises:
-        TypeError: ``input`` is not a floating-point tensor.
+        TypeError: ``input`` is not a floating-point tensor, ``weight`` not a tensor or None, ``eps`` not a number.
         ValueError: ``weight`` does not have shape ``[hidden]``, or eps < 0.
         RuntimeError: ``weight`` is on another device than ``input``.
 
@@ -184,6 +191,7 @@ def rms_norm(input: Tensor, weight: Optional[Tensor] = None, eps: Optional[float
         >>> y = memsave.functional.rms_norm(x, norm.weight, norm.variance_epsilon)
     """
     check_tensor("rms_norm", input)
+    _check_weight("rms_norm", "weight", weight)
     out, _rstd = torch.ops.memsave.rms_norm(input, weight, _rms_eps(input, eps))
     return out
 

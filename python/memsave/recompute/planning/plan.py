@@ -24,10 +24,9 @@ from ..selective import selective as selective_context
 from ..wrapping import CheckpointedForward, RegionPlan, WrappedRepr, all_or_nothing, is_wrapped, wrap_module
 from .chain import Chain, StageModules
 from .partitioner import compile_at, partitioner_context
+from .plan_json import PLAN_FORMAT, read_plan_fields
 
 __all__ = ["Plan", "apply_plan", "apply_regions", "fingerprint"]
-
-_PLAN_FORMAT = 1
 
 
 def fingerprint(model: nn.Module) -> str:
@@ -259,7 +258,7 @@ class Plan(RegionPlan):
             True
         """
         d = {
-            "format": _PLAN_FORMAT,
+            "format": PLAN_FORMAT,
             "solver": self.solver,
             "budget_bytes": self.budget_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
@@ -292,7 +291,9 @@ class Plan(RegionPlan):
             the :class:`Plan`.
 
         Raises:
-            ValueError: the text is not a memsave plan of a known format.
+            ValueError: the text is not JSON, or not a memsave plan of a known format; or a field is missing or
+                has the wrong type or value (:class:`~memsave.recompute.planning.plan_json.PlanFieldError`, whose
+                message names the field, e.g. ``segments[0][1] (end)``, and the type it must have).
 
         Examples:
             >>> plan = memsave.Plan.from_json(open("plan.json").read())
@@ -301,45 +302,7 @@ class Plan(RegionPlan):
             d = json.loads(s)
         except (TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"memsave.Plan.from_json: not valid JSON ({e})") from e
-        if not isinstance(d, dict) or d.get("format") != _PLAN_FORMAT:
-            raise ValueError(
-                f"memsave.Plan.from_json: not a memsave plan of format {_PLAN_FORMAT} (got "
-                f"{d.get('format') if isinstance(d, dict) else type(d).__name__}); make it with memsave.plan(...)"
-                f".to_json()"
-            )
-        try:
-            return cls(
-                solver=d["solver"] if "solver" in d else d["strategy"],  # "strategy": plans of earlier versions
-                budget_bytes=d["budget_bytes"],
-                predicted_peak_bytes=d["predicted_peak_bytes"],
-                measured_peak_bytes=d["measured_peak_bytes"],
-                eager_peak_bytes=d["eager_peak_bytes"],
-                min_feasible_bytes=d["min_feasible_bytes"],
-                predicted_extra_seconds=d["predicted_extra_seconds"],
-                eager_step_seconds=d["eager_step_seconds"],
-                segments=[(int(b), int(e), bool(r)) for b, e, r in d["segments"]],
-                stage_modules=[StageModules(**pc) for pc in d.get("stage_modules") or d.get("pieces") or []],
-                chain=Chain.from_dict(d["chain"]),
-                model_class=d["model_class"],
-                fingerprint=d["fingerprint"],
-                device=d["device"],
-                selective=[tuple(str(c) for c in cs) for cs in d.get("selective", [])],
-                compiled=bool(d.get("compiled", False)),
-                planning_seconds=float(d.get("planning_seconds", 0.0)),
-                activation_memory_budget=_partitioner_budget(d.get("activation_memory_budget")),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"memsave.Plan.from_json: the plan is missing or has a bad field ({e!r})") from e
-
-
-def _partitioner_budget(value: Any) -> Optional[float]:
-    """A plan's ``activation_memory_budget`` field: None, or a number in [0, 1] (ValueError otherwise)."""
-    if value is None:
-        return None
-    budget = float(value)
-    if not 0.0 <= budget <= 1.0:
-        raise ValueError(f"activation_memory_budget must be in [0, 1] or null, got {value!r}")
-    return budget
+        return cls(**read_plan_fields(d))
 
 
 # --------------------------------------------------------------------------------------------- applying a plan

@@ -54,7 +54,14 @@ from torch import nn
 from ...common.progress import progress_bar
 from ...errors import InfeasibleBudgetError, MemsaveWarning
 from ...measurement.allocator import step_peak_bytes
-from ...measurement.measuring import LossFn, SavedStepState, resolve_device, resolve_loss_fn, tensors_in
+from ...measurement.measuring import (
+    LossFn,
+    SavedStepState,
+    check_loss,
+    resolve_device,
+    resolve_loss_fn,
+    tensors_in,
+)
 from ...measurement.timing import time_interleaved
 from ...measurement.units import Budget, format_bytes, parse_budget
 from ..selective import OPERATOR_CLASSES
@@ -151,22 +158,7 @@ def _sharing_copy(model: nn.Module) -> nn.Module:
 
 def _check_loss(out: Any, loss: Any) -> None:
     """Raise a TypeError saying what is wrong when ``loss`` is not a scalar tensor one can backpropagate."""
-    if loss is None and getattr(out, "loss", 0) is None:
-        raise TypeError(
-            f"memsave.plan: the loss is None: the model returned a {type(out).__name__} whose .loss is None (a Hugging "
-            f"Face model computes its loss only when called with labels=...); pass labels=... to memsave.plan, or a "
-            f"loss_fn that maps the output to a scalar loss"
-        )
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError(
-            f"memsave.plan: loss_fn must return a scalar tensor, got "
-            f"{type(loss).__name__ if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}"
-        )
-    if not loss.requires_grad:
-        raise TypeError(
-            "memsave.plan: the loss does not require grad (computed without autograd, or from nothing that requires "
-            "grad), so a training step has no backward to plan for"
-        )
+    check_loss(out, loss, "memsave.plan")
 
 
 def _same_in_every_step(loss_fn: LossFn) -> LossFn:
