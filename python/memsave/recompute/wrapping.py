@@ -220,7 +220,8 @@ def _kv_cache_given(names: Sequence[str], args: Tuple[Any, ...], kwargs: Dict[st
 
 
 def _warn_once(layer: str, mode: str, dropped: Sequence[str] = ()) -> None:
-    if (layer, mode) in _warned_once:
+    # Under torch.compile a warning would break the graph (fullgraph=True fails): the eager call warns instead.
+    if (layer, mode) in _warned_once or torch.compiler.is_compiling():
         return
     _warned_once.add((layer, mode))
     if mode == "train":
