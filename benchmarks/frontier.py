@@ -6,8 +6,11 @@ Variants (budgets ``B(f)`` at a fraction ``f`` of the way from ``wrap``'s measur
 ``--fractions``, default 0 / 25 / 50 / 75%; ``f = 0`` is per-block checkpoint's memory):
 
 * ``eager``; ``torch blocks`` (``torch.utils.checkpoint`` around every ``memsave.find_blocks`` block);
-  ``wrap`` (``memsave.wrap(model)``, the same blocks as memsave regions); ``sqrt`` (``memsave.plan(...,
-  solver="sqrt")``, Chen et al.'s sqrt(N) segments of the planner's stages).
+  ``torchtitan sac``: the same blocks under torchtitan's op-level selective policy (torch's
+  ``create_selective_checkpoint_contexts``: each region saves the output of every other matrix product, the 1st,
+  3rd, ..., and of every attention kernel, and recomputes the rest; :func:`torchtitan_context`), what large-model
+  training runs without compile; ``wrap`` (``memsave.wrap(model)``, the same blocks as memsave regions); ``sqrt``
+  (``memsave.plan(..., solver="sqrt")``, Chen et al.'s sqrt(N) segments of the planner's stages).
 * ``module f``: ``memsave.plan(..., budget=B(f), selective=False)`` -- every region recomputed whole.
 * ``selective f``: ``memsave.plan(..., budget=B(f))`` -- the planner may also recompute a region selectively
   (keep its matmul / conv / attention outputs, recompute the cheap operators).
@@ -31,9 +34,12 @@ Columns: ``peak`` (allocator-level, one step above its start), ``time`` (median 
 A B C ... C B A, as a ratio to eager's median from the same interleaved block), ``recompute`` (the FLOPs backward runs
 beyond eager's backward, by torch's FLOP formulas (``compat.count_flops``), as a fraction of eager's forward +
 backward FLOPs: the deterministic cost that the noisy time measures; n/a under compile, whose kernels do not
-dispatch), ``grad err`` (max |grad - eager's| / max |eager's|; 0 = bitwise) and whether a plan's or compiled
-row's peak is within its budget. ``*`` marks the rows on a model's frontier: no other row has both a lower-or-equal
-peak and a lower-or-equal time.
+dispatch), ``grad err`` (max |grad - eager's| / max |eager's|; 0 = bitwise), ``plan s`` (a planned row's
+``memsave.plan`` wall time, ``(cache)`` when the plan came from the plan cache), ``again s`` (the same
+``memsave.plan`` call made a second time: the plan cache's answer) and whether a plan's or compiled row's peak is
+within its budget. ``*`` marks the rows on a model's frontier: no other row has both a lower-or-equal peak and a
+lower-or-equal time. Plans are cached in a fresh temporary directory per run (``--plan-cache DIR``: that directory,
+kept, so a second run's plans come from it), so the first plan of each row profiles and the second finds it.
 
     python3 benchmarks/frontier.py                          # the committed CPU run (~25 minutes on 2 cores)
     python3 benchmarks/frontier.py --models gpt2 --no-compile --no-save
@@ -47,17 +53,20 @@ FLOPs, one panel per model) with the machine, library versions, commit and the l
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch._dynamo
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
@@ -86,6 +95,59 @@ from memsave.recompute.planning.partitioner import compile_at
 FRACTIONS = (0.0, 0.25, 0.5, 0.75)
 KINDS = ("module", "selective", "compile", "plan + compile")
 COMPILED = ("torch blocks + compile", "wrap + compile")
+EAGER_ROWS = ("eager", "torch blocks", "torchtitan sac", "wrap", "sqrt")
+
+
+def _aten_ops(*names: str) -> frozenset:
+    """The default overloads of the aten operators ``names`` this torch has."""
+    ops = (getattr(torch.ops.aten, n, None) for n in names)
+    return frozenset(op.default for op in ops if op is not None)
+
+
+#: torchtitan's op-level selective policy, as its ``_op_sac_save_list`` and ``_get_custom_policy`` define it (read
+#: from torchtitan, written here): matrix products (torchtitan names ``aten.mm``; these models' biased linears run
+#: ``aten.addmm``, counted the same) are saved except every second one, attention kernels always, the rest recomputed.
+SAC_MATMULS = _aten_ops("mm", "addmm")
+SAC_ATTENTION = _aten_ops(
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_fused_attention_overrideable",
+)
+
+
+def torchtitan_policy() -> Callable[..., CheckpointPolicy]:
+    """torchtitan's selective policy for one region call (a fresh count of matrix products): the 1st, 3rd, 5th ...
+    matrix product and every attention kernel saved, the rest recomputed. The forward and the recompute count
+    separately (``ctx.is_recompute``), as torchtitan does, so the recompute saves and replays the same ones.
+
+    Examples:
+        >>> policy = torchtitan_policy()
+        >>> policy(ctx, torch.ops.aten.mm.default)
+        <CheckpointPolicy.MUST_SAVE: 0>
+    """
+    counts: Dict[str, int] = collections.defaultdict(int)
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op in SAC_MATMULS:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counts[mode] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[mode] % 2 == 1 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in SAC_ATTENTION else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def torchtitan_context() -> Tuple[Any, Any]:
+    """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint``: torch's selective-checkpoint contexts under
+    :func:`torchtitan_policy`, a fresh one per region call.
+
+    Examples:
+        >>> torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, context_fn=torchtitan_context)
+    """
+    return create_selective_checkpoint_contexts(torchtitan_policy())
 
 
 def _pct(f: float) -> str:
@@ -116,12 +178,29 @@ def matched_activation_budget(budget: int, eager_peak: int, eager_activations: i
     return min(1.0, max(0.0, (budget - fixed) / eager_activations))
 
 
-def _plan_row_extra(p: memsave.Plan, budget: Optional[int], plan_s: float) -> Dict[str, Any]:
+def plan_twice(model: torch.nn.Module, case: Case, budget: Optional[int], cache: str, **options: Any) -> dict:
+    """``memsave.plan`` of ``model`` (not wrapped), then the same call again, both with the plan cache at ``cache``:
+    the plan and the row's planning fields (``plan_seconds``, ``plan_cached``: the first call's wall time and whether
+    its plan came from the cache; ``replan_seconds``, ``replan_cached``: the second call's).
+
+    Raises:
+        memsave.InfeasibleBudgetError: from the first call (nothing is cached then).
+    """
+    kwargs = dict(budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs, cache=cache, **options)
+    t0 = time.perf_counter()
+    p = memsave.plan(model, *case.args, **kwargs)
+    t1 = time.perf_counter()
+    again = memsave.plan(model, *case.args, **{**kwargs, "progress": False})
+    t2 = time.perf_counter()
+    return dict(plan=p, plan_seconds=t1 - t0, plan_cached=p.cached, replan_seconds=t2 - t1, replan_cached=again.cached)
+
+
+def _plan_row_extra(p: memsave.Plan, budget: Optional[int], timing: dict) -> Dict[str, Any]:
     selective = [k for k in range(len(p.segments)) if p.keeps(k)]
     kept = sorted({"+".join(p.keeps(k)) for k in selective})
     return dict(
         budget_bytes=budget,
-        plan_seconds=plan_s,
+        **{k: v for k, v in timing.items() if k != "plan"},
         regions=len(p.regions()),
         stages=len(p.stage_modules),
         selective_regions=len(selective),
@@ -142,13 +221,18 @@ def bench_model(
     run_compile: bool,
     log: Callable[[str], None],
     compile_only: bool = False,
+    plan_cache: Optional[str] = None,
 ) -> dict:
-    """Every variant of one model at every budget.
+    """Every variant of one model at every budget; plans cached at ``plan_cache`` (None: a temporary directory,
+    removed afterwards).
 
     Returns:
         ``{"model", "description", "blocks", "eager_flops", "variants": {variant: row}}``; a row that could not run
         has ``skipped`` (the reason) instead of measurements.
     """
+    if plan_cache is None:
+        with tempfile.TemporaryDirectory(prefix="memsave-plans-") as fresh:
+            return bench_model(name, device, repeats, quick, fractions, run_compile, log, compile_only, fresh)
     case: Case = prepare(name, device, quick)
     base = case.model
     reference = eager_reference(case)
@@ -167,23 +251,24 @@ def bench_model(
     torch_model = copy.deepcopy(base)
     torch_checkpoint_blocks(torch_model)
     add(Runner("torch blocks", torch_model, torch_model, case), "blocks")
+    sac_model = copy.deepcopy(base)
+    torch_checkpoint_blocks(sac_model, context_fn=torchtitan_context)
+    add(Runner("torchtitan sac", sac_model, sac_model, case), "blocks sac")
     wrapped = memsave.wrap(copy.deepcopy(base))
     add(Runner("wrap", wrapped, wrapped, case), "blocks")
 
     def add_plan(key: str, kind: str, budget: Optional[int], **plan_kwargs: Any) -> None:
         model = copy.deepcopy(base)
-        t0 = time.perf_counter()
         try:
-            p = memsave.plan(
-                model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs, **plan_kwargs
-            )
+            timing = plan_twice(model, case, budget, plan_cache, **plan_kwargs)
         except memsave.InfeasibleBudgetError as e:
             rows[key] = dict(
                 kind=kind, budget_bytes=budget, skipped=f"no plan fits {budget:,} bytes (smallest: {e.min_bytes:,})"
             )
             log(f"  {key}: {rows[key]['skipped']}")
             return
-        extra = _plan_row_extra(p, budget, time.perf_counter() - t0)
+        p = timing["plan"]
+        extra = _plan_row_extra(p, budget, timing)
         memsave.wrap(model, p)
         add(Runner(key, model, model, case), kind, **extra)
 
@@ -202,7 +287,7 @@ def bench_model(
         rows[v].update(step_s=statistics.median(ts), times_s=ts, time_ratio=statistics.median(ts) / eager_s)
 
     if run_compile:
-        compiled_rows(case, base, budgets, eager, rows, add, log, repeats, device, eager_peak, eager_acts)
+        compiled_rows(case, base, budgets, eager, rows, add, log, repeats, device, eager_peak, eager_acts, plan_cache)
     else:
         for f, budget in budgets.items():
             rows[f"compile {_pct(f)}"] = dict(
@@ -224,7 +309,7 @@ def bench_model(
             r["recompute_flops"] = r["backward_flops"] - backward_flops
             r["recompute_ratio"] = r["recompute_flops"] / eager_flops
     mark_frontier(rows)
-    order = ["eager", "torch blocks", "wrap", "sqrt", *COMPILED, "compile default"]
+    order = [*EAGER_ROWS, *COMPILED, "compile default"]
     order += [f"{kind} {_pct(f)}" for kind in KINDS for f in fractions]
     order += [v for v in rows if v not in order]  # the matched-peak plans, after the rows they match
     return dict(
@@ -249,6 +334,7 @@ def compiled_rows(
     device: torch.device,
     eager_peak: int,
     eager_acts: int,
+    plan_cache: str,
 ) -> None:
     """The rows run under ``torch.compile``: torch's per-block checkpoint and ``memsave.wrap`` compiled, torch's
     ``activation_memory_budget`` at its default and matched to each budget, and ``memsave.plan(..., compile=True)``
@@ -269,16 +355,15 @@ def compiled_rows(
         compiled[key] = runner
 
     def plan_row(key: str, budget: int) -> None:
-        model, t0 = copy.deepcopy(base), time.perf_counter()
+        model = copy.deepcopy(base)
         try:  # planning resets dynamo: the rows compiled so far compile again on their next step, as they were
-            p = memsave.plan(
-                model, *case.args, budget=budget, loss_fn=case.loss_fn, example_kwargs=case.kwargs, compile=True
-            )
+            timing = plan_twice(model, case, budget, plan_cache, compile=True)
         except memsave.InfeasibleBudgetError as e:
             rows[key] = dict(kind="plan + compile", budget_bytes=budget, skipped=f"no plan fits ({e.min_bytes:,})")
             log(f"  {key}: {rows[key]['skipped']}")
             return
-        extra = _plan_row_extra(p, budget, time.perf_counter() - t0)
+        p = timing["plan"]
+        extra = _plan_row_extra(p, budget, timing)
         run(key, "plan + compile", memsave.wrap(model, p), p.activation_memory_budget, **extra)  # as p.compile
 
     blocks = copy.deepcopy(base)
@@ -339,7 +424,7 @@ def merge_compiled(path: str, meta: dict, results: List[dict]) -> Tuple[dict, Li
         for r in rows.values():
             r.pop("on_frontier", None)
         mark_frontier(rows)
-        order = ["eager", "torch blocks", "wrap", "sqrt", *COMPILED]
+        order = [*EAGER_ROWS, *COMPILED]
         order += [f"{kind} {pct}" for kind in KINDS for pct in res["budgets"]]
         res["variants"] = {v: rows[v] for v in order + [v for v in rows if v not in order] if v in rows}
     old["meta"]["compiled_rows_run"] = meta
@@ -394,6 +479,7 @@ def verdict(res: dict) -> List[str]:
             f"{sel0['selective_regions']} of {sel0['regions']} regions selective) against wrap's "
             f"{wrap['peak_ratio']:.2f} at {wrap['time_ratio']:.2f} (recompute {wrap['recompute_ratio']:.3f})"
         )
+    out += torch_eager_points(rows)
     out += matched_peak(rows)
     for key, r in rows.items():
         if not key.startswith("selective ") or "skipped" in r:
@@ -418,7 +504,7 @@ def _note(r: dict) -> str:
     if "regions" in r:
         sel = f", {r['selective_regions']} selective (keep {', '.join(r['keeps'])})" if r["selective_regions"] else ""
         predicted = f", predicted time {r['predicted_time_ratio']:.2f}" if "predicted_time_ratio" in r else ""
-        parts.append(f"{r['regions']} regions{sel}{predicted}; planned in {r['plan_seconds']:.0f} s")
+        parts.append(f"{r['regions']} regions{sel}{predicted}")
     if "activation_memory_budget" in r:
         parts.append(f"activation_memory_budget {r['activation_memory_budget']:.2f}")
     if r.get("plan_activation_memory_budget") is not None:
@@ -441,20 +527,43 @@ def _cells(r: dict) -> Tuple[str, str, str, str, str]:
     )
 
 
+def plan_cells(r: dict) -> Tuple[str, str]:
+    """A planned row's planning times: the first ``memsave.plan`` call's (``(cache)`` when its plan came from the
+    plan cache) and the second call's (``(not cached)`` when that one planned again); ``-`` for other rows and for
+    results written before these were recorded.
+
+    Examples:
+        >>> plan_cells(dict(plan_seconds=2.31, plan_cached=False, replan_seconds=0.004, replan_cached=True))
+        ('2.3', '0.004')
+    """
+    if "plan_seconds" not in r:
+        return "-", "-"
+    first = f"{r['plan_seconds']:.1f}{' (cache)' if r.get('plan_cached') else ''}"
+    if "replan_seconds" not in r:
+        return first, "-"
+    return first, f"{r['replan_seconds']:.3f}{'' if r.get('replan_cached') else ' (not cached)'}"
+
+
 def format_rows(res: dict) -> List[str]:
     """The printed table's lines for one model."""
     out = []
     for v, r in res["variants"].items():
         if "skipped" in r:
-            out.append(f"{res['model']:<9} {v:<15} {'-':>9} {'-':>6} {'-':>6} {'-':>9} {'-':>8}    {_note(r)}")
+            cells = f"{'-':>9} {'-':>6} {'-':>6} {'-':>9} {'-':>8} {'-':>9} {'-':>9}  "
+            out.append(f"{res['model']:<9} {v:<15} {cells}  {_note(r)}")
             continue
         peak, ratio, t, rec, err = _cells(r)
+        plan_s, again_s = plan_cells(r)
         star = "*" if r.get("on_frontier") else " "
-        out.append(f"{res['model']:<9} {v:<15} {peak:>9} {ratio:>6} {t:>6} {rec:>9} {err:>8} {star}  {_note(r)}")
+        cells = f"{peak:>9} {ratio:>6} {t:>6} {rec:>9} {err:>8} {plan_s:>9} {again_s:>9} {star}"
+        out.append(f"{res['model']:<9} {v:<15} {cells}  {_note(r)}")
     return out
 
 
-HEADER = f"{'model':<9} {'variant':<15} {'peak MiB':>9} {'ratio':>6} {'time':>6} {'recompute':>9} {'grad err':>8}"
+HEADER = (
+    f"{'model':<9} {'variant':<15} {'peak MiB':>9} {'ratio':>6} {'time':>6} {'recompute':>9} {'grad err':>8} "
+    f"{'plan s':>9} {'again s':>9}"
+)
 
 
 def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
@@ -472,7 +581,11 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
         "`torch.compile` of that model; `plan + compile`: `memsave.plan(..., compile=True)` applied, compiled; "
         "`compile`: "
         "`torch.compile` under `activation_memory_budget` matched to the budget (the fraction of eager's activation "
-        "bytes the budget leaves room for). Peak: allocator-level, above the step's start. Time: median of "
+        "bytes the budget leaves room for); `torchtitan sac`: the blocks of `torch blocks` under torchtitan's "
+        "selective policy (save every other matrix product's output and every attention output, recompute the rest). "
+        "Plan s: the planned row's `memsave.plan` wall time (`(cache)`: it came from the plan cache); again s: the "
+        "same call made again, answered by the plan cache. Peak: allocator-level, above the step's start. "
+        "Time: median of "
         f"{meta['repeats']} interleaved steps as a ratio to eager's median in the same interleaved block (the "
         "compiled rows of a model all in one block with eager: the median over rounds of each row's time over "
         "eager's in the same round; the IQR of that ratio and the rounds timed in the note). "
@@ -484,17 +597,19 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
     if plot_name:
         lines += [f"![frontier]({plot_name})", ""]
     lines += [
-        "| model | variant | peak | peak / eager | time / eager | recompute | grad err | frontier | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | variant | peak | peak / eager | time / eager | recompute | grad err | plan s | again s | frontier "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         for v, r in res["variants"].items():
             if "skipped" in r:
-                lines.append(f"| {res['model']} | {v} | - | - | - | - | - | | {_note(r)} |")
+                lines.append(f"| {res['model']} | {v} | - | - | - | - | - | - | - | | {_note(r)} |")
                 continue
             peak, ratio, t, rec, err = _cells(r)
+            plan_s, again_s = plan_cells(r)
             lines.append(
-                f"| {res['model']} | {v} | {peak} MiB | {ratio} | {t} | {rec} | {err} | "
+                f"| {res['model']} | {v} | {peak} MiB | {ratio} | {t} | {rec} | {err} | {plan_s} | {again_s} | "
                 f"{'*' if r.get('on_frontier') else ''} | {_note(r)} |"
             )
     lines += ["", "Models: " + "; ".join(f"{res['model']}: {res['description']}" for res in results) + ".", ""]
@@ -508,6 +623,7 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
 STYLE = {  # variant kind -> (marker, colour, label)
     "eager": ("*", "black", "eager"),
     "blocks": ("x", "grey", "per-block checkpoint (torch, memsave)"),
+    "blocks sac": ("h", "tab:brown", "per-block + torchtitan's selective policy"),
     "sqrt": ("s", "tab:purple", "sqrt(N)"),
     "module": ("o", "tab:blue", "module-level plans"),
     "selective": ("D", "tab:red", "selective plans"),
@@ -602,6 +718,46 @@ def matched_peak(rows: Dict[str, dict]) -> List[str]:
     return out
 
 
+#: The noise allowed when memsave's eager rows are compared with torch's eager choices: +0.02 of eager's step.
+EAGER_NOISE = 0.02
+MEMSAVE_EAGER = ("wrap", "sqrt", "module ", "selective ")  # memsave's eager rows: wrap's, and plans'
+TORCH_EAGER = ("torch blocks", "torchtitan sac")  # torch's eager choices: per-block, per-block + torchtitan's policy
+
+
+def torch_eager_points(rows: Dict[str, dict]) -> List[str]:
+    """At each of torch's eager rows (:data:`TORCH_EAGER`) that was measured, memsave's fastest eager row (``wrap``,
+    ``sqrt`` or a plan, not compiled) at the same or a lower peak: its step time minus torch's, as a fraction of
+    eager's step (a gain where negative); ``within +0.02`` when at most torch's + 0.02.
+
+    Examples:
+        >>> torch_eager_points({"torch blocks": dict(peak_bytes=10, time_ratio=1.3),
+        ...                     "selective 0%": dict(kind="selective", peak_bytes=9, time_ratio=1.25)})[0][-35:]
+        "-0.05 of eager's step, within +0.02"
+    """
+    ours = [
+        (v, r)
+        for v, r in rows.items()
+        if "skipped" not in r and "time_ratio" in r and v.startswith(MEMSAVE_EAGER) and "compile" not in v
+    ]
+    out = []
+    for key in TORCH_EAGER:
+        t = rows.get(key)
+        if t is None or "skipped" in t or "time_ratio" not in t:
+            continue
+        fits = [(v, r) for v, r in ours if r["peak_bytes"] <= t["peak_bytes"]]
+        if not fits:
+            out.append(f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB) no memsave eager row fits")
+            continue
+        v, r = min(fits, key=lambda vr: vr[1]["time_ratio"])
+        gap = r["time_ratio"] - t["time_ratio"]
+        out.append(
+            f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB, time {t['time_ratio']:.2f}) memsave's fastest "
+            f"eager row at or below it is {v} ({r['peak_bytes'] / 2**20:.1f} MiB, time {r['time_ratio']:.2f}): "
+            f"{gap:+.2f} of eager's step, {'within' if gap <= EAGER_NOISE else 'NOT within'} +{EAGER_NOISE:.2f}"
+        )
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the benchmark (see the module docstring); returns the exit status."""
     p = argument_parser(__doc__, "frontier", "the .md and .png")
@@ -611,6 +767,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         type=float,
         default=list(FRACTIONS),
         help="budgets as fractions of the way from wrap's peak to eager's (default 0 0.25 0.5 0.75)",
+    )
+    p.add_argument(
+        "--plan-cache",
+        default=None,
+        metavar="DIR",
+        help="the plan cache directory memsave.plan uses (kept; a second run's plans come from it); default: a fresh "
+        "temporary directory per model, so every row's first plan profiles",
     )
     p.add_argument(
         "--compile-only",
@@ -643,6 +806,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 run_compile,
                 log=lambda s: print(s, flush=True),
                 compile_only=args.compile_only,
+                plan_cache=args.plan_cache,
             )
         )
     print(HEADER)

@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import statistics
 import sys
 import time
@@ -125,14 +126,16 @@ def _hf_loss(out: Any) -> torch.Tensor:
     return out.loss
 
 
+def _cross_entropy(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, targets)
+
+
 def _classification_case(model: nn.Module, batch: int, size: int, description: str) -> Case:
     g = torch.Generator().manual_seed(1)
     images = torch.randn(batch, 3, size, size, generator=g)
     targets = torch.randint(0, CLASSES, (batch,), generator=g)
-
-    def loss_fn(out: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out, targets)
-
+    # A partial of a module-level function, not a closure: memsave.plan's cache can key it (by the targets' shape).
+    loss_fn = functools.partial(_cross_entropy, targets=targets)
     return Case(model, (images,), {}, loss_fn, description)
 
 
@@ -197,16 +200,20 @@ def build(name: str, quick: bool = False) -> Case:
 
 
 # ---------------------------------------------------------------------------------------------------- variants
-def torch_checkpoint_blocks(model: nn.Module) -> List[str]:
+def torch_checkpoint_blocks(model: nn.Module, context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None) -> List[str]:
     """Wrap, in place, the forward of every block ``memsave.find_blocks(model)`` names in
-    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``; returns the block names."""
+    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (with ``context_fn``, a selective policy's
+    contexts, when given); returns the block names."""
     blocks = memsave.find_blocks(model)
+    options: Dict[str, Any] = {"use_reentrant": False}
+    if context_fn is not None:
+        options["context_fn"] = context_fn
     for name in blocks:
         block = model.get_submodule(name)
         forward = block.forward
 
         def checkpointed(*args: Any, _forward: Callable[..., Any] = forward, **kwargs: Any) -> Any:
-            return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+            return torch.utils.checkpoint.checkpoint(_forward, *args, **options, **kwargs)
 
         block.forward = checkpointed  # type: ignore[method-assign]
     return blocks

@@ -9,6 +9,8 @@
   are marked here, so that ``pytest -m "not slow"`` stays a fast loop.
 - ``HF_HUB_OFFLINE=1``: the tests build transformers, timm and peft models from configs with random weights; an
   accidental download (``from_pretrained``, ``pretrained=True``) fails loudly instead of reaching the network.
+- ``MEMSAVE_PLAN_CACHE=0``: ``memsave.plan`` profiles in every test rather than returning a plan an earlier test or
+  run cached (tests/recompute/test_plan_cache.py turns the cache on in a temporary directory).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import pytest
 import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before any test imports huggingface_hub, which reads it once
+# Every memsave.plan in a test profiles (subprocesses too), and none writes to ~/.cache: the plan cache's own tests
+# turn it on with a directory under tmp_path.
+os.environ["MEMSAVE_PLAN_CACHE"] = "0"
 
 TESTS = Path(__file__).resolve().parent
 for _path in (str(TESTS.parent), str(TESTS)):  # tests/ ends up first

@@ -68,7 +68,10 @@ class Plan(RegionPlan):
             ``torch._functorch.config.activation_memory_budget``) the compiled step was measured under: a
             ``compile=True`` plan may leave recompute to torch's partitioner where that is faster within the
             budget. Then the promise holds for :meth:`compile` (or for steps run under :meth:`compile_context`).
-        planning_seconds: wall time :func:`memsave.plan` took to make the plan.
+        planning_seconds: wall time :func:`memsave.plan` took to make the plan (for a plan from the plan cache:
+            to find it there).
+        cached: the plan came from the plan cache (:mod:`~memsave.recompute.planning.cache`), not from profiling
+            this run; not part of the plan's JSON or of equality.
 
     Examples:
         >>> p = memsave.plan(model, x, budget=0.5)               # half of eager's peak
@@ -95,6 +98,7 @@ class Plan(RegionPlan):
     compiled: bool = False
     planning_seconds: float = 0.0
     activation_memory_budget: Optional[float] = None
+    cached: bool = field(default=False, compare=False)
 
     def keeps(self, k: int) -> Tuple[str, ...]:
         """The operator classes whose outputs segment ``k``'s region keeps (empty: recomputed whole, or kept).
@@ -175,7 +179,7 @@ class Plan(RegionPlan):
         lines = [
             f"memsave plan for {self.model_class} ({self.solver}) on {self.device}: "
             f"{len(self.regions())} checkpointed region(s) ({sum(1 for c in self.selective if c)} selective) over "
-            f"{len(self.stage_modules)} stages",
+            f"{len(self.stage_modules)} stages{' (from the plan cache)' if self.cached else ''}",
             f"  budget {format_bytes(self.budget_bytes)}, predicted peak {format_bytes(self.predicted_peak_bytes)}, "
             f"measured peak {format_bytes(self.measured_peak_bytes)}, eager peak "
             f"{format_bytes(self.eager_peak_bytes)}, smallest feasible {format_bytes(self.min_feasible_bytes)}",

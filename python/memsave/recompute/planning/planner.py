@@ -17,7 +17,9 @@ How a plan is made:
    on (a skip connection: counted for as long as it lives). Parameter gradients are the backward's allocations that
    outlive the step. Working memory is fitted so that the model's predicted timeline of the eager step is never
    below the allocator-level one measured in the same step, and a remaining difference between the eager peak
-   (measured again without the log) and the prediction, if positive, is added to all moments. What a checkpointed
+   and the prediction, if positive, is added to all moments. On CPU the eager peak is the traced step's own
+   allocator-level peak (the log neither allocates nor keeps tensors alive: the same number as a step without it);
+   on CUDA, and of the compiled step, it is measured in a step of its own. What a checkpointed
    region itself holds (the saved RNG state, snapshots of module buffers) is part of the model. With
    ``selective`` (default), a few more forwards measure, per stage and operator class (matmul, conv, attention), the
    bytes of the outputs a selective region would keep and the time of the operators it would not recompute, and a
@@ -34,6 +36,9 @@ How a plan is made:
    search moves up into that room (less recompute). Where regions are still needed, torch's partitioner under a
    lower ``activation_memory_budget`` (no region) is measured too, and the faster compiled step that fits wins.
 
+A plan found in the plan cache (:mod:`.cache`: keyed by the model's structure, the inputs' shapes, the loss, the
+arguments, the versions and the device) is returned without any of this.
+
 Budget = the peak memory of one training step (gradients set to None, forward, loss, backward) above what was
 allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation events on CPU.
 """
@@ -42,10 +47,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import re
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -63,9 +70,19 @@ from ...measurement.measuring import (
     tensors_in,
 )
 from ...measurement.timing import time_interleaved
-from ...measurement.units import Budget, format_bytes, parse_budget
+from ...measurement.units import Budget, format_bytes, is_fraction, parse_budget
 from ..selective import OPERATOR_CLASSES
 from ..wrapping import is_wrapped, unwrap_module
+from .cache import (
+    PLAN_CACHE_ENV,
+    CacheArg,
+    NotKeyable,
+    cache_directory,
+    entry_path,
+    load_plan,
+    plan_key,
+    store_plan,
+)
 from .chain import Chain, StageModules, build_chain
 from .operators import (
     profile_operator_classes,
@@ -75,12 +92,35 @@ from .operators import (
 )
 from .partitioner import compile_at
 from .plan import Plan, apply_regions, fingerprint
-from .search import search_chains, smallest_plan
+from .search import SEARCH_ROUNDS, fastest, search_chains, smallest_plan
 from .trace import time_steps, trace_step
 
 __all__ = ["Profile", "plan", "profile", "search"]
 
 _SOLVERS = ("optimal", "sqrt", "none", "all", "min_memory")
+
+logger = logging.getLogger(__name__)
+
+
+class _Progress:
+    """:func:`plan`'s progress bar (or none): the steps done, and the stage it is in as the bar's postfix."""
+
+    def __init__(self, bar: Optional[Any] = None) -> None:
+        self.bar = bar
+
+    def stage(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+
+    def tick(self, n: int = 1) -> None:
+        if self.bar is not None:
+            if self.bar.total is not None and self.bar.n + n > self.bar.total:
+                self.bar.total = self.bar.n + n  # more candidates than foreseen
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _Stepper:
@@ -98,6 +138,7 @@ class _Stepper:
     ) -> None:
         self.model, self.inputs, self.kwargs, self.loss_fn = model, inputs, kwargs, loss_fn
         self.device, self.state, self.compiled = device, state, compiled
+        self.progress = _Progress()
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -139,10 +180,12 @@ class _Stepper:
         steps: Dict[str, Callable[[], None]] = {}
         try:
             for i, p in enumerate(plans):
+                self.progress.stage(f"compiling finalist {i + 1}/{len(plans)}")
                 model = _sharing_copy(self.model)
                 apply_regions(model, p)
                 run = self.compile(model, p.activation_memory_budget)
                 steps[str(i)] = functools.partial(self.step, run)
+            self.progress.stage(f"timing {len(plans)} compiled finalists")
             timing = time_interleaved(steps, rounds=rounds, max_rounds=rounds)
         finally:
             torch._dynamo.reset()
@@ -338,29 +381,42 @@ def _warm_up(stepper: _Stepper) -> None:
         ) from e
 
 
-def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, tick: Callable[[int], None]) -> Profile:
+def _peak_from_trace(stepper: _Stepper) -> bool:
+    """Whether eager's peak is the traced step's own (CPU, eager) rather than measured in a step of its own."""
+    return stepper.device.type == "cpu" and not stepper.compiled
+
+
+def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, progress: _Progress) -> Profile:
     """Steps 1 and 2: trace and time the eager step, measure eager's peak, build the chain (see the module
     docstring)."""
     model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
+    progress.stage("warming up")
     _warm_up(stepper)
-    tick(1)
+    progress.tick()
     stepper.loss_fn = _same_in_every_step(stepper.loss_fn)
     stepper.state.clear_grads()
+    progress.stage("profiling")
     trace = trace_step(model, inputs, stepper.loss_fn, stepper.device, kwargs)
-    tick(1)
+    progress.tick()
+    progress.stage("timing stages")
     timing = time_steps(model, inputs, stepper.loss_fn, len(trace.calls), timing_steps, stepper.sync, kwargs)
-    tick(timing_steps)
-    eager_peak = stepper.peak()
-    tick(1)
+    progress.tick(timing_steps)
+    if _peak_from_trace(stepper):
+        eager_peak = trace.cpu_step_peak()
+    else:
+        progress.stage("compiling eager" if stepper.compiled else "measuring eager's peak")
+        eager_peak = stepper.peak()
+        progress.tick()
     chain, stages = build_chain(trace, model, timing)
     met: List[Set[str]] = [set() for _ in stages]
     if classes:
+        progress.stage("profiling operator classes")
         ops = profile_operator_classes(
             lambda: model(*inputs, **kwargs), model, stages, classes, timing_steps, stepper.sync
         )
         selective_variants(chain, stages, ops, selective_overhead_per_operator(stepper.device, stepper.sync))
         met = [set(prof) for prof in ops.classes]
-        tick(1)
+        progress.tick()
     # Allocator-level memory the log cannot see (eager's); under compile the search's measurements correct it.
     none_peak = chain.simulate([(0, len(stages), False)])["peak_bytes"]
     chain.base_bytes = max(0, eager_peak - none_peak)
@@ -378,11 +434,13 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, tic
 
 class _Measure:
     """A candidate plan's measured peak: applied in place, one step measured (compiled when planning for
-    compile), removed again; each distinct plan measured once."""
+    compile), removed again; each distinct plan measured once. ``expected``: how many candidates the progress bar
+    foresees (more are counted as they come)."""
 
-    def __init__(self, model: nn.Module, stepper: _Stepper, eager_peak: int, tick: Callable[[int], None]) -> None:
-        self.model, self.stepper, self.eager_peak, self.tick = model, stepper, eager_peak, tick
+    def __init__(self, model: nn.Module, stepper: _Stepper, eager_peak: int, expected: int = SEARCH_ROUNDS) -> None:
+        self.model, self.stepper, self.eager_peak, self.expected = model, stepper, eager_peak, expected
         self.cache: Dict[Tuple[Any, ...], int] = {}
+        self.measured = 0
 
     def __call__(self, p: Plan) -> int:
         key = (tuple(p.segments), tuple(p.selective))
@@ -390,13 +448,16 @@ class _Measure:
             if not any(r for _, _, r in p.segments):
                 self.cache[key] = self.eager_peak
             else:
+                self.measured += 1
+                what = "compiling and measuring" if self.stepper.compiled else "verifying"
+                self.stepper.progress.stage(f"{what} candidate {self.measured}/{max(self.measured, self.expected)}")
                 changed = apply_regions(self.model, p)
                 try:
                     self.cache[key] = self.stepper.peak()
                 finally:
                     for m in changed:
                         unwrap_module(m)
-            self.tick(1)
+                self.stepper.progress.tick()
         return self.cache[key]
 
 
@@ -414,12 +475,14 @@ def _partitioner_plan(prof: Profile, stepper: _Stepper, budget_bytes: int, slots
     low, high = 0.0, 1.0
     for _ in range(PARTITIONER_PROBES):
         partitioner = (low + high) / 2
+        stepper.progress.stage(f"compiling under torch's partitioner at {partitioner:g}")
         peak = stepper.peak(partitioner)
         if peak <= budget_bytes:
             found, low = (partitioner, peak), partitioner
         else:
             high = partitioner
     if found is None:
+        stepper.progress.stage("compiling under torch's partitioner at 0")
         peak = stepper.peak(0.0)
         if peak > budget_bytes:
             return None
@@ -430,9 +493,11 @@ def _partitioner_plan(prof: Profile, stepper: _Stepper, budget_bytes: int, slots
 
 
 def _fastest_compiled(stepper: _Stepper, plans: Sequence[Plan]) -> Plan:
-    """The plan whose compiled step measured fastest, all timed in one interleaved block (the first on a tie)."""
+    """The plan whose compiled step measured fastest, all timed in one interleaved block; of equal times the one
+    with the lower measured peak (:func:`.search.fastest`)."""
     ratios = stepper.compiled_ratios(plans)
-    return plans[min(range(len(plans)), key=lambda i: ratios[i])]
+    ratio_of = {id(p): r for p, r in zip(plans, ratios)}
+    return fastest(plans, seconds=lambda p: ratio_of[id(p)])
 
 
 def _search_compiled(
@@ -581,7 +646,7 @@ def profile(
         model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs
     )
     try:
-        return _profile(stepper, classes, timing_steps, lambda n: None)
+        return _profile(stepper, classes, timing_steps, _Progress())
     finally:
         stepper.state.restore()
 
@@ -597,6 +662,31 @@ def _setup(
     model_kwargs: Dict[str, Any],
 ) -> Tuple[_Stepper, Tuple[str, ...]]:
     """The checked arguments as a :class:`_Stepper` (the model's state saved in it) and the operator classes."""
+    args = _checked(model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs)
+    return _stepper(model, example_inputs, args, compile), args.classes
+
+
+@dataclass
+class _Arguments:
+    """:func:`plan`'s arguments once checked: operator classes, the model's keyword inputs, the loss, the device."""
+
+    classes: Tuple[str, ...]
+    kwargs: Dict[str, Any]
+    loss_fn: LossFn
+    device: torch.device
+
+
+def _checked(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    loss_fn: Optional[LossFn],
+    selective: Union[bool, Sequence[str]],
+    timing_steps: int,
+    compile: bool,
+    example_kwargs: Optional[Mapping[str, Any]],
+    model_kwargs: Dict[str, Any],
+) -> _Arguments:
+    """Raise the documented errors for bad arguments, before anything runs; the checked ones."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.plan: model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(compile, bool):
@@ -606,9 +696,64 @@ def _setup(
     everything = (tuple(example_inputs), kwargs)
     resolved = resolve_loss_fn(loss_fn, "memsave.plan")
     _check_arguments(model, timing_steps, everything)
-    device = resolve_device(model, everything, None)
-    state = SavedStepState(model, everything)
-    return _Stepper(model, example_inputs, kwargs, resolved, device, state, compile), classes
+    return _Arguments(classes, kwargs, resolved, resolve_device(model, everything, None))
+
+
+def _stepper(model: nn.Module, example_inputs: Sequence[Any], args: _Arguments, compile: bool) -> _Stepper:
+    """The :class:`_Stepper` of the checked arguments, the model's state saved in it (put back by the caller)."""
+    state = SavedStepState(model, (tuple(example_inputs), args.kwargs))
+    return _Stepper(model, example_inputs, args.kwargs, args.loss_fn, args.device, state, compile)
+
+
+def _budget_key(budget: Optional[Budget]) -> Optional[List[Any]]:
+    """The budget as the plan cache keys it: a fraction of eager's peak or bytes, however it was written."""
+    if budget is None:
+        return None
+    if is_fraction(budget):
+        return ["fraction", parse_budget(budget, eager_peak_bytes=10**15)]  # 0.5, "0.5" and "50%" alike
+    return ["bytes", parse_budget(budget)]
+
+
+def _cache_entry(
+    cache: CacheArg,
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    args: _Arguments,
+    loss_fn: Optional[LossFn],
+    settings: Dict[str, Any],
+) -> Optional[Tuple[Path, Dict[str, Any]]]:
+    """The plan cache entry of this call (its file and key), or None when the cache is off or the call cannot be
+    keyed reliably (why: logged at DEBUG level)."""
+    directory = cache_directory(cache)
+    if directory is None:
+        return None
+    try:
+        key = plan_key(model, tuple(example_inputs), args.kwargs, loss_fn, settings, args.device)
+    except NotKeyable as e:
+        logger.debug("memsave.plan: the plan cache is not used for this call: %s", e)
+        return None
+    return entry_path(directory, key), key
+
+
+def _from_cache(entry: Optional[Tuple[Path, Dict[str, Any]]], model: nn.Module, start: float) -> Optional[Plan]:
+    """The cached plan of ``entry`` (said on the ``memsave`` logger at INFO level), or None on a miss."""
+    if entry is None:
+        return None
+    found = load_plan(entry[0], entry[1], model)
+    if found is None:
+        logger.debug("memsave.plan: no cached plan at %s; planning", entry[0])
+        return None
+    made_in, found.planning_seconds = found.planning_seconds, time.perf_counter() - start
+    logger.info(
+        "memsave.plan: %s: the plan came from the plan cache (%s; found in %.3f s, it took %.1f s to make); "
+        "cache=False or %s=0 plans afresh",
+        type(model).__name__,
+        entry[0],
+        found.planning_seconds,
+        made_in,
+        PLAN_CACHE_ENV,
+    )
+    return found
 
 
 def plan(
@@ -626,6 +771,7 @@ def plan(
     example_kwargs: Optional[Mapping[str, Any]] = None,
     strategy: Optional[str] = None,
     progress: Optional[bool] = None,
+    cache: CacheArg = None,
     **model_kwargs: Any,
 ) -> Plan:
     """Choose what to recompute in backward so that a training step fits ``budget``, with the least recompute.
@@ -678,8 +824,16 @@ def plan(
         example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
             the way to pass a model keyword named like one of this function's own parameters.
         strategy: deprecated name of ``solver`` (DeprecationWarning).
-        progress: a progress bar (stderr, erased at the end) while planning takes over a second; None: unless
-            the environment variable ``MEMSAVE_PROGRESS=0`` turns it off.
+        progress: a progress bar (stderr, erased at the end) while planning takes over a second, its stage
+            (``profiling``, ``timing stages``, ``verifying candidate 2/4``, ...) beside it; None: unless the
+            environment variable ``MEMSAVE_PROGRESS=0`` turns it off.
+        cache: the plan cache (:mod:`memsave.recompute.planning.cache`): a plan made once is kept on disk, keyed by
+            the model's structure, the example inputs' shapes and dtypes, the loss function, the arguments that
+            change the plan, the torch and memsave versions and the device, and a later call with the same key
+            returns it without profiling (:attr:`Plan.cached`, logged at INFO level on the ``memsave`` logger).
+            None (default): on, unless ``MEMSAVE_PLAN_CACHE=0``; True: on; False: off; a directory: on, there.
+            Default directory: ``$MEMSAVE_CACHE_DIR/plans``, else ``~/.cache/memsave/plans``. A ``loss_fn`` that
+            is a lambda or closure cannot be keyed: such calls always plan (the reason logged at DEBUG level).
         **model_kwargs: every other keyword is a keyword input of ``model`` for the step.
 
     Returns:
@@ -692,8 +846,8 @@ def plan(
             model, no parameter or input needing gradients, the model or ``loss_fn`` failing on the example inputs
             (the message names the error and the keyword inputs given to the model; ``loss_fn`` in any profiling
             step), a keyword input given twice, or ``selective`` naming no or an unknown class.
-        TypeError: ``model`` is not an ``nn.Module``, the budget, ``compile``, ``example_kwargs`` or ``selective``
-            has a wrong type.
+        TypeError: ``model`` is not an ``nn.Module``, the budget, ``compile``, ``example_kwargs``, ``selective`` or
+            ``cache`` has a wrong type.
 
     Examples:
         >>> p = memsave.plan(model, x, budget="2GiB")
@@ -710,34 +864,61 @@ def plan(
         raise ValueError("memsave.plan: solver='optimal' needs a budget, e.g. budget='4GiB' or budget=0.6")
     if budget is not None:
         parse_budget(budget, eager_peak_bytes=1)  # fail early on a bad budget, before profiling
-    stepper, classes = _setup(
-        model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs
+    cache_directory(cache)  # a bad cache= fails here too
+    args = _checked(model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs)
+    settings = dict(
+        budget=_budget_key(budget),
+        solver=solver,
+        verify=bool(verify) or compile,
+        slots=slots,
+        timing_steps=timing_steps,
+        selective=list(args.classes),
+        compile=compile,
     )
-    bar = progress_bar(5 + timing_steps + bool(classes), f"memsave.plan({type(model).__name__})", progress=progress)
+    entry = _cache_entry(cache, model, example_inputs, args, loss_fn, settings)
+    result = _from_cache(entry, model, start)
+    if result is None:
+        try:
+            result = _plan(model, example_inputs, args, budget, solver, verify, slots, timing_steps, compile, progress)
+        except InfeasibleBudgetError as e:
+            raise InfeasibleBudgetError(f"{e} {_floor_note(model)}", min_bytes=e.min_bytes) from None
+        result.planning_seconds = time.perf_counter() - start
+        if entry is not None and store_plan(entry[0], entry[1], result):
+            logger.debug("memsave.plan: plan cached at %s", entry[0])
+    _warn_if_empty(result, result.budget_bytes, result.eager_peak_bytes)
+    if verbose:
+        print(result.summary())
+        how = " (from the plan cache)" if result.cached else " (compiled candidates)" if compile else ""
+        print(f"planning took {result.planning_seconds:.1f} s{how}")
+    return result
 
-    def tick(n: int) -> None:
-        if bar is not None:
-            bar.update(n)
 
+def _plan(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    args: _Arguments,
+    budget: Optional[Budget],
+    solver: str,
+    verify: bool,
+    slots: int,
+    timing_steps: int,
+    compile: bool,
+    progress: Optional[bool],
+) -> Plan:
+    """Steps 1-4 of :func:`plan` on checked arguments: profile, search, verify (the model's state put back)."""
+    stepper = _stepper(model, example_inputs, args, compile)
+    steps = 4 + timing_steps + bool(args.classes) + SEARCH_ROUNDS - _peak_from_trace(stepper)
+    stepper.progress = _Progress(progress_bar(steps, f"memsave.plan({type(model).__name__})", progress=progress))
     try:
-        prof = _profile(stepper, classes, timing_steps, tick)
+        prof = _profile(stepper, args.classes, timing_steps, stepper.progress)
         budget_bytes = parse_budget(budget, prof.eager_peak_bytes) if budget is not None else None
-        measure = _Measure(model, stepper, prof.eager_peak_bytes, tick)
+        measure = _Measure(model, stepper, prof.eager_peak_bytes, SEARCH_ROUNDS if solver == "optimal" else 1)
+        stepper.progress.stage("solving")
         if compile:
-            result = _search_compiled(prof, stepper, budget_bytes, solver, measure, slots)
-        else:
-            result = search(prof, budget_bytes, solver, measure, slots, verify=verify)
-    except InfeasibleBudgetError as e:
-        raise InfeasibleBudgetError(f"{e} {_floor_note(model)}", min_bytes=e.min_bytes) from None
+            return _search_compiled(prof, stepper, budget_bytes, solver, measure, slots)
+        return search(prof, budget_bytes, solver, measure, slots, verify=verify)
     finally:
-        if bar is not None:
-            bar.close()
+        stepper.progress.close()
         if compile:
             torch._dynamo.reset()  # drop the candidates' compiled code, which holds the model
         stepper.state.restore()
-    result.planning_seconds = time.perf_counter() - start
-    _warn_if_empty(result, budget_bytes, prof.eager_peak_bytes)
-    if verbose:
-        print(result.summary())
-        print(f"planning took {result.planning_seconds:.1f} s{' (compiled candidates)' if compile else ''}")
-    return result

@@ -15,7 +15,44 @@ from typing import Any, Callable, Dict, Optional, Sequence
 from .chain import Chain
 from .plan import Plan
 
-__all__ = ["search_chains", "search_optimal", "smallest_plan"]
+__all__ = ["SEARCH_ROUNDS", "fastest", "search_chains", "search_optimal", "smallest_plan"]
+
+#: Candidates :func:`search_optimal` measures at most on one chain.
+SEARCH_ROUNDS = 4
+
+
+def _peak(p: "Plan") -> int:
+    """A candidate's peak: measured when it was, else predicted."""
+    return p.measured_peak_bytes if p.measured_peak_bytes is not None else p.predicted_peak_bytes
+
+
+def fastest(plans: Sequence["Plan"], seconds: Optional[Callable[["Plan"], float]] = None) -> "Plan":
+    """The plan with the least time; of plans with equal time, the one with the least peak (the first of equals).
+
+    The dominance rule of every choice the planner makes between candidates it evaluated: the plan it picks is
+    never slower than another with a lower or equal peak, and never above another of the same time. Peaks are
+    measured where the candidate was measured, else predicted.
+
+    Args:
+        plans: the candidates (at least one), all within the budget.
+        seconds: a candidate's time; default its predicted recompute time (``predicted_extra_seconds``). Under
+            compile, the measured step time.
+
+    Returns:
+        the chosen plan.
+
+    Raises:
+        ValueError: ``plans`` is empty.
+
+    Examples:
+        >>> fastest([a, b]) is b          # b: the same predicted time as a, a smaller peak
+        True
+        >>> fastest(plans, seconds=measured.__getitem__)
+    """
+    if not plans:
+        raise ValueError("memsave.plan: fastest needs at least one candidate plan")
+    time_of = seconds if seconds is not None else (lambda p: p.predicted_extra_seconds)
+    return min(plans, key=lambda p: (time_of(p), _peak(p)))
 
 
 def search_optimal(
@@ -24,7 +61,7 @@ def search_optimal(
     make: Callable[[Dict[str, Any]], "Plan"],
     measure: Optional[Callable[["Plan"], int]],
     budget_bytes: int,
-    rounds: int = 4,
+    rounds: int = SEARCH_ROUNDS,
 ) -> Optional["Plan"]:
     """The optimal plan whose *measured* peak fits ``budget_bytes``, or None.
 
@@ -33,7 +70,8 @@ def search_optimal(
     observed (``budget - (measured - predicted)``): down when the model was optimistic, up when it was pessimistic,
     so a plan predicted a little above the budget but measured within it is found too (at a tight budget the
     model's own minimum can sit just above the measured peak of the plan that fits). Of the plans that fit, the
-    one with the least predicted recompute wins. Without ``measure`` the solver's answer is taken as it is.
+    one with the least predicted recompute wins, and of equal recompute the one with the least measured peak
+    (:func:`fastest`). Without ``measure`` the solver's answer is taken as it is.
     """
     if measure is None:
         res = solve(budget_bytes)
@@ -55,8 +93,7 @@ def search_optimal(
         p.measured_peak_bytes = measure(p)
         error = p.measured_peak_bytes - p.predicted_peak_bytes
         if p.measured_peak_bytes <= budget_bytes:
-            if best is None or p.predicted_extra_seconds < best.predicted_extra_seconds:
-                best = p
+            best = p if best is None else fastest([best, p])
             if error >= 0:
                 break  # the model was not pessimistic here: a larger solver budget would not fit
             solver_budget = max(solver_budget + 1, budget_bytes - error)
@@ -133,7 +170,7 @@ def smallest_plan(
     measure: Optional[Callable[[Plan], int]],
 ) -> Plan:
     """Of each chain's minimum-memory plan, the one with the smallest measured peak (which it carries; the cost
-    model's peak when ``measure`` is None).
+    model's peak when ``measure`` is None); of equal peaks, the one with the least predicted recompute.
 
     Args:
         chains: the cost models.
@@ -155,4 +192,4 @@ def smallest_plan(
     plans = [make(ch.solve(None, "min_memory", slots), ch) for ch in chains]
     for q in plans:
         q.measured_peak_bytes = measure(q) if measure is not None else q.predicted_peak_bytes
-    return min(plans, key=lambda q: q.measured_peak_bytes or 0)
+    return min(plans, key=lambda q: (q.measured_peak_bytes or 0, q.predicted_extra_seconds))

@@ -137,6 +137,14 @@ class Trace:
             peak = max(peak, max(self._running[i:j]))
         return peak
 
+    def cpu_step_peak(self) -> int:
+        """The traced step's allocator-level peak above its start (CPU): on CPU the same number as
+        :func:`~memsave.measurement.allocator.cpu_peak_bytes` of the step run without the log, which neither
+        allocates nor keeps a tensor alive (checked on the frontier models), so planning need not run it again."""
+        if self.device.type != "cpu":
+            raise ValueError("Trace.cpu_step_peak: the step was traced on CUDA; measure its peak with step_peak_bytes")
+        return max([0, *self._running])
+
     def finish_cpu(self, prof: Any) -> None:
         """Read the profiler's allocation events and marker times (memsave's one CPU reading rule)."""
         events = read_cpu_events(prof, marker_prefix=_MARKER)

@@ -1,0 +1,178 @@
+"""How memsave.plan chooses between the candidates it evaluated, and what it reports while it works.
+
+- The dominance rule (:func:`memsave.recompute.planning.search.fastest`): the plan picked is never slower than
+  another evaluated candidate with a lower or equal peak, and never above another of the same time; checked with
+  injected costs and peaks (no live timing) in the optimal search, the minimum-memory choice and the compiled choice.
+- The progress bar's postfix names the stage (warming up, profiling, timing stages, ..., verifying candidate k/N).
+- On CPU eager's peak is the traced step's own: the same number as a step measured without the log, on real models
+  (Hugging Face GPT-2 and torchvision's ResNet-18 at small sizes).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import memsave
+from memsave.measurement.allocator import cpu_peak_bytes
+from memsave.measurement.measuring import default_loss
+from memsave.models import hub
+from memsave.recompute.planning import planner
+from memsave.recompute.planning.search import fastest, search_optimal, smallest_plan
+
+
+def candidate(segments, predicted_peak, seconds, measured=None):
+    """A candidate plan as the search reads it (segments, selective, peaks, predicted recompute)."""
+    return SimpleNamespace(
+        segments=list(segments),
+        selective=[],
+        predicted_peak_bytes=predicted_peak,
+        measured_peak_bytes=measured,
+        predicted_extra_seconds=seconds,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the dominance rule
+def test_fastest_takes_the_least_time_then_the_least_peak():
+    slow_small = candidate([(0, 2, True)], 80, 2.0, measured=80)
+    fast_big = candidate([(0, 1, True)], 95, 1.0, measured=95)
+    fast_small = candidate([(1, 2, True)], 99, 1.0, measured=90)  # predicted above fast_big, measured below it
+    assert fastest([slow_small, fast_big]) is fast_big  # faster wins, whatever its peak
+    assert fastest([fast_big, fast_small]) is fast_small  # equal time: the lower (measured) peak
+    assert fastest([fast_small, fast_big]) is fast_small
+    assert fastest([fast_big, candidate([(0, 2, False)], 95, 1.0, measured=95)]) is fast_big  # a full tie: the first
+    ratios = {id(slow_small): 0.9, id(fast_big): 1.1}
+    assert fastest([fast_big, slow_small], seconds=lambda p: ratios[id(p)]) is slow_small  # measured times
+    with pytest.raises(ValueError, match="at least one candidate"):
+        fastest([])
+
+
+def test_the_optimal_search_never_keeps_a_plan_a_cheaper_one_of_equal_time_beats():
+    # Budget 100. Round 1 (solver budget 100) measures 95: fits, the model was pessimistic by 5, so round 2 solves
+    # at 105 and gets a plan of the same predicted recompute that measures 92: both fit, the second is cheaper.
+    answers = {
+        100: candidate([(0, 2, True)], 100, 1.0),
+        105: candidate([(0, 1, True), (1, 2, True)], 101, 1.0),
+    }
+    measured = {(0, 2, True): 95, (0, 1, True): 92}
+    asked = []
+
+    def solve(budget):
+        asked.append(budget)
+        res = answers.get(budget, answers[105])
+        return {"feasible": True, "plan": res}
+
+    best = search_optimal(
+        solve=solve,
+        solve_min_memory=lambda: pytest.fail("the search needed no minimum-memory plan"),
+        make=lambda res: candidate(res["plan"].segments, res["plan"].predicted_peak_bytes, 1.0),
+        measure=lambda p: measured[tuple(p.segments[0])],
+        budget_bytes=100,
+    )
+    assert asked[:2] == [100, 105]
+    assert best.measured_peak_bytes == 92  # before: the first found (95) was kept on the tie
+
+
+def test_the_optimal_search_takes_a_faster_plan_over_a_cheaper_slower_one():
+    answers = {100: candidate([(0, 2, True)], 100, 2.0), 110: candidate([(0, 1, True)], 102, 1.0)}
+    measured = {(0, 2, True): 90, (0, 1, True): 97}
+    best = search_optimal(
+        solve=lambda b: {"feasible": True, "plan": answers[100 if b == 100 else 110]},
+        solve_min_memory=lambda: pytest.fail("not needed"),
+        make=lambda res: candidate(
+            res["plan"].segments, res["plan"].predicted_peak_bytes, res["plan"].predicted_extra_seconds
+        ),
+        measure=lambda p: measured[tuple(p.segments[0])],
+        budget_bytes=100,
+    )
+    assert best.segments == [(0, 1, True)] and best.measured_peak_bytes == 97  # 1.0 s beats 2.0 s, both fit
+
+
+def test_the_smallest_plan_of_equal_peaks_is_the_faster_one():
+    slow = SimpleNamespace(solve=lambda *a: {"plan": candidate([(0, 3, True)], 70, 3.0)})
+    quick = SimpleNamespace(solve=lambda *a: {"plan": candidate([(0, 2, True), (2, 3, True)], 72, 1.5)})
+
+    def make(res, chain):
+        return candidate(res["plan"].segments, res["plan"].predicted_peak_bytes, res["plan"].predicted_extra_seconds)
+
+    chosen = smallest_plan([slow, quick], 100, make, measure=lambda p: 70)  # both measure 70
+    assert chosen.predicted_extra_seconds == 1.5
+    chosen = smallest_plan([slow, quick], 100, make, measure=lambda p: 75 if len(p.segments) == 2 else 70)
+    assert chosen.predicted_extra_seconds == 3.0  # a lower peak wins before time
+
+
+def test_the_compiled_choice_takes_the_lower_peak_on_a_tie():
+    regions = candidate([(0, 2, True)], 100, 0.5, measured=100)
+    partitioner = candidate([(0, 2, False)], 120, 0.0, measured=90)
+    stepper = SimpleNamespace(compiled_ratios=lambda plans: [1.0, 1.0])
+    assert planner._fastest_compiled(stepper, [regions, partitioner]) is partitioner
+    stepper = SimpleNamespace(compiled_ratios=lambda plans: [0.95, 1.0])
+    assert planner._fastest_compiled(stepper, [regions, partitioner]) is regions  # faster, above a slower one
+
+
+# ------------------------------------------------------------------------------------------------------- progress
+class _Bar:
+    """Records what plan shows on its progress bar."""
+
+    def __init__(self, total, desc, progress=None):
+        self.total, self.n, self.stages, self.closed = total, 0, [], False
+
+    def set_postfix_str(self, text):
+        self.stages.append(text)
+
+    def update(self, n):
+        self.n += n
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.slow  # several plans of a real model (5-20 s on two loaded cores)
+def test_the_progress_bar_names_each_stage(monkeypatch):
+    pytest.importorskip("transformers")
+    bars = []
+    monkeypatch.setattr(planner, "progress_bar", lambda *a, **k: bars.append(_Bar(*a, **k)) or bars[-1])
+    torch.manual_seed(0)
+    model = hub.gpt2(2, 32, heads=4, vocab=128, positions=16)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    memsave.plan(model, input_ids=ids, labels=ids, budget=0.9, timing_steps=2, progress=True, cache=False)
+    (bar,) = bars
+    stages = [s for i, s in enumerate(bar.stages) if i == 0 or s != bar.stages[i - 1]]
+    assert stages[:5] == ["warming up", "profiling", "timing stages", "profiling operator classes", "solving"]
+    assert stages[5] == "verifying candidate 1/4"
+    assert "measuring eager's peak" not in stages  # on CPU the traced step gave it
+    assert bar.closed and bar.n <= bar.total
+
+
+# ------------------------------------------------------------------------------------ eager's peak from the trace
+def _models():
+    yield "gpt2", *_gpt2()
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    resnet = torchvision.models.resnet18(weights=None, num_classes=10)
+    yield "resnet18", resnet, (torch.randn(4, 3, 48, 48),), {}
+
+
+def _gpt2():
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = hub.gpt2(2, 32, heads=4, vocab=128, positions=32)
+    ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(1))
+    return model, (), {"input_ids": ids, "labels": ids}
+
+
+@pytest.mark.slow  # several plans of a real model (5-20 s on two loaded cores)
+def test_on_cpu_eager_peak_from_the_trace_is_a_plain_steps_peak():
+    for name, model, args, kwargs in _models():
+        prof = planner.profile(model, *args, selective=False, timing_steps=1, **kwargs)
+
+        def step():
+            out = model(*args, **kwargs)
+            default_loss(out).backward()  # plan's loss when it is given none
+
+        model.zero_grad(set_to_none=True)
+        step()  # as plan's warm-up
+        model.zero_grad(set_to_none=True)
+        assert prof.eager_peak_bytes == cpu_peak_bytes(step), name
