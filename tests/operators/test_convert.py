@@ -103,7 +103,7 @@ def assert_steps_equal(a, b) -> None:
 
 def test_vgg_like_equal_to_unconverted():
     ref = vgg_like()
-    ours = convert(copy.deepcopy(ref), include=MASK_MODULES, exclude=[nn.Dropout])
+    ours = convert(copy.deepcopy(ref), include=MASK_MODULES, exclude=[nn.Dropout], unprofitable=True)
     assert sum(isinstance(m, (mnn.ReLU, mnn.LeakyReLU, mnn.MaxPool2d)) for m in ours.modules()) == 8
     x = torch.randn(2, 3, 16, 16)
     assert_steps_equal(step(ours, x), step(ref, x))
@@ -198,7 +198,9 @@ def test_include_exclude_and_skips():
     model = vgg_like()
     convert(model, include=["features.*"], exclude=["features.4", nn.LeakyReLU])
     f, c = model.features, model.classifier
-    assert isinstance(f[1], mnn.ReLU) and isinstance(f[9], mnn.MaxPool2d)
+    assert isinstance(f[8], mnn.ReLU) and isinstance(f[9], mnn.MaxPool2d)
+    # their masks would gain nothing before a Conv2d and torch's MaxPool2d (features.4 excluded): not made
+    assert type(f[1]) is nn.ReLU and type(f[3]) is nn.ReLU
     assert type(f[4]) is nn.MaxPool2d and type(f[6]) is nn.LeakyReLU
     assert type(c[2]) is nn.ReLU and type(c[3]) is nn.Dropout
     big = nn.Sequential(nn.MaxPool2d(17), nn.ReLU())
@@ -216,12 +218,12 @@ def test_idempotent_shared_modules_and_flags():
     shared = nn.ReLU()
     model = nn.Sequential(nn.Linear(4, 4), shared, nn.Linear(4, 4), shared, nn.Dropout(0.3, inplace=True))
     model.eval()
-    convert(model, dropout=True)
+    convert(model, dropout=True, unprofitable=True)  # ReLU -> Linear: a mask of no gain alone, made on request
     assert model[1] is model[3] and isinstance(model[1], mnn.ReLU)
     assert isinstance(model[4], mnn.Dropout) and model[4].inplace and not model[4].training
     first = [type(m) for m in model]
     with pytest.warns(MemsaveWarning, match="changed nothing"):
-        convert(model, dropout=True)
+        convert(model, dropout=True, unprofitable=True)
     assert [type(m) for m in model] == first
     assert repr(model[1]) == "memsave.ReLU()"
 
@@ -289,11 +291,11 @@ def test_sequential_pattern_registry():
         report = plan_convert(copy.deepcopy(ref), fuse=True, dropout=True)
         assert report.entries[0].detail.startswith("pattern test_linear_relu")
         # excluded members keep a pattern from matching; the ReLU is then swapped alone
-        m2 = convert(copy.deepcopy(ref), exclude=["0"], fuse=True)
+        m2 = convert(copy.deepcopy(ref), exclude=["0"], fuse=True, unprofitable=True)
         assert type(m2[0]) is nn.Linear and isinstance(m2[1], mnn.ReLU) and isinstance(m2[2], LinearReLU)
         # a build may decline
         register_sequential_pattern("test_linear_relu", (nn.Linear, nn.ReLU), lambda ms: None, priority=5)
-        m3 = convert(copy.deepcopy(ref), fuse=True, dropout=True)
+        m3 = convert(copy.deepcopy(ref), fuse=True, dropout=True, unprofitable=True)
         assert type(m3[0]) is nn.Linear and isinstance(m3[1], mnn.ReLU)
         # a pattern that moves parameters is refused and undone
         register_sequential_pattern(

@@ -8,7 +8,6 @@ import copy
 import torch
 from torch import nn
 
-import memsave
 from helpers.fused import FLOAT32_RTOL, module_state, rel_err, saved_bytes
 from memsave.nn import (
     ActLinear,
@@ -117,12 +116,12 @@ def test_declined_and_unsupported_cases():
     model = nn.Sequential(
         nn.Linear(16, 16),
         nn.ReLU(),
-        nn.Linear(16, 16),  # relu -> Linear: nothing to save, left to the mask swap
+        nn.Linear(16, 16),  # relu -> Linear: nothing to save, and a mask would gain nothing either: left
         nn.LayerNorm(8),
         nn.Linear(16, 4),  # shapes do not chain (would fail in forward anyway): declined
     )
     convert(model, fuse=True)
-    assert type(model[1]) is memsave.nn.ReLU and type(model[2]) is nn.Linear
+    assert type(model[1]) is nn.ReLU and type(model[2]) is nn.Linear
     assert type(model[3]) is nn.LayerNorm and type(model[4]) is nn.Linear
     sync = nn.Sequential(nn.Conv2d(3, 4, 1), nn.SyncBatchNorm(4), nn.ReLU())
     convert(sync, fuse=True)
@@ -189,8 +188,9 @@ def test_opt_in_inplace_abn_pattern():
 def test_benchmark_rewrites_keep_keys_and_gradients():
     """The fusion recipes the benchmark rows apply (benchmarks/fusion_recipes.py) rewrite ResNet-50 and the
     GPT-2-like model in place: same parameter names, gradients equal to eager's within float32 rounding."""
-    from memsave import models as bench_models
     from benchmarks import fusion_recipes as recipes
+
+    from memsave import models as bench_models
 
     for name, fuse in (("resnet50", recipes.fuse_resnet50), ("gpt2", recipes.fuse_gpt2)):
         case = bench_models.build(name, "tiny")

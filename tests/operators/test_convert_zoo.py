@@ -237,11 +237,12 @@ def test_unsupported_activation_is_skipped_with_a_reason():
     model = hub.llama(1, 32, 72, heads=4, vocab=VOCAB, positions=2048, hidden_act="quick_gelu")
     report = plan_convert(model, fuse=True)
     skipped = {e.name: e.detail for e in report.entries if e.verdict == "skipped"}
-    assert "QuickGELUActivation has no fused memsave kernel" in skipped["model.layers.0.mlp"]
+    assert "QuickGELUActivation computes none of the fused kernels'" in skipped["model.layers.0.mlp"]
     memsave.convert(model, fuse=True)
     assert type(model.model.layers[0].mlp).__name__ == "LlamaMLP"
     assert isinstance(model.model.layers[0].self_attn.q_proj, memsave.nn.RMSNormLinear)  # the rest still fused
-    assert isinstance(model.model.layers[0].post_attention_layernorm, memsave.nn.RMSNorm)
+    assert isinstance(model.model.layers[0].post_attention_layernorm, memsave.nn.DeferredRMSNorm)
+    assert isinstance(model.model.layers[0].mlp.gate_proj, memsave.nn.RMSNormLinear)  # the norm, into the MLP's Linears
 
     gpt = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, activation_function="quick_gelu")
@@ -269,9 +270,13 @@ def test_lora_adapters_added_before_convert_stay_exact_and_after_convert_are_ref
     )
     ours = copy.deepcopy(eager)
     report = plan_convert(ours, fuse=True)
-    details = {e.name: e.detail for e in report.entries}
-    # the adapters must see the norm's output: the norm is not fused with them
-    assert "not fused with q/k/v_proj" in details["base_model.model.model.layers.0.input_layernorm"]
+    shown = {e.name: e.new for e in report.entries}
+    layer = "base_model.model.model.layers.0"
+    # the adapters read the norm's output too: every Linear that reads it (base layers, lora_A) applies the norm
+    assert shown[f"{layer}.input_layernorm"] == "memsave.DeferredRMSNorm"
+    assert shown[f"{layer}.self_attn.q_proj.base_layer"] == "memsave.RMSNormLinear"
+    assert shown[f"{layer}.self_attn.q_proj.lora_A.default"] == "memsave.RMSNormLinear"
+    assert shown[f"{layer}.self_attn.k_proj"] == "memsave.RMSNormLinear"
     memsave.convert(ours, fuse=True)
     assert list(ours.state_dict()) == list(eager.state_dict())
     ids = _ids()
@@ -280,6 +285,12 @@ def test_lora_adapters_added_before_convert_stay_exact_and_after_convert_are_ref
     loss.backward()
     loss_eager.backward()
     _check_grads(ours, eager)
+    dropped = peft.get_peft_model(
+        _llama_family("Llama")(), peft.LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.1)
+    )
+    details = {e.name: e.detail for e in plan_convert(dropped, fuse=True).entries}
+    # with a dropout before lora_A, something else than Linears reads the norm's output: not fused
+    assert "lora_dropout.default" in details[f"{layer}.input_layernorm"], details[f"{layer}.input_layernorm"]
     converted = memsave.convert(_llama_family("Llama")(), fuse=True)
     with pytest.raises(ValueError, match="RMSNormLinear"):  # PEFT refuses memsave's fused modules
         peft.get_peft_model(converted, peft.LoraConfig(r=4, target_modules=["q_proj"]))

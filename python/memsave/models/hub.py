@@ -144,6 +144,88 @@ def causal_lm(
     return _with_causal_lm_loss(getattr(tf, f"{family}ForCausalLM")(cfg))
 
 
+#: Per family (transformers ``model_type``), the config fields a tiny model needs besides the sizes
+#: :func:`decoder` sets: other names for the MLP width, mixture-of-experts and latent-attention sizes (expert
+#: widths a multiple of 8: transformers' grouped expert kernel needs 16-byte strides).
+DECODER_FIELDS = {
+    "opt": lambda hidden, width: {"ffn_dim": width, "word_embed_proj_dim": hidden},
+    "falcon": lambda hidden, width: {"ffn_hidden_size": width, "num_kv_heads": 2, "new_decoder_architecture": True},
+    "qwen3_moe": lambda hidden, width: {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8 * max(1, width // 32),
+        "mlp_only_layers": [0],
+    },
+    "mixtral": lambda hidden, width: {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "deepseek_v3": lambda hidden, width: {
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8 * max(1, width // 32),
+        "first_k_dense_replace": 1, "q_lora_rank": hidden // 2, "kv_lora_rank": hidden // 4, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 2, "topk_group": 1, "n_shared_experts": 1,
+    },
+    "gemma3_text": lambda hidden, width: {"head_dim": 16, "sliding_window": 16},
+}  # fmt: skip
+
+# Every dropout rate field of the decoder configs (a config ignores the ones it does not have).
+_DROPOUTS = (
+    "dropout", "attention_dropout", "hidden_dropout", "activation_dropout", "resid_pdrop", "embd_pdrop",
+    "attn_pdrop", "residual_dropout", "embedding_dropout", "layerdrop",
+)  # fmt: skip
+
+
+def decoder(
+    model_type: str,
+    layers: int = 2,
+    hidden: int = 64,
+    intermediate: int = 128,
+    heads: int = 4,
+    kv_heads: Optional[int] = 2,
+    vocab: int = 128,
+    positions: int = 128,
+    dropout: Optional[float] = 0.0,
+    **config: Any,
+) -> nn.Module:
+    """Any transformers decoder-only language model (``AutoModelForCausalLM``) by its ``model_type``, tiny, with
+    random weights and no KV cache: the sizes below, the family's own fields from :data:`DECODER_FIELDS`, and
+    transformers' defaults for the rest (``qwen3_moe``, ``gemma3_text``, ``olmo2``, ``deepseek_v3``, ``phi3``,
+    ``gpt_neox``, ``opt``, ``falcon``, ``granite``, ``stablelm``, ``cohere``, ...).
+
+    Args:
+        model_type: the transformers model type (``AutoConfig.for_model``).
+        layers: decoder layers.
+        hidden: model width.
+        intermediate: the MLP width.
+        heads: attention heads.
+        kv_heads: key/value heads, where the family has them.
+        vocab: vocabulary size (the special token ids are set to 0, inside it).
+        positions: ``max_position_embeddings``.
+        dropout: every dropout rate of the config (``None`` keeps the family's own).
+        **config: further config fields, over the above.
+
+    Returns:
+        The model, in training mode.
+
+    Raises:
+        ImportError: transformers is not installed.
+        ValueError: transformers knows no such model type.
+
+    Examples:
+        >>> model = memsave.models.hub.decoder("qwen3", vocab=32000)
+        >>> model(ids, labels=ids).loss
+    """
+    tf = _transformers()
+    fields: dict = dict(
+        num_hidden_layers=layers, hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+        vocab_size=vocab, max_position_embeddings=positions, use_cache=False, pad_token_id=0, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    if kv_heads is not None:
+        fields["num_key_value_heads"] = kv_heads
+    fields.update(DECODER_FIELDS.get(model_type, lambda h, w: {})(hidden, intermediate))
+    if dropout is not None:
+        fields.update({name: dropout for name in _DROPOUTS})
+    fields.update(config)
+    cfg = tf.AutoConfig.for_model(model_type, **fields)
+    return _with_causal_lm_loss(tf.AutoModelForCausalLM.from_config(cfg))
+
+
 def bert(
     layers: int, hidden: int, intermediate: int, heads: int = 4, vocab: int = 128, positions: int = 512, **config: Any
 ) -> nn.Module:

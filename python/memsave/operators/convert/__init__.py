@@ -5,15 +5,18 @@
 ``registry.py``    one-for-one module swaps and nn.Sequential patterns, and the verdicts (does a swap pay?)
 ``mask_swaps.py``  built-in swaps: ReLU, LeakyReLU, MaxPool2d, Dropout (opt-in) -> memsave's mask modules
 ``fused_patterns`` built-in patterns: BatchNorm -> act (-> Conv2d), LayerNorm -> Linear, act -> Linear
-``model_zoo.py``   module rules (``fuse=True``): Hugging Face Llama-family layers, GPT-2's and BERT's MLPs, timm's
-                   ViT Mlp and Block, rewritten inside with the fused modules
-``causal_lm.py``   module rule (``fuse=True``): a Hugging Face causal LM called with labels computes its loss with
+``structure.py``   ``fuse=True``: norms, gated MLPs, activation -> Linear recognised by what they compute, in any model
+``causal_lm.py``   ``fuse=True``: a causal LM (by structure) called with labels computes its loss with
                    ``linear_cross_entropy`` and never builds the logits
+``probe.py``       every structural candidate checked on a probe: equal within float tolerance, fewer bytes kept
+``dataflow.py``    who reads a module's output: one traced probe forward of the model
+``model_zoo.py``   module rules by class name for what structure cannot cover (timm's ViT Mlp and Block), and the
+                   MLPs ``mlp_chunks`` chunks
 ================== ==========================================================================================
 """
 
 from . import causal_lm, fused_patterns, mask_swaps, model_zoo  # noqa: F401  (register the built-in entries)
-from .causal_lm import CAUSAL_LMS, CausalLMHead, FusedCausalLMLoss
+from .causal_lm import CausalLMHead, FusedCausalLMLoss
 from .conversion import ConvertEntry, ConvertReport, convert, plan_convert
 from .fused_patterns import INPLACE_ABN_PATTERN, register_inplace_abn_pattern, unregister_inplace_abn_pattern
 from .registry import (
@@ -24,7 +27,6 @@ from .registry import (
 )
 
 __all__ = [
-    "CAUSAL_LMS",
     "CausalLMHead",
     "ConvertEntry",
     "ConvertReport",

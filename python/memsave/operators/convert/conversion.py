@@ -9,13 +9,16 @@ Three kinds of rewrite, each extensible:
 * **Sequential patterns** (with ``fuse=True``) — consecutive children of an ``nn.Sequential`` replaced together
   (fused operators, e.g. BatchNorm -> activation). Registered with :func:`register_sequential_pattern`; tried before
   module swaps, highest priority first.
-* **Module rules** (with ``fuse=True``) — modules of known model-zoo classes rewritten inside (``model_zoo.py``,
-  ``causal_lm.py``): Hugging Face Llama / Mistral / Qwen2 / Qwen3 decoder layers (RMSNorm -> q/k/v and gate/up
-  fused, the MLP a GatedMLP), GPT-2's and BERT's MLPs (activation -> Linear), timm's ViT Mlp and Block
-  (activation -> fc2, LayerNorm -> qkv/fc1), and a causal LM's loss (with ``labels``, ``linear_cross_entropy`` from
-  the last hidden state: the logits are never built and ``.logits`` is an empty ``[batch, seq, 0]`` tensor). A rule
-  is applied to a module before its children are visited; what it does not replace is visited as usual. More with
-  :func:`registry.add_module_rule`.
+* **Structures** (with ``fuse=True``) — recognised in any model by what modules compute, not by class name
+  (``structure.py``, ``causal_lm.py``): RMS-style norms (``1 + weight`` and head-dimension ones too) and LayerNorms
+  fused into the Linears that alone read them, gated MLPs (separate or packed gate/up projections, mixture-of-experts
+  experts that are such modules), activation -> Linear, and a causal LM's loss (with ``labels``,
+  ``linear_cross_entropy`` from the last hidden state: the logits are never built and ``.logits`` is an empty
+  ``[batch, seq, 0]`` tensor). Each candidate is checked on a probe before it is swapped (``probe.py``: equal to
+  the original within float tolerance, and fewer bytes kept for backward); what is left, and why, is in the report.
+* **Module rules** (with ``fuse=True``) — modules of known classes rewritten inside, for what structure cannot cover
+  (``model_zoo.py``: timm's ViT Mlp and Block). A rule is applied to a module before its children are visited; what
+  it does not replace is visited as usual. More with :func:`registry.add_module_rule`.
 
 Lossless by default
 -------------------
@@ -40,8 +43,16 @@ frees memory **only if nothing else keeps that output**:
   own backward anyway: you then hold the output *and* a mask (1/32 of a float32 output more).
 
 ``convert(model, verbose=True)`` prints this verdict for every module it swaps, as far as the model's structure
-shows it (inside an ``nn.Sequential`` the consumer is the next child; elsewhere it is decided in ``forward`` and
-reported as "depends"). :func:`plan_convert` returns the same report without changing the model.
+shows it (inside an ``nn.Sequential`` the consumer is the next child; with ``fuse=True`` on a model the probe can
+run, the module that reads the output in a traced forward; elsewhere it is decided in ``forward`` and reported as
+"depends"). :func:`plan_convert` returns the same report without changing the model.
+
+Swaps that do not pay are not made
+-----------------------------------
+A swap whose replacement keeps as many bytes for backward as what it replaces, or more, is not made by default and
+is reported as skipped with the reason: a ReLU mask whose consumer keeps the ReLU's output anyway ("no gain alone":
+the output *and* the mask, 1/32 more), a structure whose probe shows no saving (an ActLinear after a ReLU). With
+``unprofitable=True`` they are made anyway (a mask pays inside a checkpointed region's recompute).
 """
 
 from __future__ import annotations
@@ -65,12 +76,17 @@ from .registry import (
     TRANSPARENT,
     ModuleRule,
     ModuleSwap,
+    Note,
+    Replacement,
+    Rewrite,
+    Unit,
     element_matches,
     module_rule_for,
     module_swap_for,
     ordered_patterns,
     sequential_patterns,
 )
+from .structure import analyse
 
 __all__ = ["ConvertEntry", "ConvertReport", "convert", "plan_convert"]
 
@@ -113,7 +129,7 @@ class ConvertReport:
         if not self.entries:
             return (
                 "memsave.convert: nothing to convert (no nn.ReLU, nn.LeakyReLU, nn.Dropout or nn.MaxPool2d; with "
-                "fuse=True, no fusable nn.Sequential run and no module of a known model-zoo class)."
+                "fuse=True, no fusable nn.Sequential run, no structure it recognises and no module of a known class)."
             )
         rows = [
             (e.name or "(root)", f"{e.old} -> {e.new}" if e.new else e.old, e.verdict, e.detail) for e in self.entries
@@ -123,10 +139,11 @@ class ConvertReport:
         w2 = max(len(r[2]) for r in rows)
         lines = [f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]:<{w2}}  {r[3]}" for r in rows]
         converted = len(self.entries) - self.count(SKIPPED)
+        no_gain = any(e.verdict == SKIPPED and e.detail.startswith("no gain alone") for e in self.entries)
         mask_note = (
             " A mask pays where the consumer does not keep its input (pooling with memsave MaxPool2d, addition, a "
             "checkpointed region), not where the next Linear/Conv keeps the output anyway."
-            if self.count(NO_GAIN) or self.count(DEPENDS)
+            if self.count(NO_GAIN) or self.count(DEPENDS) or no_gain
             else ""
         )
         lines.append(
@@ -195,6 +212,24 @@ def _qualify(prefix: str, child: str) -> str:
     return f"{prefix}.{child}" if prefix else child
 
 
+def _common_ancestor(paths: List[str]) -> str:
+    """The qualified name of the nearest module containing (or being) every one of ``paths``."""
+    parts = [p.split(".") if p else [] for p in paths]
+    common: List[str] = []
+    for level in zip(*parts):
+        if any(x != level[0] for x in level):
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+def _relative(anchor: str, path: str) -> str:
+    """``path`` relative to ``anchor`` (``""`` for the anchor itself)."""
+    if path == anchor:
+        return ""
+    return path[len(anchor) + 1 :] if anchor else path
+
+
 Install = Tuple[nn.Module, Callable[[nn.Module], None]]
 
 
@@ -228,8 +263,9 @@ class _Children:
 
 
 class _Planner:
-    """Decides every swap of one :func:`convert` or :func:`plan_convert` call; with build=False (a dry run)
-    Sequential patterns are matched but not built. Nothing here changes the model."""
+    """Decides every swap of one :func:`convert` or :func:`plan_convert` call; with build=False (a dry run) nothing
+    is put in the model, though the replacements are built (so that the report says what convert would do).
+    Nothing here changes the model."""
 
     def __init__(
         self,
@@ -238,10 +274,14 @@ class _Planner:
         build: bool,
         fuse: bool,
         dropout: bool,
+        unprofitable: bool = False,
     ) -> None:
         self.include, self.exclude, self.build, self.fuse = include, exclude, build, fuse
+        self.unprofitable = unprofitable
         self.opted_in = {"dropout": dropout}
         self.report = ConvertReport()
+        self.next_of: Dict[int, nn.Module] = {}  # a module -> the one module that reads its output (traced)
+        self.replaced: set = set()  # qualified names a structural unit replaced (nothing below them is planned)
         self.planned: List[_Planned] = []
         self.installs: List[Install] = []
         self.done: Dict[int, Optional[nn.Module]] = {}  # shared modules are swapped once, to one replacement
@@ -253,12 +293,45 @@ class _Planner:
         return not _selected(self.exclude, name, module)
 
     def run(self, model: nn.Module) -> None:
+        if self.fuse:
+            self.plan_structure(model)
         root_rule = module_rule_for(model) if self.fuse else None
         if root_rule is not None:
             self.apply_rule("", model, root_rule, None, "")
         self.visit("", model)
         order = {name: k for k, (name, _) in enumerate(model.named_modules(remove_duplicate=False))}
         self.report.entries.sort(key=lambda e: order.get(e.name, len(order)))
+
+    # ---- structures (fuse=True) ----
+
+    def plan_structure(self, model: nn.Module) -> None:
+        """Plan the structural units of :mod:`.structure`, in its order, and report its notes."""
+        analysis = analyse(model, self.unprofitable)
+        for item in analysis.units(self.done):
+            if isinstance(item, Note):
+                if self.candidate(item.path, item.module) and not self._below_replaced(item.path):
+                    self.report.entries.append(
+                        ConvertEntry(item.path, type(item.module).__name__, "", SKIPPED, item.detail)
+                    )
+            elif not any(self._below_replaced(t.path) or t.path in self.replaced for t in item.targets):
+                self.apply_unit(model, item)
+        self.next_of = analysis.next_of
+
+    def _below_replaced(self, path: str) -> bool:
+        return any(path.startswith(r + ".") for r in self.replaced)
+
+    def apply_unit(self, model: nn.Module, unit: Unit) -> None:
+        """Plan one :class:`Unit` as a module rule applied to its anchor (all its replacements or none)."""
+        anchor = unit.anchor if unit.anchor is not None else _common_ancestor([t.path for t in unit.targets])
+        module = model.get_submodule(anchor)
+        parent_path, _, slot = anchor.rpartition(".")
+        parent = model.get_submodule(parent_path) if anchor else None
+        reps = tuple(Replacement(_relative(anchor, t.path), t.new, t.detail) for t in unit.targets)
+        rewrite = Rewrite(replacements=reps, install=unit.install)
+        olds = [model.get_submodule(t.path) for t in unit.targets]
+        self.apply_rule(anchor, module, ModuleRule(unit.rule, (), lambda m: rewrite), parent, slot)
+        if all(self.done.get(id(old)) is t.new for old, t in zip(olds, unit.targets)):
+            self.replaced.update(t.path for t in unit.targets)
 
     # ---- module rules ----
 
@@ -293,6 +366,8 @@ class _Planner:
             else:
                 targets.append((prefix, parent, slot, r))
         olds = [getattr(owner, attr) for _, owner, attr, _ in targets]
+        if any((id(owner), attr) in self.placed for _, owner, attr, _ in targets):
+            return False  # a structural unit already replaced some of them: the visit leaves them alone too
         why = self._rule_refusal(prefix, module, targets, olds)
         if why is not None:
             detail = f"{rule.name}: not applied, {why}; its replacements only work together"
@@ -326,15 +401,49 @@ class _Planner:
         for i, (c, child) in enumerate(kids.items):
             if i not in kids.consumed and (id(module), c) not in self.placed:
                 self._visit_child(kids, i, c, child)
-        for i, swap in kids.singles:
+        self._report_singles(kids, in_sequential)
+
+    def _verdict(self, kids: _Children, i: int, swap: ModuleSwap, in_sequential: bool) -> Tuple[str, str]:
+        child = kids.items[i][1]
+        if in_sequential:
+            nxt = _neighbour(kids.items, i, +1, kids.final)
+            prv = _neighbour(kids.items, i, -1, kids.final)
+        else:  # the traced reader where there is one (fuse=True), else not visible
+            nxt, prv = self.next_of.get(id(child)), None
+        return swap.note(child, prv, nxt)
+
+    def _report_singles(self, kids: _Children, in_sequential: bool) -> None:
+        """Report the module swaps of one visit; undo those that gain nothing on their own (their neighbours keep
+        what they would save), unless ``unprofitable``. Undoing one changes its neighbours' view: repeat until
+        none is left to undo."""
+        undone: Dict[int, str] = {}
+        while True:
+            verdicts = {i: self._verdict(kids, i, s, in_sequential) for i, s in kids.singles if i not in undone}
+            newly = {i: d for i, (v, d) in verdicts.items() if v == NO_GAIN and not self.unprofitable}
+            if not newly:
+                break
+            for i, detail in newly.items():
+                self._undo_swap(kids, i)
+                undone[i] = detail
+        for i, _ in kids.singles:
             c, child = kids.items[i]
-            nxt = _neighbour(kids.items, i, +1, kids.final) if in_sequential else None
-            prv = _neighbour(kids.items, i, -1, kids.final) if in_sequential else None
-            verdict, detail = swap.note(child, prv, nxt)
+            qn = _qualify(kids.prefix, c)
+            if i in undone:
+                detail = f"no gain alone, not made: {undone[i]}; convert(..., unprofitable=True) makes it anyway"
+                self.report.entries.append(ConvertEntry(qn, type(child).__name__, "", SKIPPED, detail))
+                continue
+            verdict, detail = verdicts[i]
             new_name = f"memsave.{type(kids.final[i]).__name__}"
-            self.report.entries.append(
-                ConvertEntry(_qualify(prefix, c), type(child).__name__, new_name, verdict, detail)
-            )
+            self.report.entries.append(ConvertEntry(qn, type(child).__name__, new_name, verdict, detail))
+
+    def _undo_swap(self, kids: _Children, i: int) -> None:
+        """Take back the planned swap of child ``i`` (in every slot it was registered in)."""
+        child = kids.items[i][1]
+        self.planned = [p for p in self.planned if p.old is not child]
+        for j, (_, m) in enumerate(kids.items):
+            if m is child:
+                kids.final.pop(j, None)
+        self.done[id(child)] = None
 
     def _match_pattern(self, kids: _Children, i: int) -> int:
         """Plan the first Sequential pattern matching the children from position i; the number of children it
@@ -349,7 +458,7 @@ class _Planner:
             if not all(self.candidate(_qualify(kids.prefix, c), m) for c, m in run):
                 continue
             olds = [m for _, m in run]
-            news = pat.build(list(olds)) if self.build else olds
+            news = pat.build(list(olds))  # in a dry run too (cheap, the model untouched): a build may decline
             if news is None:
                 continue
             news = list(news)
@@ -360,12 +469,12 @@ class _Planner:
                 )
             for k, ((c, old), new) in enumerate(zip(run, news)):
                 qn = _qualify(kids.prefix, c)
-                if new is not old:
+                if new is not old and self.build:
                     self.planned.append(_Planned(kids.module, c, qn, old, new))
                 kids.final[i + k] = new
                 kids.consumed.add(i + k)
                 self.done[id(old)] = new
-                new_name = type(new).__name__ if self.build else f"[{pat.name}]"
+                new_name = type(new).__name__
                 detail = f"pattern {pat.name}" + (f": {pat.note}" if pat.note else "")
                 self.report.entries.append(ConvertEntry(qn, type(old).__name__, new_name, PAYS, detail))
             return n
@@ -416,12 +525,13 @@ def _plan(
     build: bool,
     fuse: bool = False,
     dropout: bool = False,
+    unprofitable: bool = False,
 ) -> Tuple[List[_Planned], ConvertReport, List[Install]]:
-    """Decide every swap; with build=False (a dry run) Sequential patterns are matched but not built.
+    """Decide every swap; with build=False (a dry run) nothing is planned for putting in the model.
 
     Returns the planned swaps, the report, and the installs of module rules (module, install) to run after them.
     """
-    planner = _Planner(include, exclude, build, fuse, dropout)
+    planner = _Planner(include, exclude, build, fuse, dropout, unprofitable)
     planner.run(model)
     return planner.planned, planner.report, planner.installs
 
@@ -433,14 +543,21 @@ def plan_convert(
     *,
     fuse: bool = False,
     dropout: bool = False,
+    unprofitable: bool = False,
 ) -> ConvertReport:
     """What :func:`convert` would swap, and where it would pay, without changing the model.
 
+    With ``fuse=True`` the structural candidates are probed as :func:`convert` probes them (the model runs on probe
+    inputs; its parameters, buffers, training flags and RNG state are put back).
+
     Args:
-        model, include, exclude, fuse, dropout: as for :func:`convert`.
+        model, include, exclude, fuse, dropout, unprofitable: as for :func:`convert`.
 
     Returns:
         A :class:`ConvertReport`; ``print(report)`` shows the table.
+
+    Raises:
+        TypeError, ValueError: as :func:`convert`, for the same arguments.
 
     Examples:
         >>> from memsave.operators.convert import plan_convert
@@ -448,6 +565,7 @@ def plan_convert(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.plan_convert expects an nn.Module, got {type(model).__name__}")
+    _check_unprofitable(unprofitable, "plan_convert")
     _, report, _ = _plan(
         model,
         _matching(model, include, "include"),
@@ -455,6 +573,7 @@ def plan_convert(
         build=False,
         fuse=fuse,
         dropout=dropout,
+        unprofitable=unprofitable,
     )
     return report
 
@@ -467,11 +586,14 @@ def _convert(
     fuse: bool,
     dropout: bool,
     chunks: Optional[Union[int, str]],
+    unprofitable: bool = False,
 ) -> ConvertReport:
     """Plan, swap, check the state_dict keys, run the rules' installs and chunk the MLPs (the caller undoes all of
     it if anything raises)."""
     keys_before = set(model.state_dict().keys())
-    planned, report, installs = _plan(model, include, exclude, build=True, fuse=fuse, dropout=dropout)
+    planned, report, installs = _plan(
+        model, include, exclude, build=True, fuse=fuse, dropout=dropout, unprofitable=unprofitable
+    )
     for p in planned:
         setattr(p.parent, p.child, p.new)
     keys_after = set(model.state_dict().keys())
@@ -490,6 +612,14 @@ def _convert(
     return report
 
 
+def _check_unprofitable(value: object, where: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"memsave.{where}: unprofitable must be True or False (make the swaps that keep as many bytes as what "
+            f"they replace), got {value!r}"
+        )
+
+
 def _warn_unchanged(model: nn.Module, report: ConvertReport, fuse: bool) -> None:
     """A convert that changed nothing says so, as ``memsave.wrap`` does when it finds no block (a user otherwise
     believes the model saves memory)."""
@@ -497,7 +627,7 @@ def _warn_unchanged(model: nn.Module, report: ConvertReport, fuse: bool) -> None
         why = f"every candidate was skipped ({report.count(SKIPPED)}; verbose=True prints why)"
     else:
         why = "no module left that convert swaps (nn.ReLU, nn.LeakyReLU, nn.MaxPool2d; nn.Dropout with dropout=True)"
-        why += "" if fuse else "; fuse=True also fuses nn.Sequential runs and the model families it knows"
+        why += "" if fuse else "; fuse=True also fuses nn.Sequential runs and the structures it recognises"
     warnings.warn(
         f"memsave.convert: changed nothing in {type(model).__name__}: {why}. memsave.wrap(model) saves memory "
         "in any model by recomputing its blocks.",
@@ -515,14 +645,17 @@ def convert(
     fuse: bool = False,
     dropout: bool = False,
     mlp_chunks: Optional[Union[int, str]] = None,
+    unprofitable: bool = False,
 ) -> ModuleT:
     """Swap memory-efficient modules into ``model``, recursively and in place; state_dict keys do not change.
 
     Replaces ``nn.ReLU``, ``nn.LeakyReLU`` and ``nn.MaxPool2d`` (exact types) by their :mod:`memsave.nn`
     counterparts; outputs, gradients and buffers stay bitwise equal to eager on CPU. ``fuse=True`` also replaces
-    runs of ``nn.Sequential`` children matching a registered pattern by fused modules (equal up to float rounding),
-    ``dropout=True`` also swaps ``nn.Dropout`` (other random bits than torch's). See the module docstring for where a
-    mask saves memory and where it does not.
+    runs of ``nn.Sequential`` children matching a registered pattern by fused modules and the structures it
+    recognises by what they compute, each checked on a probe (equal up to float rounding), ``dropout=True`` also
+    swaps ``nn.Dropout`` (other random bits than torch's). A swap that would not lower the bytes kept for backward is
+    not made unless ``unprofitable=True``. See the module docstring for where a mask saves memory and where it does
+    not.
 
     Args:
         model: the model; modified in place.
@@ -532,20 +665,25 @@ def convert(
         exclude: modules matching one of these (same forms) are left alone, and patterns touching them skipped.
         verbose: print the :class:`ConvertReport`: each swap and whether its mask pays.
         fuse: also apply the fused Sequential patterns (BatchNorm -> activation, LayerNorm -> Linear,
-            Linear -> activation -> Linear, ...) and the model-zoo rules (Hugging Face Llama family, GPT-2, BERT,
-            timm ViT; a causal LM's loss without logits, see the module docstring): gradients equal up to float
-            rounding, not bitwise. Parts a rule does not support are left alone and reported as skipped, with why.
+            Linear -> activation -> Linear, ...), the structures recognised in any model (RMS norms and LayerNorms
+            fused into the Linears that read them, gated MLPs, activation -> Linear, a causal LM's loss without
+            logits; see the module docstring) and the timm ViT rules: gradients equal up to float rounding, not
+            bitwise. What is not converted is reported as skipped, with why.
         dropout: also swap ``nn.Dropout``: same keep probability and scaling, other random bits than torch's.
-        mlp_chunks: also run the MLPs of the model zoos above (Hugging Face Llama family, GPT-2, BERT, timm ViT)
-            slice by slice along the sequence, each slice recomputed in its own backward (:func:`memsave.chunked`):
-            an int number of slices, or ``"auto"`` (from the sequence length at each call: ``ceil(length /
-            max(hidden, 256))`` slices). Gradients equal up to float rounding. ``None`` (default): unchunked.
+        mlp_chunks: also run the MLPs slice by slice along the sequence (every gated MLP it recognises, GPT-2's,
+            BERT's and timm ViT's; see ``model_zoo.py``), each slice recomputed in its own backward
+            (:func:`memsave.chunked`): an int number of slices, or ``"auto"`` (from the sequence length at each
+            call: ``ceil(length / max(hidden, 256))`` slices). Gradients equal up to float rounding. ``None``
+            (default): unchunked.
+        unprofitable: also make the swaps that keep as many bytes for backward as what they replace, or more (a
+            ReLU mask whose consumer keeps the ReLU's output anyway: it pays only inside a checkpointed region).
 
     Returns:
         ``model`` itself, typed as the class it was given (``memsave.convert(llama).generate(...)`` type-checks).
 
     Raises:
-        TypeError: ``model`` is not an nn.Module, or include/exclude hold something else than classes and strings.
+        TypeError: ``model`` is not an nn.Module, include/exclude hold something else than classes and strings, or
+            ``unprofitable`` is not a bool.
         ValueError: an include pattern matches no module of the model, or a registered pattern broke the state_dict
             keys. Whatever fails (a rule, a pattern, an install), the model is left exactly as it was: module tree,
             forwards, parameters, buffers and hooks.
@@ -561,10 +699,11 @@ def convert(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.convert expects an nn.Module, got {type(model).__name__}")
+    _check_unprofitable(unprofitable, "convert")
     chunks = check_chunks(mlp_chunks, "convert: mlp_chunks") if mlp_chunks is not None else None
     selectors = _matching(model, include, "include"), _as_selectors(exclude, "exclude")
     with all_or_nothing(model):  # a rule, a pattern or an install that fails leaves the model as it was
-        report = _convert(model, *selectors, fuse=fuse, dropout=dropout, chunks=chunks)
+        report = _convert(model, *selectors, fuse=fuse, dropout=dropout, chunks=chunks, unprofitable=unprofitable)
     if verbose:
         print(report.summary())
     return model

@@ -1,18 +1,22 @@
 """The rewrite registry of :func:`memsave.convert`: one-for-one module swaps and nn.Sequential patterns, with the
-verdicts convert reports (does a swap pay on its own, given what its neighbours keep for backward?).
+verdicts convert reports (does a swap pay on its own, given what its neighbours keep for backward?), and the kinds
+of rule ``fuse=True`` applies.
 
-Three kinds of entry:
+The kinds of rule:
 
 * module swaps: one module of an exact type for one memsave module;
 * Sequential patterns: runs of consecutive ``nn.Sequential`` children replaced together;
-* module rules (``fuse=True``): a module of a known class -- a Hugging Face decoder layer, a timm ``Mlp``, a causal
-  language model -- whose ``forward`` memsave knows, rewritten inside (its children replaced, hooks installed).
-  Rules match classes by qualified name (``"transformers.models.llama.modeling_llama.LlamaMLP"``), so memsave never
-  imports the libraries they come from.
+* structural units (``fuse=True``): what :mod:`.structure` and :mod:`.causal_lm` recognise by what modules compute
+  -- a :class:`Unit` of :class:`Target` replacements that only work together, or a :class:`Note` saying why a
+  module is left as it is;
+* module rules (``fuse=True``): a module of a known class whose ``forward`` memsave knows, rewritten inside (its
+  children replaced, hooks installed), for what structure cannot cover (timm's ViT blocks, ``model_zoo.py``).
+  Rules match classes by qualified name (``"timm.layers.mlp.Mlp"``), so memsave never imports the libraries they
+  come from.
 
 Built-in entries register themselves: the mask and pooling swaps in ``mask_swaps.py``, the fused operators'
-patterns in ``fused_patterns.py``, the model-zoo rules in ``model_zoo.py`` and ``causal_lm.py``. Users add swaps
-and patterns with :func:`register_module_swap` and :func:`register_sequential_pattern`.
+patterns in ``fused_patterns.py``, the module rules in ``model_zoo.py``. Users add swaps and patterns with
+:func:`register_module_swap` and :func:`register_sequential_pattern`, rules with :func:`add_module_rule`.
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ __all__ = [
     "TRANSPARENT",
     "ModuleRule",
     "ModuleSwap",
+    "Note",
     "Replacement",
     "Rewrite",
     "SequentialPattern",
+    "Target",
+    "Unit",
     "add_module_rule",
     "add_module_swap",
     "element_matches",
@@ -260,6 +267,55 @@ def add_module_swap(swap: ModuleSwap) -> None:
     _SWAPS[swap.torch_type] = swap
 
 
+# ---- structural units (fuse=True): what a module computes -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One module a :class:`Unit` puts into the model: its qualified path, the new module, the report line.
+
+    Examples:
+        >>> Target("model.norm", memsave.nn.RMSNorm.from_module(model.model.norm), "keeps its input")
+    """
+
+    path: str
+    new: nn.Module
+    detail: str
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Replacements that only work together (a norm and the Linears it is fused into), planned as one rule.
+
+    Attributes:
+        rule: the rule's name in the report.
+        targets: the replacements.
+        anchor: the qualified path of the module the rule applies to (default: the targets' common ancestor).
+        install: run on the anchor module after the swaps (the causal-LM loss's hooks).
+
+    Examples:
+        >>> Unit("rms_norm", (Target("model.norm", new_norm, "keeps its input and one float per row"),))
+    """
+
+    rule: str
+    targets: Tuple[Target, ...]
+    anchor: Optional[str] = None
+    install: Optional[Callable[[nn.Module], None]] = None
+
+
+@dataclass(frozen=True)
+class Note:
+    """A module left as it is, and why (a "skipped" line of the report).
+
+    Examples:
+        >>> Note("model.norm", model.model.norm, "rms_norm: not an RMS norm: ...")
+    """
+
+    path: str
+    module: nn.Module
+    detail: str
+
+
 # ---- module rules (fuse=True): known model classes rewritten inside ---------------------------------------------
 
 
@@ -363,7 +419,7 @@ def module_rule_for(module: nn.Module) -> Optional[ModuleRule]:
         The rule :func:`memsave.convert` applies to it with ``fuse=True``, or None (subclasses have none).
 
     Examples:
-        >>> module_rule_for(llama.model.layers[0]).name
-        'llama_decoder_layer'
+        >>> module_rule_for(vit.blocks[0]).name
+        'timm_vit_block'
     """
     return _RULES.get(qualified_class_name(module))
