@@ -1,6 +1,7 @@
-"""Benchmark-only fusion recipes for whole models whose forward is not an ``nn.Sequential`` that :func:`memsave.convert`'s
-patterns could match: each rewrites a model in place with the fused modules, keeping every parameter name and
-state_dict key (the benchmark rows ``fused:<choice>`` in benchmarks/strategies_fused.py apply them).
+"""Benchmark-only fusion recipes for whole models whose forward is not an ``nn.Sequential`` that
+:func:`memsave.convert`'s patterns could match: each rewrites a model in place with the fused modules, keeping
+every parameter name and state_dict key (the benchmark rows ``fused:<choice>`` in benchmarks/strategies_fused.py
+apply them).
 
 * :func:`fuse_resnet50` -- the benchmark zoo's ResNet-50 (``memsave.models``): in every bottleneck
   bn1 -> relu -> conv2 and bn2 -> relu -> conv3 become ``fuse_batch_norm_act_conv2d`` pairs (the conv's input is
@@ -30,8 +31,9 @@ from memsave.nn import (
     fuse_batch_norm_act_conv2d,
     fuse_layer_norm_linear,
 )
+
 # convert's own pattern builders, so a recipe fuses exactly as memsave.convert(fuse=True) would.
-from memsave.operators.convert.fused_patterns import (  # noqa: PLC2701
+from memsave.operators.convert.fused_patterns import (
     _build_batch_norm_act,
     _build_batch_norm_act_conv2d,
     _is_activation,

@@ -29,8 +29,8 @@ from typing import Optional, Tuple
 
 from torch import nn
 
-from memsave.measurement.strategies import StrategyContext, register_strategy
 from benchmarks.fusion_recipes import fuse_gpt2, fuse_resnet50, fuse_sequentials, is_resnet50
+from memsave.measurement.strategies import StrategyContext, register_strategy
 
 __all__ = ["FUSED_STRATEGIES", "fuse_gpt2", "fuse_resnet50"]
 
