@@ -66,7 +66,9 @@ def test_compare_takes_labels_a_user_function_and_eager_against_itself():
             steps=3,
             strategies={"eager": "eager", "eager_again": lambda m: m, "wrap": "checkpoint:blocks"},
         )
-    assert [row.strategy for row in r.rows] == ["eager", "eager_again", "checkpoint:blocks"]
+    # A mapping's row shows under the name given ("wrap"), not the strategy's ("checkpoint:blocks").
+    assert [row.strategy for row in r.rows] == ["eager", "eager_again", "wrap"]
+    assert r["wrap"].max_grad_diff == 0.0
     again = r["eager_again"]
     assert again.max_grad_diff == 0.0 and again.peak_bytes == r.eager.peak_bytes
     # Every timed row says how spread its times were and over how many rounds (no claim on the ratio: timing).
