@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import torch
 
 import memsave
+from memsave.recompute.planning.cache import cpu_name
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -59,15 +60,8 @@ __all__ = [
 
 
 def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else platform's processor or machine."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name (Linux /proc/cpuinfo), else platform's processor or machine: as the plan cache keys it."""
+    return cpu_name()
 
 
 def git(*args: str) -> Optional[str]:

@@ -3,10 +3,13 @@ test_convert_fused): unfused torch references, error measures and the saved-tens
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 import torch.nn.functional as TF
+
+# Bytes autograd saves for backward, each storage once: convert's probes count them the same way.
+from memsave.operators.convert.probe import saved_bytes as saved_bytes
 
 Tensor = torch.Tensor
 
@@ -57,29 +60,6 @@ def leaf_copies(*tensors: Any, dtype: Any = None) -> Tuple[Any, ...]:
         c = t.detach().clone() if dtype is None else t.detach().to(dtype)
         out.append(c.requires_grad_(t.requires_grad))
     return tuple(out)
-
-
-def saved_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> Tuple[int, Any]:
-    """Bytes autograd saves for backward while ``fn()`` runs, counting each storage once.
-
-    Measured with ``torch.autograd.graph.saved_tensors_hooks``; storages of ``exclude`` (parameters, buffers) are
-    not counted: they are not activation memory.
-
-    Returns:
-        ``(bytes, fn's result)``.
-    """
-    excluded = {t.untyped_storage().data_ptr() for t in exclude if t is not None}
-    storages: Dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        result = fn()
-    return sum(storages.values()), result
 
 
 def module_state(module: torch.nn.Module) -> Tuple[Tensor, ...]:

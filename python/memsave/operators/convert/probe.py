@@ -233,7 +233,7 @@ def saved_bytes(fn: Callable[[], Any], exclude: Sequence[Tensor] = ()) -> Tuple[
     Examples:
         >>> kept, out = saved_bytes(lambda: mlp(x), list(mlp.parameters()))
     """
-    excluded = {t.untyped_storage().data_ptr() for t in exclude}
+    excluded = {t.untyped_storage().data_ptr() for t in exclude if t is not None}
     storages: Dict[int, int] = {}
 
     def pack(t: Tensor) -> Tensor:

@@ -55,6 +55,7 @@ __all__ = [
     "PLAN_CACHE_ENV",
     "NotKeyable",
     "cache_directory",
+    "cpu_name",
     "entry_path",
     "load_plan",
     "plan_key",
@@ -253,11 +254,11 @@ def _device_key(device: torch.device) -> Dict[str, Any]:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return {"type": "cuda", "name": props.name, "capability": [props.major, props.minor]}
-    return {"type": device.type, "name": _cpu_name(), "threads": torch.get_num_threads()}
+    return {"type": device.type, "name": cpu_name(), "threads": torch.get_num_threads()}
 
 
 @functools.lru_cache(maxsize=1)
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
