@@ -21,13 +21,13 @@ import pytest
 import torch
 import torch.utils.checkpoint as torch_ckpt
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import memsave
-from helpers import Counter, eager_step, in_backward
+from helpers import Counter, eager_step, hub, in_backward
 from helpers import grads as _grads
 from helpers import leaf as _leaf
 from memsave.errors import CheckpointError, MemsaveWarning, RecomputeMismatchError
-from memsave.models import hub
 from memsave.recompute import state as _state
 
 
@@ -380,8 +380,9 @@ def test_saved_leaves_are_handed_back_by_identity() -> None:
     memsave.checkpoint(region, x, scale, use_reentrant=False).sum().backward()
     assert seen["scale"] is scale and seen["factor"] == 3.0
     assert torch.equal(x.grad, torch.full_like(x, 3.0))
-    # Everything the region saved is a live leaf (x, scale): nothing was recomputed.
-    assert region.calls == 1 and region.in_backward == 0
+    # Everything the region saved is a live leaf (x, scale), handed back as is; the region still reruns once in
+    # backward, as under torch's checkpoint, and that rerun stops at its first saved tensor.
+    assert region.calls == 2 and region.in_backward == 1
     # Here ScaleBy saves a tensor made in the region: recomputed, with the scale argument passed to the recompute as
     # the same object (its forward reads scale.factor), and the saved scale handed back as the same object.
     x.grad = None
@@ -413,22 +414,43 @@ def test_saved_leaves_are_handed_back_by_identity() -> None:
     assert buf_seen[0] is norm.running_var
 
 
-def test_region_saving_only_leaves_is_never_recomputed() -> None:
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten operators that reach a kernel while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: List[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_region_saving_only_leaves_reruns_as_torch_does(early_stop: bool) -> None:
     # A frozen embedding table looked up with token ids, then a matrix product with a weight: embedding saves the
-    # ids, mm its two operands, add nothing: all live leaves, so backward needs no recompute.
+    # ids, mm its two operands, add nothing: all live leaves, handed back as they are. The region still reruns once
+    # in backward, as under torch's checkpoint; with early stop that rerun ends at the first saved tensor, before
+    # the embedding's kernel, so it computes nothing.
     torch.manual_seed(0)
     w = _leaf(8, 8, seed=1)
     ids = torch.randint(0, 10, (4,))
     table = nn.Embedding(10, 8)
     region = Counter(lambda i, t: table(i) + t @ w)
     x = _leaf(4, 8)
-    memsave.checkpoint(region, ids, x, use_reentrant=False).pow(2).sum().backward()
+    loss = memsave.checkpoint(region, ids, x, use_reentrant=False, early_stop=early_stop).pow(2).sum()
+    with _OpCounter() as counter:
+        loss.backward()
     got = _grads(x, w, table.weight)
     _clear(x, w, table.weight)
-    region.fn(ids, x).pow(2).sum().backward()
+    with _OpCounter() as eager_counter:
+        region.fn(ids, x).pow(2).sum().backward()
     assert all(torch.equal(a, b) for a, b in zip(got, _grads(x, w, table.weight)))
-    assert region.calls == 1 and region.in_backward == 0  # the forward only
-    # A tensor made inside the region is not alive in backward: that region is recomputed.
+    assert region.calls == 2 and region.in_backward == 1
+    rerun = counter.ops.count(torch.ops.aten.embedding.default)
+    assert rerun == (0 if early_stop else 1), counter.ops
+    assert torch.ops.aten.embedding.default in eager_counter.ops
+    # A tensor made inside the region is not alive in backward: the rerun stores it.
     region = Counter(lambda t: t.exp() @ w)
     memsave.checkpoint(region, x, use_reentrant=False).sum().backward()
     assert region.in_backward == 1

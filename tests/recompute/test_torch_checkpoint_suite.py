@@ -28,13 +28,8 @@ MIN_PASSED = 30
 MIN_NON_REENTRANT = 25
 NON_REENTRANT = ("checkpoint:non_reentrant", "checkpoint_sequential:non_reentrant")
 
-#: Where memsave differs from torch on purpose (test id: why); each one is documented in docs/compatibility.md.
-BY_DESIGN = {
-    "test_autograd.py::TestNestedCheckpoint::test_nested_checkpoint_set_early_stop_no_recompution_needed": (
-        "counts the region's forward calls: torch reruns a region whose only saved tensor is its input to unpack it, "
-        "memsave hands the saved leaf back without rerunning the region (gradients identical, one run fewer)"
-    ),
-}
+#: Where memsave differs from torch on purpose (test id: why), each documented in docs/compatibility.md: none now.
+BY_DESIGN: dict = {}
 
 
 def _non_reentrant(run: dict) -> set:

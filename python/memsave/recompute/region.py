@@ -20,7 +20,9 @@ How a region works (non-reentrant, built on :class:`torch.autograd.graph.saved_t
   produced the last of them (``early_stop=False`` reruns the whole region); unpacking pops a stored tensor.
   Recomputes are per backward (autograd graph task, or torch's ``GraphExecGroup``, whose backward calls share one
   recompute): a second backward with ``retain_graph=True`` recomputes again, and what one backward recomputed but
-  did not unpack is dropped when that backward ends.
+  did not unpack is dropped when that backward ends. Saved leaves (inputs, parameters) are handed back as they
+  are; a backward that reads only those still reruns the region once, as torch's checkpoint does, and that rerun
+  stores nothing (with early stop it ends at its first saved tensor).
 * **Double unpack**: reading the same recomputed saved tensor twice in one backward (a custom
   ``autograd.Function`` that reads ``ctx.saved_tensors`` twice) raises :class:`~memsave.errors.CheckpointError`,
   as ``torch.utils.checkpoint`` does: recomputed tensors are freed as soon as they are read. Leaves handed back by
@@ -133,13 +135,15 @@ class _StopRecompute(BaseException):
 
 
 class _Run:
-    """What one backward (graph task) got from a region: recomputed tensors not read yet, indices already read."""
+    """What one backward (graph task) got from a region: recomputed tensors not read yet, indices already read,
+    and whether the region has been rerun for it."""
 
-    __slots__ = ("stored", "unpacked")
+    __slots__ = ("recomputed", "stored", "unpacked")
 
     def __init__(self) -> None:
         self.stored: "weakref.WeakKeyDictionary[_Handle, Tuple[torch.Tensor, int]]" = weakref.WeakKeyDictionary()
         self.unpacked: Set[int] = set()
+        self.recomputed = False
 
 
 class _Frame:
@@ -299,11 +303,12 @@ class _Frame:
             return self.module_records
         return self.module_records.including(pending)
 
-    def needed(self, run: _Run, index: int, temporary: bool) -> Set[int]:
-        """Indices the recompute must store for this backward: live handles not read yet and not leaves."""
+    def needed(self, run: _Run, index: Optional[int], temporary: bool) -> Set[int]:
+        """Indices the recompute must store for this backward: ``index`` (when given), and live handles not read yet
+        and not leaves."""
         if temporary:
-            return {index}
-        needed = {index}
+            return set() if index is None else {index}
+        needed = set() if index is None else {index}
         for i, ref in enumerate(self.handles):
             handle = ref()
             if handle is None or i in run.unpacked or handle in run.stored:
@@ -335,7 +340,7 @@ class _Frame:
         if self.strict:
             _strict_compare(self.name, i, self.strict_values[i], t)
 
-    def recompute(self, run: _Run, index: int, temporary: bool = False) -> None:
+    def recompute(self, run: _Run, index: Optional[int], temporary: bool = False) -> None:
         if self.recomputing:
             raise CheckpointError(
                 f"memsave: region '{self.name}' asked for its own saved tensors while recomputing them. Please "
@@ -344,7 +349,9 @@ class _Frame:
         self.check_unchanged()
         forward_done = self.forward_done
         needed = self.needed(run, index, temporary)
-        last = max(needed)
+        run.recomputed = True
+        # With nothing to store (a backward that only reads saved leaves) an early stop comes at the first pack.
+        last = max(needed, default=-1)
         n = len(self.metas)
         records = self.records_for_recompute()
         args = state.map_tensors(_detach_like, self.args)
@@ -375,7 +382,7 @@ class _Frame:
                 handle = self.handles[i]()
                 if handle is not None:
                     run.stored[handle] = (value, t._version)
-            if i == last and self.early_stop:
+            if i >= last and self.early_stop:
                 stopped[0] = True
                 raise _StopRecompute()
             return value
@@ -495,6 +502,33 @@ def _drop_run_when_backward_ends(frame: _Frame, key: Hashable) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(drop)
 
 
+def _run_for(frame: _Frame, key: Optional[Hashable], ends: bool) -> _Run:
+    """The frame's run for this backward (a fresh unregistered one when the backward has no key)."""
+    run = frame.runs.get(key) if key is not None else None
+    if run is None:
+        run = _Run()
+        if key is not None:
+            frame.runs[key] = run
+            if ends:
+                _drop_run_when_backward_ends(frame, key)
+    return run
+
+
+def _rerun_for_leaves(frame: _Frame, key: Optional[Hashable], ends: bool) -> None:
+    """Rerun the region once for a backward that reads only saved leaves (its inputs, parameters).
+
+    torch.utils.checkpoint reruns a region at the first unpack of each backward whatever it unpacks, so a region's
+    Python side effects happen as often under memsave as under torch. The rerun stores nothing: with early stop it
+    ends at its first saved tensor, before that operator's kernel runs.
+    """
+    if key is None or not frame.forward_done or frame.recomputing:
+        return
+    run = _run_for(frame, key, ends)
+    if run.recomputed or frame.needed(run, None, False):
+        return  # rerun already, or it reruns when backward reads one of the tensors it did not keep
+    frame.recompute(run, None)
+
+
 def _unpack(handle: _Handle) -> torch.Tensor:
     frame = handle.frame
     index = handle.index
@@ -505,15 +539,10 @@ def _unpack(handle: _Handle) -> torch.Tensor:
             raise frame.stale_error(index, *stale)
         leaf = frame.live_leaf(index)
         if leaf is not None:
+            _rerun_for_leaves(frame, key, ends)
             return frame.unpack_leaf(index, leaf)
-        run = frame.runs.get(key) if key is not None else None
-        if run is None:
-            run = _Run()
-            if key is not None:
-                frame.runs[key] = run
-                if ends:
-                    _drop_run_when_backward_ends(frame, key)
-        elif index in run.unpacked:
+        run = _run_for(frame, key, ends)
+        if index in run.unpacked:
             group = (
                 ""
                 if ends
