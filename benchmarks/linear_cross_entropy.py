@@ -53,7 +53,7 @@ import statistics
 import sys
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as TF
@@ -112,19 +112,21 @@ def memsave_loss(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Ten
     return MF.linear_cross_entropy(h, w, t, ignore_index=IGNORE_INDEX)
 
 
-def variant_losses() -> Dict[str, Loss]:
+def variant_losses(only: Optional[Sequence[str]] = None) -> Dict[str, Loss]:
     """The variants this torch has, by key of :data:`VARIANTS`: eager and memsave always, torch's two where it has
-    ``F.linear_cross_entropy`` (and, for the chunked one, ``torch.nn.LinearCrossEntropyOptions``)."""
+    ``F.linear_cross_entropy`` (and, for the chunked one, ``torch.nn.LinearCrossEntropyOptions``); with ``only``,
+    just those and eager (the ratios' denominator)."""
     fns: Dict[str, Loss] = {"eager": eager_loss, "memsave": memsave_loss}
     native = compat.native_linear_cross_entropy()
-    if native is None:
+    if native is not None:
+        fns["torch"] = lambda h, w, t: native(h, w, t, ignore_index=IGNORE_INDEX)
+        options_cls = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+        if options_cls is not None:
+            options = options_cls()
+            fns["torch_chunked"] = lambda h, w, t: native(h, w, t, ignore_index=IGNORE_INDEX, options=options)
+    if only is None:
         return fns
-    fns["torch"] = lambda h, w, t: native(h, w, t, ignore_index=IGNORE_INDEX)
-    options_cls = getattr(torch.nn, "LinearCrossEntropyOptions", None)
-    if options_cls is not None:
-        options = options_cls()
-        fns["torch_chunked"] = lambda h, w, t: native(h, w, t, ignore_index=IGNORE_INDEX, options=options)
-    return fns
+    return {name: fn for name, fn in fns.items() if name == "eager" or name in only}
 
 
 def chunked_options_text(rows: int, hidden: int, classes: int, dtype: torch.dtype, device: torch.device) -> str:
@@ -218,10 +220,11 @@ def bench_case(
     device: torch.device,
     repeats: int,
     log: Callable[[str], None],
+    only: Optional[Sequence[str]] = None,
 ) -> dict:
     h, w, t = make_inputs(rows, hidden, classes, dtype, device)
     ref_loss, ref_h, ref_w = reference(h, w, t)
-    fns = variant_losses()
+    fns = variant_losses(only)
     steps = {name: make_step(fn, h, w, t) for name, fn in fns.items()}
     row: dict = dict(variants=list(fns))
     if "torch_chunked" in fns:
@@ -350,6 +353,13 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--cases", nargs="+", default=None, help="ROWSxHIDDENxCLASSES:DTYPE ... (default: DEFAULT_CASES)")
     p.add_argument("--repeats", type=int, default=6)
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=[k for k in VARIANTS if k != "eager"],
+        default=None,
+        help="only these variants beside eager (default: all this torch has)",
+    )
     output_arguments(p, "linear_cross_entropy")
     args = p.parse_args(argv)
     clock = RunClock()
@@ -358,7 +368,7 @@ def main(argv=None) -> int:
         return status
     device = torch.device(args.device)
     specs = args.cases or DEFAULT_CASES[args.device]
-    names = ", ".join(VARIANTS[k] for k in variant_losses())
+    names = ", ".join(VARIANTS[k] for k in variant_losses(args.variants))
     print(
         f"forward+backward of the loss head on {args.device} ({torch.get_num_threads()} threads, load average "
         f"{load_text(clock.load_start)}), torch {torch.__version__}; variants {names}; median of {args.repeats} "
@@ -369,7 +379,7 @@ def main(argv=None) -> int:
     for spec in specs:
         n, hdim, v, dtype = parse_case(spec)
         print(f"{spec} ...", flush=True)
-        r = bench_case(n, hdim, v, dtype, device, args.repeats, log=lambda s: print(s, flush=True))
+        r = bench_case(n, hdim, v, dtype, device, args.repeats, log=lambda s: print(s, flush=True), only=args.variants)
         rows.append(dict(case=spec, rows=n, hidden=hdim, classes=v, dtype=str(dtype).replace("torch.", ""), **r))
     print(HEADER)
     for r in rows:
