@@ -13,7 +13,7 @@ gpt2           GPT2LMHeadModel: 2 layers, hidden 256, 4 heads, vocabulary 50,257
                tokens
 ``DECODERS``   the families convert knows by structure only (no class list names them): Qwen3-MoE, Gemma 3
                (text), Gemma 2, OLMo 2, DeepSeek-V3, Phi-3, GPT-NeoX, OPT, Falcon, Granite, StableLM, Cohere,
-               Mixtral, Phi, StarCoder 2, GLM-4 (``memsave.models.hub.decoder``): the same sizes as llama,
+               Mixtral, Phi, StarCoder 2, GLM-4 (``tests.helpers.hub.decoder``): the same sizes as llama,
                2 key/value heads, vocabulary 32,000
 =============  ==========================================================================================
 
@@ -58,11 +58,12 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
+from tests.helpers import hub
+
 import memsave
 from benchmarks import harness
 from benchmarks.harness import RunClock, early_exit, finish_run, load_text, output_arguments, rel_diff
 from memsave.measurement.allocator import step_peak_bytes
-from memsave.models import hub
 from memsave.operators.convert import plan_convert
 
 VARIANTS = ("eager", "convert", "wrap", "convert+wrap")

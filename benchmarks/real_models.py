@@ -73,12 +73,13 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
+from tests.helpers import hub
+
 import memsave
 from benchmarks import harness
 from benchmarks.harness import RunClock, early_exit, finish_run, load_text, output_arguments
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.measurement.tracker import LiveTensorTracker
-from memsave.models import hub
 from memsave.recompute.planning.partitioner import compile_at
 
 MODELS = ("gpt2", "llama", "vit", "resnet50")

@@ -49,10 +49,11 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(HERE.parent))
 
+from tests.helpers.eager import LlamaMLP, LlamaRMSNorm
+
 from benchmarks.harness import RunClock, cuda_missing, finish_run, interleaved_times, output_arguments, rel_diff
 from memsave.common import compat
 from memsave.measurement.allocator import cpu_memory_stats, step_peak_bytes
-from memsave.models.eager import LlamaMLP, LlamaRMSNorm
 from memsave.nn import GatedMLP, RMSNorm, fuse_rms_norm_linear
 
 Step = Callable[[], None]

@@ -5,6 +5,8 @@
 - ``helpers.fused``: unfused torch references and error measures, for the fused operators.
 - ``helpers.checks``: a fused module against the eager one it replaces, and the refused double backward.
 - ``helpers.steps``: one training step of a real model (gradients, peak) for the plan tests.
+- ``helpers.hub``: Hugging Face transformers, timm and torchvision models at small configs with random weights.
+- ``helpers.eager``: Hugging Face's Llama RMSNorm and MLP in plain torch, what memsave's transformer operators replace.
 - here: the floating-point dtypes, the repository root, the autograd-engine probe, the gloo marker of the DDP
   tests and a script's ``main`` run in-process.
 """

@@ -18,8 +18,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 import memsave.integrations.transformers as ms_hf  # noqa: E402
+from helpers import hub  # noqa: E402
 from memsave.integrations.transformers_switch import LayerCheckpoint  # noqa: E402
-from memsave.models import hub  # noqa: E402
 from memsave.recompute import is_wrapped  # noqa: E402
 
 VOCAB, SEQ = 64, 16

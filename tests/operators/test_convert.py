@@ -12,9 +12,9 @@ from torch import nn
 
 import memsave
 import memsave.nn as mnn
+from helpers import hub
 from helpers.models import BasicBlock
 from memsave.errors import MemsaveWarning
-from memsave.models import hub
 from memsave.operators.convert import (
     ConvertReport,
     convert,

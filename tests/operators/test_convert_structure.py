@@ -291,7 +291,7 @@ FAMILIES = (
 
 def _family(model_type: str, vocab: int) -> nn.Module:
     pytest.importorskip("transformers")
-    from memsave.models import hub
+    from helpers import hub
 
     torch.manual_seed(0)
     return hub.decoder(model_type, vocab=vocab)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import memsave
-from memsave.models import hub
+from helpers import hub
 from memsave.operators.convert import CausalLMHead, plan_convert
 
 transformers = pytest.importorskip("transformers")

@@ -12,6 +12,7 @@ from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
 from helpers.checks import assert_module_matches, assert_no_double_backward
+from helpers.eager import LlamaMLP, LlamaRMSNorm
 from helpers.fused import (
     FLOAT32_RTOL,
     TORCH_ACTS,
@@ -23,7 +24,6 @@ from helpers.fused import (
 )
 from memsave import functional as MF
 from memsave.measurement.allocator import cpu_memory_stats
-from memsave.models.eager import LlamaMLP, LlamaRMSNorm
 from memsave.nn import GatedMLP
 
 GATED = ("silu", "gelu", "gelu_tanh", "relu", "identity")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import memsave
-from memsave.models import hub
+from helpers import hub
 from memsave.nn import GatedMLP, RMSNorm, fuse_rms_norm_linear
 
 transformers = pytest.importorskip("transformers")

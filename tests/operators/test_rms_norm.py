@@ -12,10 +12,10 @@ from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
 from helpers.checks import assert_module_matches, assert_no_double_backward
+from helpers.eager import LlamaRMSNorm
 from helpers.fused import FLOAT32_RTOL, assert_low_precision_ok, leaf_copies, module_state, rel_err, saved_bytes
 from memsave import functional as MF
 from memsave.measurement.allocator import cpu_memory_stats
-from memsave.models.eager import LlamaRMSNorm
 from memsave.nn import DeferredRMSNorm, RMSNorm, RMSNormLinear, fuse_rms_norm_linear
 
 

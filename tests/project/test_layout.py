@@ -362,3 +362,85 @@ tools/    t.sh, missing.sh
     assert found["top.py"] == ["pkg/top.py"] and found["t.sh"] == ["tools/t.sh"]
     assert [n for n, paths in found.items() if not paths] == ["gone.py", "other.py", "missing.sh"]
     assert "memsave.plan" not in found and "amp:fp16" not in found
+
+
+# ---- the package ships only the product ----------------------------------------------------------------------------
+
+#: Top-level names of the repository's scaffolding: tests/ (also as ``helpers``, the name tests/conftest.py puts on
+#: sys.path) and benchmarks/. The installed package has neither, so no module of it may import them.
+SCAFFOLDING = ("tests", "benchmarks", "helpers")
+
+#: Test scaffolding that shipped in the package once and lives in tests/helpers/ now.
+MOVED_OUT = {"memsave.models.hub": "tests/helpers/hub.py", "memsave.models.eager": "tests/helpers/eager.py"}
+
+
+def _imported_names(tree: ast.AST) -> List[Tuple[str, int]]:
+    """(absolute module name, line) of every import statement and ``import_module`` / ``__import__`` of a literal."""
+    out: List[Tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:  # a relative import stays inside the package
+            out.append((node.module or "", node.lineno))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                out.append((node.args[0].value, node.lineno))
+    return out
+
+
+def _scaffolding_imports(package: Path) -> List[str]:
+    """``file:line imports name`` for every import of tests/ or benchmarks/ in the package's sources, at any depth."""
+    bad = []
+    for path in sorted(package.rglob("*.py")):
+        for name, line in _imported_names(ast.parse(path.read_text(), str(path))):
+            if name.split(".")[0] in SCAFFOLDING:
+                bad.append(f"{path.relative_to(package)}:{line} imports {name}")
+    return bad
+
+
+def _moved_back(package: Path) -> List[str]:
+    """The moved-out modules that exist again under ``package``, as a module file or as a package folder."""
+    back = []
+    for name in MOVED_OUT:
+        where = package.joinpath(*name.split(".")[1:])
+        if where.with_suffix(".py").exists() or where.is_dir():
+            back.append(name)
+    return back
+
+
+def test_the_package_imports_nothing_from_tests_or_benchmarks() -> None:
+    bad = _scaffolding_imports(PACKAGE)
+    assert not bad, "python/memsave imports what the wheel does not ship (tests/, benchmarks/):\n" + "\n".join(bad)
+
+
+def test_the_test_scaffolding_stays_out_of_the_package() -> None:
+    back = _moved_back(PACKAGE)
+    assert not back, f"test scaffolding is back in the package: {back}; it lives in {sorted(MOVED_OUT.values())}"
+    assert all((ROOT / home).is_file() for home in MOVED_OUT.values())
+
+
+def test_the_shipping_checks_can_fail(tmp_path: Path) -> None:
+    package = tmp_path / "memsave"
+    sources = {
+        "__init__.py": "from . import models\nfrom .tests_util import x\nimport testsuite\n",
+        "models/__init__.py": "from tests.helpers import hub\nimport benchmarks.harness as h\n",
+        "models/zoo.py": "def f():\n    from helpers.eager import ACTS\n    importlib.import_module('tests.helpers')\n",
+        "models/hub.py": "",
+        "models/eager/__init__.py": "",
+    }
+    for rel, text in sources.items():
+        (package / rel).parent.mkdir(parents=True, exist_ok=True)
+        (package / rel).write_text(text)
+    assert _scaffolding_imports(package) == [
+        "models/__init__.py:1 imports tests.helpers",
+        "models/__init__.py:2 imports benchmarks.harness",
+        "models/zoo.py:2 imports helpers.eager",
+        "models/zoo.py:3 imports tests.helpers",
+    ]
+    assert _moved_back(package) == ["memsave.models.hub", "memsave.models.eager"]
+    (package / "models" / "hub.py").unlink()
+    (package / "models" / "eager" / "__init__.py").unlink()
+    (package / "models" / "eager").rmdir()
+    assert _moved_back(package) == []

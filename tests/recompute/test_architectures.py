@@ -31,9 +31,8 @@ import torch
 from torch import nn
 
 import memsave
-from helpers import ROOT
+from helpers import ROOT, hub
 from helpers.steps import Args, Kwargs, LossFn, assert_same_step, generator, one_thread, step_peak, train_step
-from memsave.models import hub
 from memsave.recompute.blocks import _structure, explain_blocks
 
 __all__ = ["one_thread"]  # the module's autouse fixture

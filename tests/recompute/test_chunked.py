@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import memsave
-from memsave.models import hub
+from helpers import hub
 from memsave.recompute.chunked import ChunkedForward, auto_chunks
 
 transformers = pytest.importorskip("transformers")

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import memsave
-from memsave.models import hub
+from helpers import hub
 
 REL = 1e-4  # normwise: inductor reorders float32 reductions; per-element errors are relative to the tensor's scale
 

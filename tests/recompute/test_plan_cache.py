@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import memsave
-from memsave.models import hub
+from helpers import hub
 from memsave.recompute.planning import cache as plan_cache
 from memsave.recompute.planning import planner
 

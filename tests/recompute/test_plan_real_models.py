@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import memsave
+from helpers import hub
 from helpers.steps import Args, Kwargs, LossFn, assert_same_step, one_thread
 from helpers.steps import generator as _g
 from helpers.steps import step_peak as _peak
 from helpers.steps import train_step as _step
-from memsave.models import hub
 
 __all__ = ["one_thread"]  # the module's autouse fixture (one intra-op thread)
 

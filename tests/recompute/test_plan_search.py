@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import memsave
+from helpers import hub
 from memsave.measurement.allocator import cpu_peak_bytes
 from memsave.measurement.measuring import default_loss
-from memsave.models import hub
 from memsave.recompute.planning import planner
 from memsave.recompute.planning.search import fastest, search_optimal, smallest_plan
 

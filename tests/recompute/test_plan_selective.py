@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 import memsave
+from helpers import hub
 from memsave._C import planner_simulate, planner_solve
 from memsave.common import compat
-from memsave.models import hub
 from memsave.recompute.planning.chain import Chain, Stage
 from memsave.recompute.selective import OPERATOR_CLASSES
 

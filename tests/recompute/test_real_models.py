@@ -18,9 +18,8 @@ import torch
 from torch import nn
 
 import memsave
-from helpers import in_backward
+from helpers import hub, in_backward
 from helpers.steps import assert_same_step
-from memsave.models import hub
 from memsave.recompute import is_wrapped
 
 Inputs = Dict[str, Any]

@@ -4,11 +4,11 @@ synthetic data: what ``python -m memsave bench/estimate --model NAME``, the exam
 =============  ===================================================================================================
 ``zoo.py``     the models, :data:`SIZES`, :func:`build` (a :class:`BenchCase`: model, inputs, loss) and
                :class:`ShapeCrossEntropy` (cross-entropy against targets shaped from the output)
-``hub.py``     Hugging Face transformers, timm and torchvision models at small configs with random weights
-``eager.py``   Hugging Face's Llama RMSNorm and MLP in plain torch: what memsave's transformer operators replace
 =============  ===================================================================================================
 
-These are test and benchmark subjects, not part of measuring: :mod:`memsave.measurement` never imports them.
+These are test and benchmark subjects, not part of measuring: :mod:`memsave.measurement` never imports them. The
+Hugging Face / timm / torchvision models at small configs and the plain-torch Llama modules that the tests and
+benchmarks also use are test scaffolding and do not ship: tests/helpers/hub.py and tests/helpers/eager.py.
 """
 
 from .zoo import GPT, MODELS, SIZES, VGG16, BenchCase, ResNet50, ShapeCrossEntropy, UNet, build

@@ -1,6 +1,7 @@
 """Hugging Face's Llama modules written out in plain torch (transformers/models/llama/modeling_llama.py): the eager
-compositions that memsave.nn.RMSNorm, RMSNormLinear and GatedMLP replace, for the operator tests and
-``benchmarks/transformer_ops.py``."""
+compositions that memsave.nn.RMSNorm, RMSNormLinear and GatedMLP replace, for the operator tests
+(``from helpers.eager import ...``) and ``benchmarks/transformer_ops.py`` (``from tests.helpers.eager import ...``).
+Test scaffolding, not part of the memsave package."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Real model definitions from Hugging Face transformers, timm and torchvision at small configs with random weights: the
-models the tests, the benchmarks and the examples train (nothing is downloaded; the library is imported when a builder
-is called, and a missing install raises an ImportError that says how to get it).
+models the tests and the benchmarks train (nothing is downloaded; the library is imported when a builder is called, and
+a missing install raises an ImportError that says how to get it). Test scaffolding, not part of the memsave package:
+tests import it as ``from helpers import hub`` (tests/conftest.py puts tests/ on sys.path), the benchmarks as
+``from tests.helpers import hub``.
 
 Each builder spells out the few numbers that size the model and leaves the rest of the architecture to transformers'
 defaults; ``dropout=0.0`` turns every dropout off (deterministic comparisons), ``dropout=None`` keeps the config's own
@@ -20,7 +22,7 @@ def _library(name: str, tested: str) -> Any:
         return importlib.import_module(name)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
-            f"memsave.models.hub builds {name} models: pip install {name} (the tests use {tested})"
+            f"tests/helpers/hub.py builds {name} models: pip install {name} (the tests use {tested})"
         ) from exc
 
 
@@ -61,7 +63,7 @@ def gpt2(
         ImportError: transformers is not installed.
 
     Examples:
-        >>> model = memsave.models.hub.gpt2(layers=2, hidden=32, vocab=101)
+        >>> model = hub.gpt2(layers=2, hidden=32, vocab=101)
         >>> model(torch.randint(0, 101, (2, 16)), labels=...).loss
     """
     tf = _transformers()
@@ -89,7 +91,7 @@ def llama(*args: Any, **config: Any) -> nn.Module:
         ImportError: transformers is not installed.
 
     Examples:
-        >>> model = memsave.models.hub.llama(layers=2, hidden=64, vocab=256)
+        >>> model = hub.llama(layers=2, hidden=64, vocab=256)
         >>> memsave.convert(model, fuse=True)
     """
     return causal_lm("Llama", *args, **config)
@@ -128,7 +130,7 @@ def causal_lm(
         AttributeError: transformers has no such family.
 
     Examples:
-        >>> model = memsave.models.hub.causal_lm("Mistral", layers=2, hidden=64, kv_heads=2, sliding_window=8)
+        >>> model = hub.causal_lm("Mistral", layers=2, hidden=64, kv_heads=2, sliding_window=8)
     """
     tf = _transformers()
     cfg = getattr(tf, f"{family}Config")(
@@ -207,7 +209,7 @@ def decoder(
         ValueError: transformers knows no such model type.
 
     Examples:
-        >>> model = memsave.models.hub.decoder("qwen3", vocab=32000)
+        >>> model = hub.decoder("qwen3", vocab=32000)
         >>> model(ids, labels=ids).loss
     """
     tf = _transformers()
@@ -240,7 +242,7 @@ def bert(
         ImportError: transformers is not installed.
 
     Examples:
-        >>> model = memsave.models.hub.bert(layers=2, hidden=32, intermediate=64, vocab=96)
+        >>> model = hub.bert(layers=2, hidden=32, intermediate=64, vocab=96)
     """
     tf = _transformers()
     sizes = dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab)
@@ -269,7 +271,7 @@ def timm_vit(
         ImportError: timm is not installed.
 
     Examples:
-        >>> model = memsave.models.hub.timm_vit(size=32, patch=8, dim=32, depth=2, heads=2)
+        >>> model = hub.timm_vit(size=32, patch=8, dim=32, depth=2, heads=2)
     """
     timm = _library("timm", "1.0.31")
     rates = {} if dropout is None else {f"{k}_rate": dropout for k in ("drop", "proj_drop", "attn_drop", "drop_path")}
@@ -299,7 +301,7 @@ def torchvision_vit(
         ImportError: torchvision is not installed.
 
     Examples:
-        >>> model = memsave.models.hub.torchvision_vit(size=32, patch=8, layers=2, heads=2, hidden=32, mlp=64)
+        >>> model = hub.torchvision_vit(size=32, patch=8, layers=2, heads=2, hidden=32, mlp=64)
     """
     models = _library("torchvision", "0.26.0").models
     sizes = dict(image_size=size, patch_size=patch, num_layers=layers, num_heads=heads, hidden_dim=hidden, mlp_dim=mlp)
