@@ -31,6 +31,7 @@ from torch import nn
 
 import memsave
 from memsave.amp import GradScaler
+from memsave.cli.options import script_arguments
 from memsave.measurement import format_bytes
 from memsave.models import UNet
 
@@ -61,20 +62,17 @@ def checkpointed(model: UNet) -> UNet:
     return memsave.wrap(model, lambda name, module: name in names)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=tuple(SIZES), default=None, help="default: full on CUDA, cpu otherwise")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def _add_dtype(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         choices=("float16", "bfloat16"),
         default=None,
         help="autocast dtype; default float16 on CUDA, bfloat16 on CPU",
     )
-    p.add_argument("--steps", type=int, default=2, help="timed steps per measurement (median)")
-    args = p.parse_args(argv)
-    device = torch.device(args.device)
-    size = args.size or ("full" if device.type == "cuda" else "cpu")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    args, device, size = script_arguments(__doc__.split("\n")[0], tuple(SIZES), steps=2, argv=argv, extra=_add_dtype)
     cfg = SIZES[size]
     dtype = getattr(torch, args.dtype or ("float16" if device.type == "cuda" else "bfloat16"))
     b, k, side = cfg["micro"], cfg["k"], cfg["image"]

@@ -15,7 +15,6 @@ The model has random weights and the data is random token ids: the point is the 
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from typing import Dict
 
@@ -23,6 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import memsave
+from memsave.cli.options import script_arguments
 from memsave.integrations.transformers import MemoryCallback
 
 SIZES = {
@@ -45,11 +45,8 @@ class RandomTokens(torch.utils.data.Dataset):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=tuple(SIZES), default="small")
-    p.add_argument("--steps", type=int, default=10)
-    args = p.parse_args()
-    cfg = SIZES[args.size]
+    args, device, size = script_arguments(__doc__.split("\n\n")[0], tuple(SIZES), steps=10, default="small")
+    cfg = SIZES[size]
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=cfg["vocab"],
@@ -61,7 +58,6 @@ def main() -> None:
         use_cache=False,
     )
     model = LlamaForCausalLM(config)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
 
     memsave.convert(model, fuse=True)
@@ -83,7 +79,7 @@ def main() -> None:
                 logging_steps=max(1, args.steps // 2),
                 save_strategy="no",
                 report_to="none",
-                use_cpu=device == "cpu",
+                use_cpu=device.type == "cpu",
                 disable_tqdm=True,
                 activation_checkpointing=True,  # memsave's plan stays in force
             ),

@@ -12,13 +12,12 @@
 
 from __future__ import annotations
 
-import argparse
-
 import timm
 import torch
 from torch import nn
 
 import memsave
+from memsave.cli.options import script_arguments
 
 SIZES = {
     "tiny": dict(image=32, patch=8, d=32, depth=2, heads=2, batch=2),
@@ -33,12 +32,8 @@ def timm_checkpointing(model: nn.Module) -> nn.Module:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=tuple(SIZES), default="small")
-    p.add_argument("--steps", type=int, default=5)
-    args = p.parse_args()
-    cfg = SIZES[args.size]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args, device, size = script_arguments(__doc__.split("\n\n")[0], tuple(SIZES), steps=5, default="small")
+    cfg = SIZES[size]
     torch.manual_seed(0)
     model = timm.create_model(
         "vit_tiny_patch16_224",

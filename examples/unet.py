@@ -14,7 +14,6 @@ Run::
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from typing import Any, Callable, Dict, Optional, Sequence
@@ -24,6 +23,7 @@ from torch import nn
 
 import memsave
 import memsave.models
+from memsave.cli.options import script_arguments
 from memsave.measurement.units import format_bytes
 
 SIZES = memsave.models.SIZES["unet"]  # size -> batch, image side, first-level width, classes
@@ -66,13 +66,8 @@ def one_step(model: nn.Module, x: torch.Tensor, seed: int = 0) -> Dict[str, torc
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    p = argparse.ArgumentParser(description="UNet checkpointed per block: eager vs memsave.checkpoint")
-    p.add_argument("--size", choices=tuple(SIZES), default=None, help="default: full on CUDA, cpu otherwise")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=3, help="timed steps (median)")
-    args = p.parse_args(argv)
-    device = torch.device(args.device)
-    size = args.size or ("full" if device.type == "cuda" else "cpu")
+    description = "UNet checkpointed per block: eager vs memsave.checkpoint"
+    args, device, size = script_arguments(description, tuple(SIZES), steps=3, argv=argv)
     cfg = SIZES[size]
 
     torch.manual_seed(0)

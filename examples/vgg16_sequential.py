@@ -13,7 +13,6 @@ Run::
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from typing import Any, Dict, List, Optional, Sequence
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 import memsave
+from memsave.cli.options import script_arguments
 from memsave.measurement.units import format_bytes
 
 SIZES = {  # batch, image side, first-stage width, classifier width, classes
@@ -75,13 +75,8 @@ def grads_after_step(runner: nn.Module, params: nn.Module, x: torch.Tensor, y: t
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    p = argparse.ArgumentParser(description="VGG16 with checkpoint_sequential in 2 segments")
-    p.add_argument("--size", choices=tuple(SIZES), default=None, help="default: full on CUDA, cpu otherwise")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=3, help="timed steps (median)")
-    args = p.parse_args(argv)
-    device = torch.device(args.device)
-    size = args.size or ("full" if device.type == "cuda" else "cpu")
+    description = "VGG16 with checkpoint_sequential in 2 segments"
+    args, device, size = script_arguments(description, tuple(SIZES), steps=3, argv=argv)
     cfg = SIZES[size]
 
     torch.manual_seed(0)

@@ -49,6 +49,7 @@ __all__ = [
     "print_strategies",
     "print_table",
     "resolve_device",
+    "script_arguments",
     "write_json",
 ]
 
@@ -162,6 +163,54 @@ def resolve_device(text: str, needs_gpu: bool = True) -> torch.device:
             "`python -m memsave estimate --device cuda` to predict CUDA memory without a GPU"
         )
     return dev
+
+
+def script_arguments(
+    description: str,
+    sizes: Sequence[str],
+    steps: int,
+    argv: Optional[Sequence[str]] = None,
+    default: Optional[str] = None,
+    extra: Optional[Callable[[argparse.ArgumentParser], None]] = None,
+) -> Tuple[argparse.Namespace, torch.device, str]:
+    """The command line of a script built on memsave (the examples): ``--size``, ``--device`` and ``--steps``,
+    spelled and defaulted as in the subcommands.
+
+    Args:
+        description: the ``--help`` description.
+        sizes: the names ``--size`` accepts.
+        steps: ``--steps``'s default.
+        argv: the arguments; None reads ``sys.argv``.
+        default: ``--size``'s default; None: :func:`default_size` of the device (full on CUDA, else cpu).
+        extra: adds the script's own options (after ``--device``, before ``--steps``).
+
+    Returns:
+        ``(args, device, size)``: the parsed arguments, the checked ``--device`` and the size.
+
+    Raises:
+        SystemExit: argparse's usage message and exit code 2 for a wrong command line, ``--device cuda`` without a
+            GPU included.
+
+    Examples:
+        >>> args, device, size = script_arguments("UNet", ("tiny", "cpu", "full"), steps=3, argv=["--size", "tiny"])
+        >>> size
+        'tiny'
+    """
+    p = argparse.ArgumentParser(description=description)
+    size_help = f"default: {default}" if default else "default: full on CUDA, cpu otherwise"
+    p.add_argument("--size", choices=tuple(sizes), default=None, help=size_help)
+    p.add_argument(
+        "--device", default=default_device(), help="cpu | cuda | cuda:N (default: cuda when a GPU is visible)"
+    )
+    if extra is not None:
+        extra(p)
+    p.add_argument("--steps", type=int, default=steps, help="timed or trained steps (default: %(default)s)")
+    args = p.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except UsageError as e:
+        p.error(str(e))
+    return args, device, args.size or default or default_size(device)
 
 
 def parse_memory(text: str, flag: str = "--memory") -> int:
@@ -323,53 +372,60 @@ def check_model_args(args: argparse.Namespace) -> None:
         )
 
 
-def _user_case(args: argparse.Namespace, model_device: torch.device, input_device: torch.device) -> Case:
-    specs: List[InputSpec] = [parse_input(text) for text in args.input]
-    kwargs = parse_model_kwargs(args.model_kwargs)
-    model = build_user_model(args.model, kwargs, seed=args.seed)
+def _moved(model: nn.Module, args: argparse.Namespace, device: torch.device) -> nn.Module:
+    """``--model``'s model on ``device``, or CommandError saying that moving it failed."""
     try:
-        model = model.to(model_device)
+        return model.to(device)
     except Exception as e:
-        raise CommandError(f"--model {args.model}: moving it to {model_device} failed: {one_line(e)}") from e
-    inputs = make_inputs(specs, input_device, args.seed, args.batch)
+        raise CommandError(f"--model {args.model}: moving it to {device} failed: {one_line(e)}") from e
+
+
+def _spellings(inputs: Sequence[torch.Tensor], specs: Sequence[InputSpec]) -> List[str]:
+    """The ``--input`` spelling of each input made from ``specs`` (its batch as made)."""
+    return [InputSpec(tuple(t.shape), s.vocab).spelling() for t, s in zip(inputs, specs)]
+
+
+def _input_case(
+    args: argparse.Namespace,
+    title: str,
+    model: nn.Module,
+    specs: Sequence[InputSpec],
+    inputs: Tuple[torch.Tensor, ...],
+    size: Optional[str],
+    config: Dict[str, Any],
+) -> Case:
+    """The Case of a model whose ``inputs`` were made from ``specs`` (MODULE:CALLABLE and hf: models): memsave's
+    default loss, the batch of ``inputs``, meta inputs of any batch made from the same specs."""
     batch = int(inputs[0].shape[0])
-    shown = ", ".join(str(InputSpec(tuple(t.shape), s.vocab)) for t, s in zip(inputs, specs))
-    spellings = [InputSpec(tuple(t.shape), s.vocab).spelling() for t, s in zip(inputs, specs)]
     return Case(
-        title=f"{args.model} (input{'s' if len(specs) > 1 else ''} {shown})",
+        title=title,
         model=model,
         inputs=inputs,
         loss_fn=default_loss,
         batch=batch,
         inputs_at=lambda b: make_inputs(specs, torch.device("meta"), args.seed, b),
-        record={
-            "model": args.model,
-            "size": None,
-            "batch": batch,
-            "config": {"inputs": spellings, "model_kwargs": kwargs},
-        },
+        record={"model": args.model, "size": size, "batch": batch, "config": config},
     )
+
+
+def _user_case(args: argparse.Namespace, model_device: torch.device, input_device: torch.device) -> Case:
+    specs: List[InputSpec] = [parse_input(text) for text in args.input]
+    kwargs = parse_model_kwargs(args.model_kwargs)
+    model = _moved(build_user_model(args.model, kwargs, seed=args.seed), args, model_device)
+    inputs = make_inputs(specs, input_device, args.seed, args.batch)
+    shown = ", ".join(str(InputSpec(tuple(t.shape), s.vocab)) for t, s in zip(inputs, specs))
+    title = f"{args.model} (input{'s' if len(specs) > 1 else ''} {shown})"
+    config = {"inputs": _spellings(inputs, specs), "model_kwargs": kwargs}
+    return _input_case(args, title, model, specs, inputs, None, config)
 
 
 def _hf_case(args: argparse.Namespace, size: str, model_device: torch.device, input_device: torch.device) -> Case:
-    model = build_hf_model(args.model, size, seed=args.seed)
-    try:
-        model = model.to(model_device)
-    except Exception as e:
-        raise CommandError(f"--model {args.model}: moving it to {model_device} failed: {one_line(e)}") from e
+    model = _moved(build_hf_model(args.model, size, seed=args.seed), args, model_device)
     specs = [parse_input(text) for text in args.input] if args.input else default_hf_inputs(model, size)
     inputs = make_inputs(specs, input_device, args.seed, args.batch)
-    title, config = describe(model)
-    spellings = [InputSpec(tuple(t.shape), s.vocab).spelling() for t, s in zip(inputs, specs)]
-    return Case(
-        title=f"{args.model}: {title}, {size}, input {' '.join(spellings)}",
-        model=model,
-        inputs=inputs,
-        loss_fn=default_loss,
-        batch=int(inputs[0].shape[0]),
-        inputs_at=lambda b: make_inputs(specs, torch.device("meta"), args.seed, b),
-        record={"model": args.model, "size": size, "batch": int(inputs[0].shape[0]), "config": config},
-    )
+    what, config = describe(model)
+    title = f"{args.model}: {what}, {size}, input {' '.join(_spellings(inputs, specs))}"
+    return _input_case(args, title, model, specs, inputs, size, config)
 
 
 def _builtin_case(args: argparse.Namespace, size: str, device: torch.device, shaped_loss: bool) -> Case:

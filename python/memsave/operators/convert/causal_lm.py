@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
+from ..nn._base import bare_module
 from .probe import FLOAT32_RTOL, PROBE_SEED, seeded, training
 from .registry import Note, Target, Unit
 
@@ -82,8 +83,7 @@ class CausalLMHead(nn.Linear):
         Examples:
             >>> model.lm_head = CausalLMHead.from_linear(model.lm_head, labels_position=5)
         """
-        head = cls.__new__(cls)
-        nn.Module.__init__(head)
+        head = bare_module(cls)
         head.in_features, head.out_features = linear.in_features, linear.out_features
         head.weight = linear.weight
         head.bias = linear.bias

@@ -21,19 +21,17 @@ Opt-in, because it changes what the input tensor holds: :func:`register_inplace_
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, cast
+from typing import Any, List, Optional, Sequence
 
 from torch import nn
 
 from ..nn import (
     ActLinear,
     BatchNormAct2d,
-    BatchNormActConv2d,
-    DeferredBatchNormAct2d,
-    DeferredLayerNorm,
     InPlaceABN2d,
-    LayerNormLinear,
     activation_spec,
+    fuse_batch_norm_act_conv2d,
+    fuse_layer_norm_linear,
 )
 from .registry import register_sequential_pattern, unregister_sequential_pattern
 
@@ -57,17 +55,15 @@ def _build_batch_norm_act_conv2d(modules: List[Any]) -> Optional[Sequence[nn.Mod
     bn, act, conv = modules
     if conv.padding_mode != "zeros" or isinstance(conv.padding, str) or conv.in_channels != bn.num_features:
         return None
-    name, param = activation_spec(act)  # type: ignore[misc]
-    deferred = DeferredBatchNormAct2d.from_batchnorm(bn, act=name, act_param=param)
-    return [deferred, nn.Identity(), BatchNormActConv2d.from_modules(deferred, conv, register_bn=False)]
+    deferred, fused = fuse_batch_norm_act_conv2d(bn, act, conv)
+    return [deferred, nn.Identity(), fused]
 
 
 def _build_layer_norm_linear(modules: List[Any]) -> Optional[Sequence[nn.Module]]:
     norm, linear = modules
     if tuple(norm.normalized_shape)[-1] != linear.in_features:
         return None
-    deferred = DeferredLayerNorm(norm)
-    fused = LayerNormLinear.from_modules(cast(nn.LayerNorm, deferred), linear, register_norm=False)
+    deferred, fused = fuse_layer_norm_linear(norm, linear)
     fused.train(linear.training)
     return [deferred.train(norm.training), fused]
 

@@ -4,11 +4,13 @@ Dropout, MaxPool2d) and the checks of constructor arguments."""
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Optional, Tuple
+from typing import Any, ClassVar, Optional, Tuple, Type, TypeVar
 
 from torch import Tensor, nn
 
 from ...errors import UnsupportedTransformError
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 class ScriptGuard:
@@ -93,7 +95,44 @@ def check_sizes(**sizes: Any) -> None:
         check_size(name, value)
 
 
-class LinearParamsBase(ScriptGuard, nn.Module):
+def bare_module(cls: Type[ModuleT]) -> ModuleT:
+    """A new instance of the module class ``cls`` with nn.Module's init only: where the ``from_*`` constructors start,
+    to adopt existing parameters instead of drawing new ones.
+
+    Examples:
+        >>> fused = bare_module(ActLinear)  # doctest: +SKIP
+        >>> fused.take_linear(linear)
+    """
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)
+    return module
+
+
+class FusedModuleBase(ScriptGuard, nn.Module):
+    """The base of the fused modules built from sizes and a ``bias`` flag (GatedMLP, PackedGatedMLP and, through
+    :class:`LinearParamsBase`, the fused Linear modules and LinearCrossEntropy): their constructors' shared checks.
+
+    Args:
+        where: the module as messages name it, e.g. ``"memsave.nn.ActLinear"``.
+        bias: the constructor's ``bias`` (a bool).
+        sizes: the constructor's sizes by name (positive ints), checked in order.
+
+    Raises:
+        ValueError: a size that is not a positive int. TypeError: a ``bias`` that is not a bool.
+
+    Examples:
+        >>> class MyLinear(FusedModuleBase):  # doctest: +SKIP
+        ...     def __init__(self, in_features: int, bias: bool = True) -> None:
+        ...         super().__init__("MyLinear", bias, in_features=in_features)
+    """
+
+    def __init__(self, where: str, bias: Any, **sizes: Any) -> None:
+        super().__init__()
+        check_sizes(**sizes)
+        check_flag(where, "bias", bias)
+
+
+class LinearParamsBase(FusedModuleBase):
     """A module holding one Linear's parameters as its own ``weight``/``bias`` (the fused Linear modules and
     LinearCrossEntropy), and :meth:`take_linear`, which adopts them from an nn.Linear.
 
@@ -104,6 +143,22 @@ class LinearParamsBase(ScriptGuard, nn.Module):
     in_features: int
     weight: Tensor
     bias: Optional[Tensor]
+
+    @classmethod
+    def _adopting(cls, linear: Any, expects: str, out_name: str = "out_features") -> Any:
+        """A new module of this class holding ``linear``'s parameters (see :meth:`take_linear`), nothing else set.
+
+        Raises:
+            TypeError: ``linear`` is not an nn.Linear; the message starts with ``expects``.
+
+        Examples:
+            >>> head = LinearCrossEntropy._adopting(lm_head, "expected", out_name="num_classes")  # doctest: +SKIP
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"{expects} an nn.Linear, got {type(linear).__name__}")
+        module = bare_module(cls)
+        module.take_linear(linear, out_name)
+        return module
 
     def take_linear(self, linear: nn.Linear, out_name: str = "out_features") -> None:
         """Take ``linear``'s sizes (``in_features`` and ``out_name``) and its ``weight`` and ``bias`` (the same
@@ -164,15 +219,11 @@ class NormLinearBase(LinearParamsBase):
     @classmethod
     def _wrap(cls, norm: nn.Module, linear: nn.Linear, register_norm: bool) -> Any:
         """A new module of this class sharing ``norm``'s and ``linear``'s parameters (the same tensors)."""
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"expected an nn.Linear, got {type(linear).__name__}")
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
+        fused = cls._adopting(linear, "expected")
         if register_norm:
             fused.norm = norm
         else:
             fused.__dict__["_external_norm"] = norm  # referenced, not registered: its keys stay where they are
-        fused.take_linear(linear)
         return fused
 
     def _norm(self) -> Any:

@@ -20,13 +20,13 @@ Other names keep their keys with ``names=`` (``("w1", "w3", "w2")`` for a Mixtra
 
 from __future__ import annotations
 
-from typing import Any, Tuple, cast
+from typing import Any, ClassVar, Sequence, Tuple, cast
 
 import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import ScriptGuard, check_flag, check_sizes
+from ._base import FusedModuleBase, bare_module, check_flag
 
 Tensor = torch.Tensor
 
@@ -46,7 +46,46 @@ def _check_names(names: Any, count: int) -> Tuple[str, ...]:
     return tuple(names)
 
 
-class GatedMLP(ScriptGuard, nn.Module):
+class _GatedMLPBase(FusedModuleBase):
+    """What GatedMLP and PackedGatedMLP share: the checked sizes, bias and activation, building from existing
+    projections, the input's type check and the repr. Subclasses set ``_label`` (the class as messages name it)."""
+
+    _label: ClassVar[str] = ""
+    names: Tuple[str, ...]
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool) -> None:
+        where = f"memsave.nn.{self._label}"
+        super().__init__(where, bias, hidden_size=hidden_size, intermediate_size=intermediate_size)
+        self.act = F.resolve_gated_activation(self._label, act)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+
+    @classmethod
+    def _holding(cls, projections: Sequence[nn.Module], act: str, names: Any) -> Any:
+        """A new module of this class holding ``projections`` (the last one the down projection) under ``names``."""
+        down_proj = projections[-1]
+        if not isinstance(down_proj, nn.Linear):
+            raise TypeError(
+                f"{cls._label}.from_modules: down_proj must be an nn.Linear, got {type(down_proj).__name__}"
+            )
+        names = _check_names(names, len(projections))
+        mlp = bare_module(cls)
+        mlp.act = F.resolve_gated_activation(cls._label, act)
+        mlp.hidden_size, mlp.intermediate_size = down_proj.out_features, down_proj.in_features
+        mlp.names = names
+        for name, module in zip(names, projections):
+            setattr(mlp, name, module)
+        return mlp
+
+    def _check_input(self, input: Any) -> None:
+        """TypeError unless ``input`` is a tensor."""
+        if not isinstance(input, Tensor):
+            raise TypeError(f"memsave.nn.{self._label} expects a torch.Tensor, got {type(input).__name__}")
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act={self.act}"
+
+
+class GatedMLP(_GatedMLPBase):
     """``down_proj(act(gate_proj(x)) * up_proj(x))`` keeping ``x``, the gate and the up projection for backward.
 
     Eager PyTorch keeps the gate projection, its activation, the up projection and their product (four tensors of
@@ -80,16 +119,13 @@ class GatedMLP(ScriptGuard, nn.Module):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        super().__init__()
-        check_sizes(hidden_size=hidden_size, intermediate_size=intermediate_size)
-        check_flag("memsave.nn.GatedMLP", "bias", bias)
+        super().__init__(hidden_size, intermediate_size, act, bias)
         factory = {"device": device, "dtype": dtype}
-        self.act = F.resolve_gated_activation("GatedMLP", act)
-        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias, **factory)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, **factory)
 
+    _label = "GatedMLP"
     names: Tuple[str, ...] = _NAMES
 
     @classmethod
@@ -120,21 +156,10 @@ class GatedMLP(ScriptGuard, nn.Module):
             >>> layer.mlp = memsave.nn.GatedMLP.from_modules(layer.mlp.gate_proj, layer.mlp.up_proj,
             ...                                              layer.mlp.down_proj, act="silu")
         """
-        if not isinstance(down_proj, nn.Linear):
-            raise TypeError(f"GatedMLP.from_modules: down_proj must be an nn.Linear, got {type(down_proj).__name__}")
-        names = _check_names(names, 3)
-        mlp = cls.__new__(cls)
-        nn.Module.__init__(mlp)
-        mlp.act = F.resolve_gated_activation("GatedMLP", act)
-        mlp.hidden_size, mlp.intermediate_size = down_proj.out_features, down_proj.in_features
-        mlp.names = names
-        for name, module in zip(names, (gate_proj, up_proj, down_proj)):
-            setattr(mlp, name, module)
-        return mlp
+        return cast(GatedMLP, cls._holding((gate_proj, up_proj, down_proj), act, names))
 
     def forward(self, input: Tensor) -> Tensor:
-        if not isinstance(input, Tensor):
-            raise TypeError(f"memsave.nn.GatedMLP expects a torch.Tensor, got {type(input).__name__}")
+        self._check_input(input)
         gate, up, down = (self._modules[n] for n in self.names)
         width = getattr(gate, "in_features", None)  # a wrapped projection (LoRA) may not say
         if isinstance(width, int) and (input.dim() < 1 or input.shape[-1] != width):
@@ -147,11 +172,8 @@ class GatedMLP(ScriptGuard, nn.Module):
             cast(nn.Module, gate)(input), cast(nn.Module, up)(input), down.weight, down.bias, self.act
         )
 
-    def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act={self.act}"
 
-
-class PackedGatedMLP(ScriptGuard, nn.Module):
+class PackedGatedMLP(_GatedMLPBase):
     """``down_proj(act(gate) * up)`` with ``gate, up = gate_up_proj(x).chunk(2, -1)``, keeping ``x`` and the packed
     projection for backward.
 
@@ -177,6 +199,7 @@ class PackedGatedMLP(ScriptGuard, nn.Module):
         ['down_proj.weight', 'gate_up_proj.weight']
     """
 
+    _label = "PackedGatedMLP"
     names: Tuple[str, ...] = ("gate_up_proj", "down_proj")
 
     def __init__(
@@ -189,13 +212,9 @@ class PackedGatedMLP(ScriptGuard, nn.Module):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        super().__init__()
-        check_sizes(hidden_size=hidden_size, intermediate_size=intermediate_size)
-        check_flag("memsave.nn.PackedGatedMLP", "bias", bias)
-        check_flag("memsave.nn.PackedGatedMLP", "gate_first", gate_first)
+        super().__init__(hidden_size, intermediate_size, act, bias)
+        self.gate_first = check_flag("memsave.nn.PackedGatedMLP", "gate_first", gate_first)
         factory = {"device": device, "dtype": dtype}
-        self.act = F.resolve_gated_activation("PackedGatedMLP", act)
-        self.hidden_size, self.intermediate_size, self.gate_first = hidden_size, intermediate_size, gate_first
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias, **factory)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, **factory)
 
@@ -226,24 +245,13 @@ class PackedGatedMLP(ScriptGuard, nn.Module):
         Examples:
             >>> layer.mlp = memsave.nn.PackedGatedMLP.from_modules(layer.mlp.gate_up_proj, layer.mlp.down_proj)
         """
-        if not isinstance(down_proj, nn.Linear):
-            raise TypeError(
-                f"PackedGatedMLP.from_modules: down_proj must be an nn.Linear, got {type(down_proj).__name__}"
-            )
         check_flag("memsave.nn.PackedGatedMLP", "gate_first", gate_first)
-        names = _check_names(names, 2)
-        mlp = cls.__new__(cls)
-        nn.Module.__init__(mlp)
-        mlp.act = F.resolve_gated_activation("PackedGatedMLP", act)
-        mlp.hidden_size, mlp.intermediate_size = down_proj.out_features, down_proj.in_features
-        mlp.gate_first, mlp.names = gate_first, names
-        setattr(mlp, names[0], gate_up_proj)
-        setattr(mlp, names[1], down_proj)
+        mlp = cast(PackedGatedMLP, cls._holding((gate_up_proj, down_proj), act, names))
+        mlp.gate_first = gate_first
         return mlp
 
     def forward(self, input: Tensor) -> Tensor:
-        if not isinstance(input, Tensor):
-            raise TypeError(f"memsave.nn.PackedGatedMLP expects a torch.Tensor, got {type(input).__name__}")
+        self._check_input(input)
         packed = cast(nn.Module, self._modules[self.names[0]])(input)
         down = cast(nn.Linear, self._modules[self.names[1]])
         if packed.shape[-1] != 2 * self.intermediate_size:
@@ -256,7 +264,4 @@ class PackedGatedMLP(ScriptGuard, nn.Module):
         return F.gated_act_linear(gate, up, down.weight, down.bias, self.act)
 
     def extra_repr(self) -> str:
-        return (
-            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act={self.act}, "
-            f"gate_first={self.gate_first}"
-        )
+        return f"{super().extra_repr()}, gate_first={self.gate_first}"

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import LinearParamsBase, NormLinearBase, ScriptGuard, check_eps, check_flag, check_size, check_sizes
+from ._base import LinearParamsBase, NormLinearBase, ScriptGuard, bare_module, check_eps, check_flag, check_size
 
 Tensor = torch.Tensor
 
@@ -107,12 +107,10 @@ class LayerNormLinear(NormLinearBase):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        super().__init__()
         for size in [normalized_shape] if isinstance(normalized_shape, int) else normalized_shape:
             check_size("normalized_shape", size)
-        check_size("out_features", out_features)
+        super().__init__("memsave.nn.LayerNormLinear", bias, out_features=out_features)
         check_eps(eps)
-        check_flag("memsave.nn.LayerNormLinear", "bias", bias)
         check_flag("memsave.nn.LayerNormLinear", "norm_bias", norm_bias)
         factory = {"device": device, "dtype": dtype}
         self.norm = nn.LayerNorm(
@@ -211,9 +209,7 @@ class ActLinear(LinearParamsBase):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        super().__init__()
-        check_sizes(in_features=in_features, out_features=out_features)
-        check_flag("memsave.nn.ActLinear", "bias", bias)
+        super().__init__("memsave.nn.ActLinear", bias, in_features=in_features, out_features=out_features)
         self.act, self.act_param = F.resolve_activation(act, act_param)
         self.weight_transposed = False
         self.take_linear(nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
@@ -232,13 +228,9 @@ class ActLinear(LinearParamsBase):
         Examples:
             >>> block.mlp.act, block.mlp.fc2 = torch.nn.Identity(), memsave.nn.ActLinear.from_linear(block.mlp.fc2)
         """
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"ActLinear.from_linear expects an nn.Linear, got {type(linear).__name__}")
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
+        fused = cls._adopting(linear, "ActLinear.from_linear expects")
         fused.act, fused.act_param = F.resolve_activation(act, act_param)
         fused.weight_transposed = False
-        fused.take_linear(linear)
         return fused
 
     @classmethod
@@ -274,8 +266,7 @@ class ActLinear(LinearParamsBase):
                 f"ActLinear.from_conv1d expects a Conv1D-style module (weight [in, out], bias [out]), got "
                 f"{type(conv).__name__}"
             )
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
+        fused = bare_module(cls)
         fused.act, fused.act_param = F.resolve_activation(act, act_param)
         fused.in_features, fused.out_features = weight.shape[0], weight.shape[1]
         fused.weight_transposed = True

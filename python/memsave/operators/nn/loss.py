@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import LinearParamsBase, check_flag, check_sizes
+from ._base import LinearParamsBase
 
 Tensor = torch.Tensor
 
@@ -67,9 +67,7 @@ class LinearCrossEntropy(LinearParamsBase):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        super().__init__()
-        check_sizes(in_features=in_features, num_classes=num_classes)
-        check_flag("memsave.nn.LinearCrossEntropy", "bias", bias)
+        super().__init__("memsave.nn.LinearCrossEntropy", bias, in_features=in_features, num_classes=num_classes)
         self._set_loss_options(ignore_index, label_smoothing, reduction)  # before drawing the initial weights
         linear = nn.Linear(in_features, num_classes, bias=bias, device=device, dtype=dtype)
         self.take_linear(linear, out_name="num_classes")
@@ -104,11 +102,7 @@ class LinearCrossEntropy(LinearParamsBase):
         Examples:
             >>> loss_head = memsave.nn.LinearCrossEntropy.from_linear(model.lm_head)
         """
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"LinearCrossEntropy.from_linear expects an nn.Linear, got {type(linear).__name__}")
-        head = cls.__new__(cls)
-        nn.Module.__init__(head)
-        head.take_linear(linear, out_name="num_classes")
+        head = cls._adopting(linear, "LinearCrossEntropy.from_linear expects", out_name="num_classes")
         head._set_loss_options(ignore_index, label_smoothing, reduction)
         return head
 

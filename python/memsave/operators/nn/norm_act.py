@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import ScriptGuard, check_eps, check_momentum, check_size
+from ._base import ScriptGuard, bare_module, check_eps, check_momentum, check_size
 from .activation import activation_spec
 
 Tensor = torch.Tensor
@@ -438,8 +438,7 @@ class BatchNormActConv2d(ScriptGuard, nn.Module):
             )
         if isinstance(conv, nn.Conv2d) and conv.in_channels != bn.num_features:
             raise ValueError(f"BatchNorm2d({bn.num_features}) does not feed Conv2d(in_channels={conv.in_channels})")
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
+        fused = bare_module(cls)
         fused._take_conv(conv)
         if register_bn:
             fused.bn = bn

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from ._base import NormLinearBase, ScriptGuard, check_eps, check_flag, check_size, check_sizes
+from ._base import NormLinearBase, ScriptGuard, bare_module, check_eps, check_size
 
 Tensor = torch.Tensor
 
@@ -169,8 +169,7 @@ class RMSNorm(ScriptGuard, nn.Module):
         _check_rms_norm_module(norm)
         weight = getattr(norm, "weight", None)
         hidden = weight.shape[0] if weight is not None else _hidden_size(getattr(norm, "normalized_shape", 0))
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
+        new = bare_module(cls)
         new.normalized_shape = (hidden,)
         new.eps = _norm_eps(norm)
         new.elementwise_affine = weight is not None
@@ -263,9 +262,7 @@ class RMSNormLinear(NormLinearBase):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
-        super().__init__()
-        check_sizes(in_features=in_features, out_features=out_features)
-        check_flag("memsave.nn.RMSNormLinear", "bias", bias)
+        super().__init__("memsave.nn.RMSNormLinear", bias, in_features=in_features, out_features=out_features)
         factory = {"device": device, "dtype": dtype}
         self.norm = RMSNorm(in_features, eps=eps, elementwise_affine=elementwise_affine, **factory)
         self.take_linear(nn.Linear(in_features, out_features, bias=bias, **factory))

@@ -144,9 +144,6 @@ REGISTRATIONS.backward_op("memsave::linear_cross_entropy_backward")
 # ----------------------------------------------------------------------------------------------------
 # The functional forms (memsave.functional).
 # ----------------------------------------------------------------------------------------------------
-_REDUCTIONS = ("mean", "sum", "none")
-
-
 def linear_cross_entropy(
     hidden: Tensor,
     weight: Tensor,

@@ -119,6 +119,18 @@ record_mask_op("dropout")
 # ----------------------------------------------------------------------------------------------------
 # The functional forms (memsave.functional).
 # ----------------------------------------------------------------------------------------------------
+def _run_mask_op(name: str, input: torch.Tensor, scalars: Tuple[float, ...], inplace: bool) -> torch.Tensor:
+    """``memsave::<name>`` on checked arguments: its output, or ``input`` overwritten with it when ``inplace``."""
+    if inplace and _transforms.needs_out_of_place(input):
+        # <name>_'s C++ autograd has no forward mode nor torch.func support: compute out of place, then copy.
+        return input.copy_(_run_mask_op(name, input, scalars, inplace=False))
+    if inplace:
+        getattr(torch.ops.memsave, f"{name}_")(input, *scalars)
+        return input
+    out, _mask = getattr(torch.ops.memsave, name)(input, *scalars)
+    return out
+
+
 def relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     """ReLU that keeps a 1-bit mask for backward (``ceil(numel / 8)`` bytes) instead of its output.
 
@@ -138,13 +150,7 @@ def relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         >>> y.sum().backward()   # x.grad == (x > 0)
     """
     check_tensor("relu", input)
-    if inplace and _transforms.needs_out_of_place(input):
-        return input.copy_(relu(input))  # relu_'s C++ autograd has no forward mode nor torch.func support
-    if inplace:
-        torch.ops.memsave.relu_(input)
-        return input
-    out, _mask = torch.ops.memsave.relu(input)
-    return out
+    return _run_mask_op("relu", input, (), inplace)
 
 
 def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool = False) -> torch.Tensor:
@@ -166,13 +172,7 @@ def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool 
     """
     check_tensor("leaky_relu", input)
     slope = check_number("memsave.functional.leaky_relu", "negative_slope", negative_slope)
-    if inplace and _transforms.needs_out_of_place(input):
-        return input.copy_(leaky_relu(input, slope))
-    if inplace:
-        torch.ops.memsave.leaky_relu_(input, slope)
-        return input
-    out, _mask = torch.ops.memsave.leaky_relu(input, slope)
-    return out
+    return _run_mask_op("leaky_relu", input, (slope,), inplace)
 
 
 def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
@@ -207,10 +207,4 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
         raise ValueError(f"memsave.functional.dropout: dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0 or input.numel() == 0:
         return input
-    if inplace and _transforms.needs_out_of_place(input):
-        return input.copy_(dropout(input, p))
-    if inplace:
-        torch.ops.memsave.dropout_(input, p)
-        return input
-    out, _mask = torch.ops.memsave.dropout(input, p)
-    return out
+    return _run_mask_op("dropout", input, (p,), inplace)

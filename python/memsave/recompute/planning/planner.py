@@ -642,28 +642,12 @@ def profile(
         >>> for st in prof.chain.stages: st.fwd_time, st.bwd_time = 1.0, 2.0    # injected costs
         >>> search(prof, budget_bytes=prof.eager_peak_bytes // 2)
     """
-    stepper, classes = _setup(
-        model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs
-    )
+    args = _checked(model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs)
+    stepper = _stepper(model, example_inputs, args, compile)
     try:
-        return _profile(stepper, classes, timing_steps, _Progress())
+        return _profile(stepper, args.classes, timing_steps, _Progress())
     finally:
         stepper.state.restore()
-
-
-def _setup(
-    model: nn.Module,
-    example_inputs: Sequence[Any],
-    loss_fn: Optional[LossFn],
-    selective: Union[bool, Sequence[str]],
-    timing_steps: int,
-    compile: bool,
-    example_kwargs: Optional[Mapping[str, Any]],
-    model_kwargs: Dict[str, Any],
-) -> Tuple[_Stepper, Tuple[str, ...]]:
-    """The checked arguments as a :class:`_Stepper` (the model's state saved in it) and the operator classes."""
-    args = _checked(model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs)
-    return _stepper(model, example_inputs, args, compile), args.classes
 
 
 @dataclass
