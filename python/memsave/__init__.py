@@ -61,6 +61,7 @@ from .errors import (  # noqa: E402
     MemsaveWarning,
     PlanMismatchError,
     RecomputeMismatchError,
+    WrapConflictError,
 )
 from .integrations import transformers_switch  # noqa: E402
 from .measurement import (  # noqa: E402
@@ -138,6 +139,7 @@ __all__ = [
     "MemsaveWarning",
     "PlanMismatchError",
     "RecomputeMismatchError",
+    "WrapConflictError",
     # build
     "build_info",
     "dispatch_table",

@@ -15,6 +15,7 @@ __all__ = [
     "MemsaveWarning",
     "InfeasibleBudgetError",
     "PlanMismatchError",
+    "WrapConflictError",
     "NoFakeKernelError",
     "UnsupportedTransformError",
 ]
@@ -103,6 +104,23 @@ class PlanMismatchError(ValueError):
     Examples:
         >>> p = memsave.plan(model_a, x, budget=0.5)
         >>> memsave.wrap(model_b, p)               # raises PlanMismatchError naming the modules that differ
+    """
+
+
+class WrapConflictError(ValueError):
+    """A change to a model would conflict with the memsave regions it already has, so nothing was changed.
+
+    Raised by :func:`memsave.wrap` (and applying a :class:`memsave.Plan`) on a model that already has regions when
+    the new policy or plan selects other ones (the regions would mix or nest: a nested region keeps its inner
+    arguments alive), or on a module inside another model's region; and by :func:`memsave.convert` when a swap would
+    replace a module that is a region (its region would be lost). Wrapping again with the same regions is a no-op,
+    not an error. The message names the regions and says what to do: call :func:`memsave.unwrap` first, or convert
+    before wrapping.
+
+    Examples:
+        >>> memsave.wrap(model, "blocks")
+        >>> memsave.wrap(model, nn.Linear)          # raises WrapConflictError: the Linears are inside the blocks
+        >>> memsave.wrap(memsave.unwrap(model), nn.Linear)   # unwrap first: the Linears alone are regions
     """
 
 

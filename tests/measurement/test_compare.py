@@ -238,6 +238,26 @@ def test_plot_renders_a_png(cnn_result):
     assert legend == ["peak bytes", "activation bytes"] and fig.axes[1].get_legend() is not None
 
 
+def test_plot_then_pyplot_savefig_writes_the_plot(cnn_result, tmp_path):
+    # table.plot(); plt.savefig(path): pyplot saves its current figure, which must be the plot, not a blank one.
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    _, _, result = cnn_result
+    plt.close("all")
+    fig = result.plot()
+    try:
+        assert plt.gcf() is fig
+        plt.savefig(tmp_path / "compare.png")
+    finally:
+        plt.close("all")
+    pixels = matplotlib.image.imread(tmp_path / "compare.png")
+    colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[-1]).tolist()}
+    assert len(colours) > 1  # a blank figure is one colour
+
+
 # -------------------------------------------------------------------------------------------------------- CLI
 def test_bench_command_line(tmp_path, capsys):
     from memsave.cli import main

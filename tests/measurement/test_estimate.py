@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import os
 import re
 import subprocess
@@ -216,6 +217,33 @@ def test_estimate_bad_input():
         estimate(model, x, device="cpu", dtype=torch.int8)
     with pytest.raises(ValueError, match="cannot be estimated with fake tensors"):
         estimate(model, x, device="cpu", strategy="plan:50%")
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_wrong_input_shape_raises_without_torch_logging_it(device):
+    # Fake tensors log a failing meta kernel with its traceback (about 20 lines) before raising its error; estimate
+    # raises the error alone, and leaves torch's logger as it found it.
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.squeezenet1_1(num_classes=10)
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level, records = logger.level, _Records()
+    logger.addHandler(records)
+    try:
+        with pytest.raises(RuntimeError, match="Output size is too small"):
+            estimate(model, torch.randn(2, 3, 8, 8), device=device)  # pooled down to nothing
+    finally:
+        logger.removeHandler(records)
+    assert [r.getMessage() for r in records.records] == []
+    assert logger.level == level
 
 
 # ------------------------------------------------------------------------------------------------- max_batch_size

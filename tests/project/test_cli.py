@@ -485,6 +485,23 @@ def test_module_entry_point_fails_in_one_line(tmp_path):
     ]
 
 
+@pytest.mark.slow  # a python -m memsave process importing torchvision
+def test_estimate_with_a_wrong_input_shape_prints_only_memsaves_error(tmp_path):
+    # A shape the model pools down to nothing: fake tensors would log the failing meta kernel's traceback and the CPU
+    # profiler its start/stop lines; the user sees memsave's one-line error and nothing else.
+    env = dict(os.environ, MEMSAVE_TRACEBACK="")
+    env.pop("KINETO_LOG_LEVEL", None)
+    argv = ["estimate", "--model", "torchvision.models:squeezenet1_1", "--input", "2,3,8,8", "--device", "cpu"]
+    r = subprocess.run(
+        [sys.executable, "-m", "memsave", *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("memsave: error: estimate: torchvision.models:squeezenet1_1 (input 2x3x8x8 float32)")
+    assert "Output size is too small" in lines[0]
+
+
 # ------------------------------------------------------------------------------------------------ from a wheel
 def _check(cmd: List[str], cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -6,14 +6,15 @@ import copy
 import io
 import pickle
 import warnings
-from typing import Any, List
+from typing import Any, Dict, List
 
 import pytest
 import torch
 from torch import nn
 
+import memsave
 from helpers import in_backward, models
-from memsave.errors import MemsaveWarning
+from memsave.errors import MemsaveWarning, WrapConflictError
 from memsave.recompute.wrapping import is_wrapped, unwrap, wrap, wrap_module
 
 
@@ -72,19 +73,22 @@ def test_wrapped_model_recomputes_and_matches_eager() -> None:
     assert runs == {"fwd": 2, "bwd": 0}
 
 
-def test_wrapping_twice_is_a_noop() -> None:
+def test_wrapping_again_with_the_same_regions_is_a_noop() -> None:
     model = models.mlp()
     wrap(model, nn.Linear)
     forwards = [m.__dict__.get("forward") for m in model.modules()]
     wrap(model, nn.Linear)
-    wrap(model, (nn.Linear, nn.GELU))
-    assert [m.__dict__.get("forward") for m in model.modules() if isinstance(m, nn.Linear)] == [
-        f for f in forwards if f is not None
-    ]
-    assert repr(model).count("[memsave.checkpoint]") == 5  # 4 Linear + 1 GELU, once each
+    wrap(model, lambda name, m: isinstance(m, nn.Linear))  # another policy, the same regions
+    assert [m.__dict__.get("forward") for m in model.modules()] == forwards
+    assert repr(model).count("[memsave.checkpoint]") == 4
     assert wrap_module(model[0], "again") is False
     unwrap(model)
     assert "[memsave.checkpoint]" not in repr(model)
+    # memsave.selective makes a new function at each call: the same classes are the same regions.
+    wrap(model, nn.Linear, context_fn=memsave.selective("matmul"))
+    forwards = [m.__dict__.get("forward") for m in model.modules()]
+    wrap(model, nn.Linear, context_fn=memsave.selective("matmul"))
+    assert [m.__dict__.get("forward") for m in model.modules()] == forwards
 
 
 def test_root_module_and_predicate_policy() -> None:
@@ -200,7 +204,9 @@ def test_is_wrapped_is_public_in_recompute() -> None:
 def _tiny_gpt2() -> nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=32, vocab_size=64)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=4, n_positions=32, vocab_size=64, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -257,3 +263,118 @@ def test_training_mode_drops_the_kv_cache_warning_once(monkeypatch: pytest.Monke
     assert len(ours) == 1, [str(w.message) for w in ours]
     assert "GPT2Block is a checkpointed region in training mode" in str(ours[0].message)
     assert out.past_key_values is None or out.past_key_values.get_seq_length() == 0
+
+
+# ------------------------------------------------------------------- one wrap per model: no silent nesting or mixing
+def _regions(model: nn.Module) -> Dict[str, Any]:
+    return {name: m.__dict__["forward"] for name, m in model.named_modules() if is_wrapped(m)}
+
+
+def _lm_step(model: nn.Module, ids: torch.Tensor) -> List[torch.Tensor]:
+    torch.manual_seed(5)  # the same dropout masks in every model compared
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.slow  # imports transformers
+def test_a_second_wrap_with_other_regions_is_refused_and_changes_nothing() -> None:
+    eager = _tiny_gpt2().train()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
+    model = wrap(copy.deepcopy(eager))
+    regions = _regions(model)
+    assert list(regions) == ["transformer.h.0", "transformer.h.1"]
+    mlp = type(model.transformer.h[0].mlp)
+    nested = r"already has memsave regions \('transformer.h.0', 'transformer.h.1'; .*would nest 'transformer.h.0.mlp' "
+    with pytest.raises(WrapConflictError, match=nested + r"inside 'transformer.h.0'.*memsave.unwrap\(model\) first"):
+        wrap(model, mlp)
+    with pytest.raises(WrapConflictError, match=r"would nest 'transformer.h.0' inside 'transformer'"):
+        wrap(model, "all")  # the model's top-level stages: transformer (holding the blocks) and lm_head
+    with pytest.raises(WrapConflictError, match="other regions \\('lm_head'\\).*would mix the two choices"):
+        wrap(model, lambda name, m: name == "lm_head")
+    with pytest.raises(WrapConflictError, match="on the same modules .*context_fn"):
+        wrap(model, context_fn=memsave.selective("matmul"))
+    assert _regions(model) == regions  # the very same region objects: nothing was changed
+    assert all(torch.equal(e, g) for e, g in zip(_lm_step(eager, ids), _lm_step(model, ids)))
+    wrap(model)  # the same policy again: a no-op
+    assert _regions(model) == regions
+    wrap(unwrap(model), mlp)  # unwrap first: the MLPs alone are regions now
+    assert list(_regions(model)) == ["transformer.h.0.mlp", "transformer.h.1.mlp"]
+    assert all(torch.equal(e, g) for e, g in zip(_lm_step(eager, ids), _lm_step(model, ids)))
+
+
+@pytest.mark.slow  # imports transformers
+def test_wrapping_a_module_inside_another_models_region_is_refused() -> None:
+    model = wrap(_tiny_gpt2())
+    clone = copy.deepcopy(model)  # a copy's regions count too
+    conv1d = type(model.transformer.h[0].mlp.c_fc)
+    for inner, region in ((model.transformer.h[0].mlp, "transformer.h.0"), (clone.transformer.h[1].attn, "h.1")):
+        with pytest.raises(WrapConflictError, match=rf"runs inside the memsave region '[a-z.]*{region}' .*unwrap"):
+            wrap(inner, conv1d)
+        assert not any(is_wrapped(m) for m in inner.modules())
+    wrap(model.lm_head, nn.Linear)  # outside every region: allowed
+    assert is_wrapped(model.lm_head)
+    unwrap(model)
+    wrap(model.transformer.h[0].mlp, conv1d)  # the model's regions are gone: nothing to nest in
+    assert list(_regions(model)) == ["transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj"]
+
+
+@pytest.mark.slow  # imports transformers, plans
+def test_a_plan_on_a_wrapped_model_follows_the_same_rule() -> None:
+    model = _tiny_gpt2().train()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(4))
+    p = memsave.plan(
+        model,
+        ids,
+        example_kwargs={"labels": ids, "use_cache": False},
+        solver="sqrt",
+        timing_steps=1,
+        verify=False,
+        progress=False,
+    )
+    wrap(model)
+    blocks = _regions(model)
+    for apply in (lambda: wrap(model, p), lambda: p.apply_to(model)):
+        with pytest.raises(WrapConflictError, match=r"memsave.wrap\(model, plan\): GPT2LMHeadModel already has"):
+            apply()
+        assert _regions(model) == blocks
+    wrap(unwrap(model), p)
+    planned = _regions(model)
+    assert list(planned) == [name for region in p.regions() for name in region]
+    wrap(model, p)  # applying the same plan again: a no-op
+    p.apply_to(model)
+    assert _regions(model) == planned
+    with pytest.raises(WrapConflictError, match="memsave.wrap: GPT2LMHeadModel already has memsave regions"):
+        wrap(model)
+
+
+def _squeezenet() -> nn.Module:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    return torchvision.models.squeezenet1_1(num_classes=10)
+
+
+def test_a_second_wrap_nesting_regions_in_a_cnn_is_refused() -> None:
+    model = wrap(_squeezenet())  # its Fire modules
+    regions = _regions(model)
+    with pytest.raises(WrapConflictError, match=r"would nest 'features.3.squeeze' inside 'features.3'.*unwrap"):
+        wrap(model, nn.Conv2d)
+    with pytest.raises(WrapConflictError, match=r"runs inside the memsave region 'features.4'"):
+        wrap(model.features[4].squeeze, nn.Conv2d)
+    assert _regions(model) == regions
+
+
+def test_convert_after_wrap_keeps_regions_around_swaps_and_refuses_to_replace_one() -> None:
+    eager = _squeezenet()
+    x = torch.randn(2, 3, 24, 24)
+    pools = wrap(copy.deepcopy(eager), nn.MaxPool2d)
+    before = repr(pools)
+    with pytest.raises(WrapConflictError, match=r"would replace features.2, features.5, features.8, .*Convert first"):
+        memsave.convert(pools)
+    assert repr(pools) == before and type(pools.features[2]) is nn.MaxPool2d
+    # Swaps inside a region keep it: the Fire blocks stay regions around memsave's ReLUs, and stay exact.
+    fires = memsave.convert(wrap(copy.deepcopy(eager)))
+    assert list(_regions(fires)) == [f"features.{i}" for i in (3, 4, 6, 7, 9, 10, 11, 12)]
+    assert isinstance(fires.features[3].squeeze_activation, memsave.nn.ReLU)
+    assert all(torch.equal(e, g) for e, g in zip(_step(eager, x), _step(fires, x)))

@@ -23,7 +23,9 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
+    "quiet_raised_error_logs",
     "quiet_torch_import_logs",
+    "quiet_torch_logs",
     "SUPPORTED_PYTHON",
     "SUPPORTED_TORCH",
     "TORCH_FLOOR",
@@ -240,9 +242,41 @@ def count_flops() -> FlopCount:
 #: torch's file path on every machine without CUDA.
 QUIET_TORCH_LOGGERS = ("torch.utils.cpp_extension",)
 
+#: torch loggers that log, with its traceback, an error they then raise anyway: fake tensors log every meta kernel
+#: that fails ("failed while attempting to run meta for aten.max_pool2d_with_indices.default", about 20 lines)
+#: before raising its error, which :func:`memsave.estimate` reports in one line (a wrong input shape).
+RAISED_ERROR_LOGGERS = ("torch._subclasses.fake_tensor",)
+
 
 @contextlib.contextmanager
-def quiet_torch_import_logs() -> Any:
+def quiet_torch_logs(names: Tuple[str, ...], level: int) -> Any:
+    """Hold back the messages below ``level`` of the torch loggers ``names`` while the ``with`` body runs (then the
+    loggers' levels return): the one way memsave keeps torch's log lines that are not about the user's run off
+    their screen.
+
+    Args:
+        names: the loggers, e.g. :data:`QUIET_TORCH_LOGGERS` or :data:`RAISED_ERROR_LOGGERS`.
+        level: the lowest level still shown (``logging.CRITICAL + 1`` shows none).
+
+    Returns:
+        A context manager.
+
+    Examples:
+        >>> with quiet_torch_logs(RAISED_ERROR_LOGGERS, logging.CRITICAL + 1):
+        ...     run_fake_step()                          # its error is raised, not also logged
+    """
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, level_before in zip(loggers, levels):
+            logger.setLevel(level_before)
+
+
+def quiet_torch_import_logs() -> ContextManager[Any]:
     """Hold back the :data:`QUIET_TORCH_LOGGERS` below ERROR while the ``with`` body runs (then their levels return).
 
     Returns:
@@ -252,12 +286,18 @@ def quiet_torch_import_logs() -> Any:
         >>> with quiet_torch_import_logs():
         ...     from torch.utils.benchmark.utils.timer import timer    # no "No CUDA runtime is found" line
     """
-    loggers = [logging.getLogger(name) for name in QUIET_TORCH_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+    return quiet_torch_logs(QUIET_TORCH_LOGGERS, logging.ERROR)
+
+
+def quiet_raised_error_logs() -> ContextManager[Any]:
+    """Hold back every message of the :data:`RAISED_ERROR_LOGGERS` while the ``with`` body runs: the errors they
+    log are raised to the caller, who reports them once.
+
+    Returns:
+        A context manager.
+
+    Examples:
+        >>> with quiet_raised_error_logs():
+        ...     runner(*fake_inputs)                     # a wrong shape raises; fake tensors log nothing
+    """
+    return quiet_torch_logs(RAISED_ERROR_LOGGERS, logging.CRITICAL + 1)

@@ -15,12 +15,12 @@
 ``memsave.wrap(model)`` and ``memsave.wrap(model, plan)`` on a Hugging Face model need no import from here: wrap's
 listener claims the model's switch (:mod:`memsave.integrations.transformers_switch`, which imports no transformers;
 ``memsave/__init__.py`` registers it), so ``Trainer(args with activation_checkpointing=True)`` and
-``model.gradient_checkpointing_enable()`` keep memsave's regions and report checkpointing on. accelerate
+``model.activation_checkpointing_enable()`` keep memsave's regions and report checkpointing on. accelerate
 needs nothing either: ``Accelerator.prepare`` on a wrapped or converted model trains as the plain one does.
 
 Examples:
     >>> import memsave.integrations.transformers as ms_hf
-    >>> ms_hf.enable(model)                         # model.gradient_checkpointing_enable() now means memsave
+    >>> ms_hf.enable(model)                         # model.activation_checkpointing_enable() now means memsave
     >>> Trainer(model, args, callbacks=[ms_hf.MemoryCallback()])
     >>> Trainer(model, args, callbacks=[ms_hf.Memsave(budget="20GiB")])   # or all of it in one line
 """

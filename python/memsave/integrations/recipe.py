@@ -5,7 +5,7 @@ trains, in two calls (Lightning converts in ``setup`` and plans on its first bat
 
 1. :func:`prepare`: checkpointing the model already has is taken off so that nothing runs ``torch.utils.checkpoint``
    and a plan is profiled on the plain model -- transformers' own (``TrainingArguments(activation_checkpointing=
-   True)`` or ``model.gradient_checkpointing_enable()``, turned off with the model's public ``*_disable()``) and
+   True)`` or ``model.activation_checkpointing_enable()``, turned off with the model's public ``*_disable()``) and
    memsave's regions (:func:`memsave.unwrap`; kept as they are when the recipe asks for nothing but checkpointing).
    Then :func:`memsave.convert`, when asked.
 2. :func:`finish`: :func:`memsave.plan` for the budget on a sample batch, applied with ``memsave.wrap(model, plan)``;

@@ -6,10 +6,10 @@
 
 * ``memsave.wrap(model)`` or ``memsave.wrap(model, plan)`` on a ``PreTrainedModel`` stays in force when ``Trainer``
   turns activation checkpointing on (``TrainingArguments(activation_checkpointing=True)``) or the user calls
-  ``model.gradient_checkpointing_enable()``: memsave takes over the model's switch when it wraps it, so no layer
+  ``model.activation_checkpointing_enable()``: memsave takes over the model's switch when it wraps it, so no layer
   calls ``torch.utils.checkpoint`` and no region is nested in another
   (:mod:`memsave.integrations.transformers_switch`).
-* :func:`enable` makes the model's own switch mean memsave: ``model.gradient_checkpointing_enable()`` (or Trainer's
+* :func:`enable` makes the model's own switch mean memsave: ``model.activation_checkpointing_enable()`` (or Trainer's
   argument) then runs each checkpointed layer as a memsave region; ``*_disable()`` turns that off. The model
   reports it through transformers' own ``model.is_activation_checkpointing``.
 * :class:`MemoryCallback` adds each logged step's peak and activation bytes to Trainer's logs, before its reporting
@@ -44,7 +44,7 @@ __all__ = ["MemoryCallback", "Memsave", "check_version", "enable"]
 #: The model's own class: :func:`enable` returns the model it was given, typed as it was.
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
-#: The oldest transformers whose checkpointing switch takes keyword options (``gradient_checkpointing_kwargs``).
+#: The oldest transformers whose checkpointing switch takes keyword options (a dict of checkpoint options).
 MIN_VERSION = (4, 35)
 
 
@@ -68,12 +68,12 @@ def check_version(version: str = transformers_version) -> None:
 def enable(model: ModuleT, **checkpoint_options: Any) -> ModuleT:
     """Make ``model``'s own checkpointing switch use memsave, in place.
 
-    After this, ``model.gradient_checkpointing_enable(...)``, ``model.activation_checkpointing_enable(...)`` and
+    After this, ``model.activation_checkpointing_enable(...)`` (and its deprecated ``gradient_*`` alias) and
     ``Trainer(args with activation_checkpointing=True)`` turn transformers' checkpointing on as usual (the layers'
     flags, ``every_n_layers``, ``model.is_activation_checkpointing``), but each checkpointed layer runs as a
     memsave region (:func:`memsave.checkpoint`) instead of going through ``torch.utils.checkpoint``: the layers'
     ``_gradient_checkpointing_func`` is memsave's. ``*_disable()`` turns it off. The keyword options those calls
-    carry (``gradient_checkpointing_kwargs``) are read with torch.utils.checkpoint's names: ``preserve_rng_state``,
+    carry (``activation_checkpointing_kwargs``) are read with torch.utils.checkpoint's names: ``preserve_rng_state``,
     ``context_fn``, ``determinism_check`` and ``debug`` apply to the regions, ``use_reentrant`` is accepted (memsave's
     regions are always non-reentrant), others raise ``TypeError``; ``offload=True`` raises ``ValueError``.
     If the model's checkpointing is already on, its layers are memsave regions from this call on. A model memsave
@@ -96,7 +96,7 @@ def enable(model: ModuleT, **checkpoint_options: Any) -> ModuleT:
     Examples:
         >>> import memsave.integrations.transformers as ms_hf
         >>> ms_hf.enable(model)
-        >>> model.gradient_checkpointing_enable()        # each decoder layer a memsave region
+        >>> model.activation_checkpointing_enable()      # each decoder layer a memsave region
         >>> model.is_activation_checkpointing
         True
         >>> Trainer(model, TrainingArguments(..., activation_checkpointing=True), ...)   # the same
@@ -253,7 +253,7 @@ class Memsave(MemoryCallback):
 
     In ``on_train_begin`` (the model on its device, its optimizer made; memsave keeps every parameter object): the
     checkpointing the model already has is taken off -- transformers' own, whether
-    ``TrainingArguments(activation_checkpointing=True)`` or ``model.gradient_checkpointing_enable()`` turned it on,
+    ``TrainingArguments(activation_checkpointing=True)`` or ``model.activation_checkpointing_enable()`` turned it on,
     memsave's switch (:func:`enable`) and ``memsave.wrap`` regions (:mod:`memsave.integrations.recipe`) -- then
     ``convert``, then :func:`memsave.plan` for the budget on a sample batch (the first
     ``per_device_train_batch_size`` samples of the train dataloader's dataset, collated by its collator, moved to the

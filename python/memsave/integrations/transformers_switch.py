@@ -1,8 +1,8 @@
 """A Hugging Face model's own activation-checkpointing switch, made memsave's (no transformers import here).
 
 Hugging Face models carry a switch: ``model.activation_checkpointing_enable(...)`` (transformers 5; ``Trainer``
-calls it when its arguments say ``activation_checkpointing=True``), its older spelling
-``model.gradient_checkpointing_enable(...)``, and the ``*_disable()`` pair. Thrown by transformers, it sets the
+calls it when its arguments say ``activation_checkpointing=True``), its older spelling (the ``gradient_*`` names,
+deprecated in transformers 5), and the ``*_disable()`` pair. Thrown by transformers, it sets the
 ``gradient_checkpointing`` flag of the model's layers and stores the function they call,
 ``layer._gradient_checkpointing_func`` (``functools.partial(torch.utils.checkpoint.checkpoint, **kwargs)``).
 
@@ -109,8 +109,8 @@ def switch_of(model: nn.Module) -> Optional[SwitchState]:
 
 def checkpointing_on(model: nn.Module) -> bool:
     """Whether some module of ``model`` has its ``gradient_checkpointing`` flag set: what transformers'
-    ``model.is_activation_checkpointing`` (``is_gradient_checkpointing`` before 5) reports, read without its
-    deprecation warning.
+    ``model.is_activation_checkpointing`` (named ``is_gradient_*`` before transformers 5) reports, read without
+    a deprecation warning.
 
     Examples:
         >>> checkpointing_on(llama)
@@ -226,7 +226,7 @@ class _TransformersOwn:
 
 
 class _Enable:
-    """``model.activation_checkpointing_enable`` / ``gradient_checkpointing_enable`` under memsave's switch."""
+    """``model.activation_checkpointing_enable`` (and its deprecated ``gradient_*`` alias) under memsave's switch."""
 
     def __init__(self, model: nn.Module, name: str) -> None:
         self.model, self.name = model, name
@@ -265,7 +265,7 @@ class _Enable:
 
 
 class _Disable:
-    """``model.activation_checkpointing_disable`` / ``gradient_checkpointing_disable``: transformers' own, then
+    """``model.activation_checkpointing_disable`` (and its deprecated ``gradient_*`` alias): transformers' own, then
     :func:`memsave.unwrap` (the switch off means nothing recomputes)."""
 
     def __init__(self, model: nn.Module, name: str) -> None:

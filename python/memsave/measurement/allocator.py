@@ -125,9 +125,10 @@ def cpu_allocation_profiler() -> torch.autograd.profiler.profile:
     """
     if not torch.cuda.is_available():
         # A CUDA build of torch on a machine without a GPU makes kineto log "gpuGetDeviceCount failed" as an ERROR
-        # on its first use. Harmless for CPU-only profiling, so keep it off the user's screen (unless they chose a
-        # log level themselves).
-        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+        # on its first use, and some builds log a "USDT: ... profiler_start" / "profiler_stop" pair on every run
+        # (level 5, the highest). Neither is about the user's run, so keep both off their screen (unless they chose
+        # a log level themselves): 6 is above every kineto level.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     return torch.autograd.profiler.profile(use_cpu=True, profile_memory=True, use_kineto=True)
 
 

@@ -276,24 +276,28 @@ class Comparison:
         step-time ratio to eager with its IQR as an error bar; a legend names the bars. Rows with an error are left
         out.
 
+        The figure is pyplot's current one, as if made by ``plt.figure()``: ``plt.savefig(path)`` or ``plt.show()``
+        right after ``table.plot()`` see it. In a notebook (IPython's inline backend) the cell shows it once.
+
         Returns:
-            the ``matplotlib.figure.Figure`` (notebooks display it; save it with ``fig.savefig("x.png")``).
+            the ``matplotlib.figure.Figure`` (notebooks display it; save it with ``fig.savefig("x.png")`` or
+            ``plt.savefig("x.png")``).
 
         Raises:
             ImportError: matplotlib is not installed.
 
         Examples:
             >>> fig = memsave.compare(model, x).plot(); fig.savefig("compare.png")
+            >>> table.plot(); plt.savefig("compare.png")     # the same figure, through pyplot
         """
         try:
-            from matplotlib.figure import Figure
             from matplotlib.patches import Patch
             from matplotlib.ticker import MaxNLocator
         except ImportError as e:
             raise ImportError("Comparison.plot needs matplotlib: pip install matplotlib") from e
         rows = [r for r in self.rows if r.error is None]
         names = [r.strategy for r in rows]
-        fig = Figure(figsize=figsize, layout="constrained")
+        fig = _pyplot_figure(figsize)
         ax_mem, ax_time = fig.subplots(1, 2)
         ys = list(range(len(names)))[::-1]
         h = 0.38
@@ -329,6 +333,38 @@ class Comparison:
         ax_time.legend(handles=legend[2:], loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=7)
         fig.suptitle(f"memsave.compare on {self.device}", fontsize=10)
         return fig
+
+
+def _pyplot_figure(figsize: Tuple[float, float]) -> Any:
+    """A new figure that pyplot manages and makes current (``plt.savefig`` / ``plt.show`` see it), for a plot method
+    that returns it.
+
+    Under IPython's inline backend the cell displays the returned figure, and pyplot would display it a second time
+    when the cell ends: there it is made with interactive mode off (not queued for that display) and closed once the
+    cell has run, as the inline backend closes its own figures.
+
+    Returns the ``matplotlib.figure.Figure`` (``figsize`` in inches), pyplot's current figure.
+    """
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    if "inline" not in str(matplotlib.get_backend()):
+        return plt.figure(figsize=figsize, layout="constrained")
+    with plt.ioff():
+        fig = plt.figure(figsize=figsize, layout="constrained")
+    try:
+        from IPython import get_ipython
+    except ImportError:  # the inline backend outside IPython: nothing displays it twice
+        return fig
+    shell = get_ipython()
+    if shell is not None:
+
+        def close_after_the_cell() -> None:
+            shell.events.unregister("post_execute", close_after_the_cell)
+            plt.close(fig)
+
+        shell.events.register("post_execute", close_after_the_cell)
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------------------- compare
@@ -585,7 +621,7 @@ def compare(
         *inputs: positional arguments of ``model``.
         strategies: names (see the module docstring), parsed :class:`Strategy` objects, or a mapping ``{row name:
             fn(model copy) -> module to step}`` (strategy names are allowed as values too) to compare your own
-            switches (timm's ``set_grad_checkpointing``, Hugging Face's ``gradient_checkpointing_enable``).
+            switches (timm's ``set_grad_checkpointing``, Hugging Face's ``activation_checkpointing_enable``).
         loss_fn: output -> scalar loss; default :func:`memsave.measurement.default_loss`.
         steps: the fewest interleaved timing rounds (median and IQR over them); while a ratio's median is still
             uncertain on a busy machine, up to ``4 * steps`` are timed (``Comparison.steps`` says how many).
@@ -612,7 +648,7 @@ def compare(
     Examples:
         >>> result = memsave.compare(model, x, strategies=["eager", "checkpoint:blocks", "convert"])
         >>> print(result)            # or just `result` as the last line of a notebook cell
-        >>> memsave.compare(lm, ids, labels=ids, strategies={"hf": lambda m: m.gradient_checkpointing_enable() or m})
+        >>> memsave.compare(lm, ids, labels=ids, strategies={"hf": lambda m: m.activation_checkpointing_enable() or m})
         >>> fig = result.plot()
     """
     if not isinstance(model, nn.Module):

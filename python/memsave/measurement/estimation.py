@@ -65,6 +65,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from ..common.compat import quiet_raised_error_logs
 from ..common.rng import RngState
 from ..errors import NoFakeKernelError
 from .allocator import cpu_memory_stats
@@ -468,7 +469,8 @@ def _run_fake_step(
     fake_inputs, fake_kwargs = _fake_inputs((tuple(inputs), dict(kwargs)), fake_mode, device, dtype)
     ctx = StrategyContext(fake_inputs, loss_fn, device, fake=True, kwargs=fake_kwargs)
     emulation = _cuda_attention_emulation() if emulate_cuda else contextlib.nullcontext()
-    with fake_mode, _RealToFake(fake_mode, FakeTensor, device), emulation:
+    # A meta kernel that fails (a wrong input shape) is raised and reported once, not also logged by fake tensors.
+    with quiet_raised_error_logs(), fake_mode, _RealToFake(fake_mode, FakeTensor, device), emulation:
         try:
             runner = strat.prepare(fake_model, ctx)
         except (NotImplementedError, RuntimeError) as e:

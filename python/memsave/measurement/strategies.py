@@ -360,7 +360,7 @@ def strategy_from_callable(name: str, fn: Callable[[nn.Module], nn.Module]) -> S
         TypeError: ``fn`` is not callable.
 
     Examples:
-        >>> s = strategy_from_callable("hf_checkpointing", lambda m: (m.gradient_checkpointing_enable(), m)[1])
+        >>> s = strategy_from_callable("hf_checkpointing", lambda m: (m.activation_checkpointing_enable(), m)[1])
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"compare: a strategy name must be a non-empty string, got {name!r}")

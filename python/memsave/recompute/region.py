@@ -933,10 +933,9 @@ def checkpoint(
     called inside ``fn`` (gradient penalty). Gradients, outputs, BatchNorm buffers and the RNG stream are bitwise
     equal to running ``fn`` without checkpointing (CPU, float32). When grad mode is off, ``fn`` is simply called.
 
-    Hugging Face transformers layers call ``model._gradient_checkpointing_func(partial(forward, layer, **kwargs),
-    *args)``; make them use memsave with ``model._set_gradient_checkpointing(enable=True,
-    gradient_checkpointing_func=functools.partial(memsave.checkpoint, use_reentrant=False))`` (after or instead of
-    ``model.gradient_checkpointing_enable()`` / ``activation_checkpointing_enable()``).
+    Hugging Face transformers models checkpoint their layers through their own switch
+    (``model.activation_checkpointing_enable()``); :func:`memsave.integrations.transformers.enable` makes that
+    switch run memsave's regions, and the ``Memsave`` Trainer callback does it in one line.
 
     Args:
         fn: the region: a function, bound method, ``functools.partial`` or ``nn.Module``.

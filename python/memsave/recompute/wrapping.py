@@ -13,13 +13,15 @@ import abc
 import functools
 import inspect
 import warnings
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
 import torch
 from torch import nn
 
-from ..common.snapshot import all_or_nothing
-from ..errors import MemsaveWarning
+from ..common.regions import RegionForward
+from ..common.snapshot import ModelSnapshot, all_or_nothing
+from ..errors import MemsaveWarning, WrapConflictError
 from .blocks import find_blocks
 from .policies import resolve_checkpoint_policy
 from .region import ModuleChain, check_context_fn, check_region_options, count_leading_inplace, run_region
@@ -30,7 +32,9 @@ __all__ = [
     "WrappedRepr",
     "add_wrap_listener",
     "all_or_nothing",
+    "install_once",
     "is_wrapped",
+    "region_signatures",
     "unwrap",
     "unwrap_module",
     "wrap",
@@ -51,6 +55,10 @@ _TAG = "[memsave.checkpoint]"
 #: :mod:`memsave.integrations.transformers_switch`); this part never imports its listeners.
 _WRAP_LISTENERS: List[Callable[[nn.Module], None]] = []
 _UNWRAP_LISTENERS: List[Callable[[nn.Module], None]] = []
+
+#: Every region forward alive (made, copied or unpickled), held weakly: a module knows its children, not its parent,
+#: so this is how :func:`wrap` finds a region around the module it is given.
+_LIVE_REGIONS: "weakref.WeakSet[CheckpointedForward]" = weakref.WeakSet()
 
 
 def add_wrap_listener(after_wrap: Callable[[nn.Module], None], after_unwrap: Callable[[nn.Module], None]) -> None:
@@ -97,12 +105,13 @@ class RegionPlan(abc.ABC):
         """Checkpoint the chosen regions of ``model`` in place and return ``model``."""
 
 
-class CheckpointedForward:
+class CheckpointedForward(RegionForward):
     """The instance-level ``forward`` of a wrapped module: its original forward, run as a checkpointed region.
 
     Holds the module (a reference cycle the garbage collector handles; it keeps the object picklable and
     deep-copyable, which a weak reference would not) and the module's previous instance-level ``forward``, if
-    it had one.
+    it had one. Every one made, copied or unpickled is remembered weakly (:data:`_LIVE_REGIONS`), so that
+    :func:`wrap` can tell that a module it is given runs inside another model's region.
     """
 
     def __init__(
@@ -122,6 +131,20 @@ class CheckpointedForward:
         self.context_fn = context_fn
         # Read once here: dynamo (torch.compile) cannot trace inspect.signature inside the call.
         self.parameter_names = _parameter_names(self.original())
+        _LIVE_REGIONS.add(self)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # copy.deepcopy and pickle restore the attributes here: remember the copy as a region too.
+        self.__dict__.update(state)
+        _LIVE_REGIONS.add(self)
+
+    def signature(self) -> Tuple[Any, ...]:
+        """What makes two regions on one module the same region: their kind and options (not their names)."""
+        return (type(self).__name__, self.preserve_rng_state, self.strict, _callable_key(self.context_fn))
+
+    def runs_inside(self, module: nn.Module) -> bool:
+        """Whether ``module`` runs inside this region: it is one of the wrapped module's submodules."""
+        return any(m is module for m in self.module.modules() if m is not self.module)
 
     def original(self) -> Callable[..., Any]:
         if self.previous is not None:
@@ -324,6 +347,131 @@ def unwrap_module(module: nn.Module) -> bool:
     return True
 
 
+def _callable_key(fn: Any) -> Any:
+    """A value equal for equal context functions: ``memsave.selective("matmul")`` makes a new partial each call."""
+    if isinstance(fn, functools.partial):
+        return ("partial", _callable_key(fn.func), fn.args, tuple(sorted(fn.keywords.items())))
+    return fn
+
+
+def region_signatures(model: nn.Module) -> Dict[str, Tuple[Any, ...]]:
+    """The regions :func:`wrap` or a plan put in ``model``: qualified name -> the region's kind and options.
+
+    Two wraps that give equal answers made the same regions (the second one is a no-op).
+
+    Args:
+        model: any module.
+
+    Returns:
+        One entry per region in ``model`` (``""`` for ``model`` itself), in ``named_modules()`` order.
+
+    Examples:
+        >>> region_signatures(memsave.wrap(model))
+        {'blocks.0': ('CheckpointedForward', True, False, None), 'blocks.1': (...)}
+    """
+    out: Dict[str, Tuple[Any, ...]] = {}
+    for name, module in model.named_modules():
+        forward = module.__dict__.get("forward")
+        if isinstance(forward, CheckpointedForward):
+            out[name] = forward.signature()
+    return out
+
+
+def _enclosing_region(model: nn.Module) -> Optional[CheckpointedForward]:
+    """The region (of another model, or of a module above ``model``) that ``model`` runs inside, if any."""
+    for region in list(_LIVE_REGIONS):
+        # A region unwrapped since (its module's forward is another one now) no longer counts.
+        if region.module is not model and region.module.__dict__.get("forward") is region and region.runs_inside(model):
+            return region
+    return None
+
+
+def _label(name: str) -> str:
+    return repr(name) if name else "the model itself"
+
+
+def _names(names: Sequence[str], limit: int = 4) -> str:
+    shown = ", ".join(_label(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "none"
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return inner != outer and (outer == "" or inner.startswith(outer + "."))
+
+
+def _conflict_message(caller: str, model: nn.Module, before: Sequence[str], after: Sequence[str]) -> str:
+    """What a second wrap would have done to the regions ``before``, and what to do instead."""
+    added = [n for n in after if n not in before]
+    nested = [(i, o) for i in added for o in before if _inside(i, o)]
+    nested += [(i, o) for o in added for i in before if _inside(i, o)]
+    if set(after) != set(before):
+        what = f"other regions ({_names(list(after))})"
+    else:
+        what = "other regions on the same modules (other groups, preserve_rng_state, strict or context_fn)"
+    if nested:
+        effect = f"would nest {_label(nested[0][0])} inside {_label(nested[0][1])}"
+        effect += " (a nested region keeps its inner arguments alive)"
+    else:
+        effect = "would mix the two choices"
+    return (
+        f"{caller}: {type(model).__name__} already has memsave regions ({_names(list(before))}; from an earlier "
+        f"memsave.wrap or plan), and this one selects {what}: wrapping on top {effect}. Nothing was changed. Call "
+        "memsave.unwrap(model) first, then wrap it with the policy or plan you want (wrapping again with the same "
+        "regions is a no-op)."
+    )
+
+
+def install_once(model: nn.Module, install: Callable[[], Any], caller: str) -> bool:
+    """Run ``install()`` (which makes regions in ``model``) unless that would conflict with regions already there.
+
+    On a model without regions, ``install()`` runs (all or nothing). On a model with regions, it runs on the model
+    stripped of them, and the model is then put back as it was: if it made exactly the same regions, nothing more
+    happens (a no-op); otherwise :class:`WrapConflictError`. What :func:`wrap` and applying a plan share.
+
+    Args:
+        model: the model ``install`` changes in place.
+        install: makes the regions (wraps modules of ``model``).
+        caller: the public call, for the message (``"memsave.wrap"``).
+
+    Returns:
+        True when ``install()`` changed the model, False for the no-op.
+
+    Raises:
+        WrapConflictError: ``model`` has other regions than ``install()`` makes (they would mix or nest), or it
+            runs inside another model's region and ``install()`` made regions; the model is left as it was.
+
+    Examples:
+        >>> install_once(model, lambda: apply_plan(model, plan), "memsave.wrap(model, plan)")
+        True
+    """
+    before = region_signatures(model)
+    if not before:
+        with all_or_nothing(model):
+            install()
+            outer = _enclosing_region(model) if region_signatures(model) else None
+            if outer is not None:
+                raise WrapConflictError(
+                    f"{caller}: {type(model).__name__} runs inside the memsave region {outer.name!r} of a model "
+                    "memsave already wrapped, so its regions would be nested in that one (a nested region keeps its "
+                    "inner arguments alive). Nothing was changed. Wrap the whole model with one policy or plan, or "
+                    "call memsave.unwrap on that model first."
+                )
+        return True
+    snapshot = ModelSnapshot(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a trial: its "selected nothing" warning is not the outcome
+            for module in model.modules():
+                unwrap_module(module)
+            install()
+        after = region_signatures(model)
+    finally:
+        snapshot.restore()
+    if after != before:
+        raise WrapConflictError(_conflict_message(caller, model, list(before), list(after)))
+    return False
+
+
 def _check_predicate(policy: Callable[..., Any]) -> None:
     """Raise a TypeError naming the expected signature when ``policy`` cannot take ``(name, module)``."""
     try:
@@ -378,10 +526,16 @@ def wrap(
 
     Each selected module's forward becomes a :func:`memsave.checkpoint` region named by its qualified name.
     ``state_dict`` keys never change, ``repr(model)`` shows ``[memsave.checkpoint]`` on the selected modules,
-    wrapping an already wrapped module is a no-op, and :func:`unwrap` restores plain eager. Selected modules
-    nested in other selected modules become nested regions (correct, but the inner arguments stay alive: select
-    one level, e.g. the blocks of a transformer). A selected module with ``inplace=True`` runs unchecked, and
-    leading ``inplace=True`` children of a selected plain ``nn.Sequential`` run before its region.
+    and :func:`unwrap` restores plain eager. Selected modules nested in other selected modules become nested
+    regions (correct, but the inner arguments stay alive: select one level, e.g. the blocks of a transformer). A
+    selected module with ``inplace=True`` runs unchecked, and leading ``inplace=True`` children of a selected plain
+    ``nn.Sequential`` run before its region.
+
+    One wrap per model: on a model that already has regions (an earlier ``wrap`` or plan), wrapping again with a
+    policy or plan that makes exactly the same regions (modules and options) is a no-op, and any other choice
+    raises :class:`memsave.WrapConflictError` naming the regions there, without changing anything; call
+    :func:`unwrap` first to choose again. A module that runs inside another model's region (a block of a wrapped
+    model) is refused the same way, since its regions would be nested in that one.
 
     Args:
         model: the model, modified in place.
@@ -410,6 +564,8 @@ def wrap(
         ValueError: ``policy`` is a policy string that names no module of ``model`` (the message lists its module
             classes).
         PlanMismatchError: ``policy`` is a plan made for another model (the message says what differs).
+        WrapConflictError: ``model`` already has other regions than this policy or plan makes, or runs inside the
+            region of a wrapped model (the message names the regions and says to call :func:`unwrap` first).
 
     Warns:
         MemsaveWarning: the policy selected no module, or with no policy the model has no repeated blocks, so
@@ -421,6 +577,7 @@ def wrap(
         >>> memsave.wrap(model, "blocks")                      # the policy strings of checkpoint:<policy>
         >>> memsave.wrap(model, lambda name, m: name.startswith("encoder.blocks."))
         >>> memsave.wrap(model, context_fn=memsave.selective("matmul"))   # selective recompute in each block
+        >>> memsave.wrap(memsave.unwrap(model), nn.Linear)    # to choose other regions, unwrap first
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.wrap: model must be an nn.Module, got {type(model).__name__}.")
@@ -454,10 +611,11 @@ def wrap(
         select = lambda name, module: name in named  # noqa: E731
     else:
         select = _resolve_policy(policy)
-    # Select first, then wrap: a predicate that raises leaves the model untouched, and all_or_nothing covers the rest.
+    # Select first, then wrap: a predicate that raises leaves the model untouched, and install_once covers the rest.
     selected = [(name, module) for name, module in model.named_modules() if select(name, module)]
     matched = len(selected)
-    with all_or_nothing(model):
+
+    def install() -> None:
         for qualified_name, module in selected:
             wrap_module(
                 module,
@@ -466,6 +624,8 @@ def wrap(
                 strict=strict,
                 context_fn=context_fn,
             )
+
+    install_once(model, install, "memsave.wrap")
     if matched == 0:
         warnings.warn(
             f"memsave.wrap: policy {policy!r} selected no module of {type(model).__name__}, so nothing is "

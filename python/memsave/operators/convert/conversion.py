@@ -65,8 +65,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Uni
 from torch import nn
 
 from ...common.chunking import check_chunks
+from ...common.regions import regions_in
 from ...common.snapshot import all_or_nothing
-from ...errors import MemsaveWarning
+from ...errors import MemsaveWarning, WrapConflictError
 from .model_zoo import chunk_mlps
 from .registry import (
     DEPENDS,
@@ -594,6 +595,7 @@ def _convert(
     planned, report, installs = _plan(
         model, include, exclude, build=True, fuse=fuse, dropout=dropout, unprofitable=unprofitable
     )
+    _check_no_region_replaced(planned)
     for p in planned:
         setattr(p.parent, p.child, p.new)
     keys_after = set(model.state_dict().keys())
@@ -610,6 +612,20 @@ def _convert(
     if not planned and not installs and not chunked:
         _warn_unchanged(model, report, fuse)
     return report
+
+
+def _check_no_region_replaced(planned: List[_Planned]) -> None:
+    """Raise WrapConflictError, before any swap, when a swap would replace a memsave region or a module holding one:
+    the new module would not be a region, so the recompute the user chose would silently stop."""
+    lost = [f"{p.name}.{n}" if n else p.name for p in planned for n in regions_in(p.old)]
+    if lost:
+        shown = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+        raise WrapConflictError(
+            f"memsave.convert: the swaps would replace {shown}, which memsave.wrap (or a plan) made checkpointed "
+            "regions; the new modules would not be regions. Nothing was converted. Convert first, then wrap: "
+            "memsave.unwrap(model), memsave.convert(model, ...), then memsave.wrap(model, ...) (or convert with "
+            "exclude=[...] naming those modules)."
+        )
 
 
 def _check_unprofitable(value: object, where: str) -> None:
@@ -687,6 +703,9 @@ def convert(
         ValueError: an include pattern matches no module of the model, or a registered pattern broke the state_dict
             keys. Whatever fails (a rule, a pattern, an install), the model is left exactly as it was: module tree,
             forwards, parameters, buffers and hooks.
+        WrapConflictError: a swap would replace a module that :func:`memsave.wrap` or a plan made a region (or one
+            holding a region), whose recompute would be lost: convert before wrapping. Regions around swapped modules
+            (a wrapped block whose ReLUs are swapped) are fine and stay.
 
     Warns:
         MemsaveWarning: nothing was changed (no module it swaps, every candidate skipped, nothing to chunk), as

@@ -21,7 +21,15 @@ from ...errors import PlanMismatchError
 from ...measurement.units import format_bytes
 from ..region import ModuleChain, run_region
 from ..selective import selective as selective_context
-from ..wrapping import CheckpointedForward, RegionPlan, WrappedRepr, all_or_nothing, is_wrapped, wrap_module
+from ..wrapping import (
+    CheckpointedForward,
+    RegionPlan,
+    WrappedRepr,
+    _callable_key,
+    install_once,
+    is_wrapped,
+    wrap_module,
+)
 from .chain import Chain, StageModules
 from .partitioner import compile_at, partitioner_context
 from .plan_json import PLAN_FORMAT, read_plan_fields
@@ -202,13 +210,19 @@ class Plan(RegionPlan):
 
     def apply_to(self, model: nn.Module, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
         """Checkpoint the plan's regions of ``model`` in place (what ``memsave.wrap(model, plan)`` calls); all or
-        nothing: a plan that does not fit leaves the model as it was."""
+        nothing: a plan that does not fit leaves the model as it was, applying it again is a no-op, and a model with
+        other regions raises :class:`memsave.WrapConflictError` (as :func:`memsave.wrap` does)."""
         if not isinstance(model, nn.Module):
             raise TypeError(
                 f"Plan.apply_to: model must be the nn.Module the plan was made for, got {type(model).__name__}"
             )
-        with all_or_nothing(model):
-            return apply_plan(model, self, preserve_rng_state=preserve_rng_state, strict=strict)
+        # As wrap: re-applying the plan is a no-op; other regions already in the model raise WrapConflictError.
+        install_once(
+            model,
+            lambda: apply_plan(model, self, preserve_rng_state=preserve_rng_state, strict=strict),
+            "memsave.wrap(model, plan)",
+        )
+        return model
 
     def compile_context(self) -> ContextManager[Any]:
         """The configuration the plan's compiled step must be compiled under: torch's partitioner at
@@ -326,6 +340,17 @@ class _GroupedForward(CheckpointedForward):
         super().__init__(module, name, None, preserve_rng_state, strict)
         self.groups = sorted(groups)
         self.context_fns = dict(context_fns or {})  # group -> selective context_fn (none: recomputed whole)
+
+    def signature(self) -> Tuple[Any, ...]:
+        """As wrap's, plus the groups and what each keeps: two plans with other groups are other regions."""
+        kept = tuple(sorted((g, _callable_key(fn)) for g, fn in self.context_fns.items()))
+        return (*super().signature(), tuple(self.groups), kept)
+
+    def runs_inside(self, module: nn.Module) -> bool:
+        """Whether ``module`` runs inside one of the regions: it is (in) a child of a checkpointed group."""
+        children = list(self.module.children())
+        inside = [c for start, end in self.groups for c in children[start:end]]
+        return any(m is module for child in inside for m in child.modules())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module
