@@ -107,17 +107,6 @@ MODELS: Dict[str, Tuple[Callable[[int, int, int], nn.Module], int]] = {
 }
 
 
-class LossOf(nn.Module):
-    """``lm(ids, labels=ids).loss`` as a module (what memsave.measure and memsave.wrap step)."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(ids, labels=ids).loss
-
-
 def variants(model: nn.Module) -> Dict[str, nn.Module]:
     """The four variants, each its own copy of ``model``'s weights."""
     out = {"eager": model}
@@ -128,22 +117,17 @@ def variants(model: nn.Module) -> Dict[str, nn.Module]:
 
 
 def bench_model(
-    name: str,
-    vocab: int,
-    hidden: int,
-    layers: int,
-    batch: int,
-    seq: int,
-    device: torch.device,
-    repeats: int,
-    log: Callable[[str], None],
+    name: str, size: Dict[str, int], device: torch.device, repeats: int, log: Callable[[str], None]
 ) -> dict:
+    """One model's rows: ``size`` gives its ``vocab``, ``hidden`` and ``layers``, and the ``batch`` x ``seq`` token ids
+    it steps on; the result repeats them."""
     build = MODELS[name][0]
     torch.manual_seed(0)
-    base = build(vocab, hidden, layers).to(device)
+    base = build(size["vocab"], size["hidden"], size["layers"]).to(device)
     report = plan_convert(base, fuse=True)
-    models = {k: LossOf(m) for k, m in variants(base).items()}
-    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1)).to(device)
+    models = {k: hub.LossOf(m) for k, m in variants(base).items()}
+    ids = torch.randint(0, size["vocab"], (size["batch"], size["seq"]), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
 
     def make_step(m: nn.Module) -> Callable[[], None]:
         def step() -> None:
@@ -192,38 +176,50 @@ def bench_model(
     ]
     return dict(
         model=name,
-        vocab=vocab,
-        hidden=hidden,
-        layers=layers,
-        batch=batch,
-        seq=seq,
+        **size,
         parameters=sum(p.numel() for p in base.parameters()),
         variants=rows,
         converted=swapped,
     )
 
 
-HEADER = (
-    f"{'model':<11} {'variant':<13} {'peak':>9} {'ratio':>6} {'activations':>11} {'ratio':>6} {'step s':>7} "
-    f"{'ratio':>6} {'loss err':>9} {'grad err':>9}"
+#: The tables' columns after model and variant: (title, printed width, the row's key, format); bytes shown in MiB.
+COLUMNS = (
+    ("peak", 10, "peak_bytes", ".1f"),
+    ("peak / eager", 12, "peak_ratio", ".2f"),
+    ("activations", 11, "activation_bytes", ".1f"),
+    ("act. / eager", 12, "activation_ratio", ".2f"),
+    ("step s", 7, "step_s", ".3f"),
+    ("time / eager", 12, "time_ratio", ".2f"),
+    ("loss err", 9, "loss_rel_err", ".1e"),
+    ("grad err", 9, "grad_rel_err", ".1e"),
 )
+TITLES = ("model", "variant", *(title for title, _, _, _ in COLUMNS))
+WIDTHS = (11, 13, *(width for _, width, _, _ in COLUMNS))
+HEADER = harness.text_row(TITLES, WIDTHS)
 
 
 def format_rows(res: dict) -> List[str]:
-    mib = 2.0**20
-    out = []
-    for k in VARIANTS:
-        r = res["variants"][k]
-        out.append(
-            f"{res['model']:<11} {k:<13} {r['peak_bytes'] / mib:>7.1f}Mi {r['peak_ratio']:>6.2f} "
-            f"{r['activation_bytes'] / mib:>9.1f}Mi {r['activation_ratio']:>6.2f} {r['step_s']:>7.3f} "
-            f"{r['time_ratio']:>6.2f} {r['loss_rel_err']:>9.1e} {r['grad_rel_err']:>9.1e}"
-        )
-    return out
+    """The printed table's lines for one model."""
+    return harness.text_rows(res, _row_cells, WIDTHS)
+
+
+def _description(res: dict) -> str:
+    return (
+        f"{res['model']} ({res['layers']} layers, hidden {res['hidden']}, vocab {res['vocab']:,}, "
+        f"{res['batch']} x {res['seq']} tokens)"
+    )
+
+
+def _row_cells(k: str, r: dict) -> List[str]:
+    """A variant's cells of the printed and the markdown table (:data:`COLUMNS`)."""
+    cells = []
+    for *_, key, spec in COLUMNS:
+        cells.append(f"{r[key] / 2**20:{spec}} MiB" if key.endswith("_bytes") else format(r[key], spec))
+    return cells
 
 
 def markdown(meta: dict, results: List[dict]) -> str:
-    mib = 2.0**20
     lines = [
         "# convert(fuse=True) and wrap end to end on Hugging Face language models, one training step",
         "",
@@ -235,22 +231,10 @@ def markdown(meta: dict, results: List[dict]) -> str:
         f"after forward. Step time: median of {meta['repeats']} interleaved steps, as a ratio to eager. Errors: "
         "relative to eager's loss and to the model's largest gradient entry (max over parameters).",
         "",
-        "| model | variant | peak | peak / eager | activations | act. / eager | step s | time / eager | loss err | "
-        "grad err |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(TITLES) + " |",
+        "|---" * len(TITLES) + "|",
     ]
-    for res in results:
-        desc = (
-            f"{res['model']} ({res['layers']} layers, hidden {res['hidden']}, vocab {res['vocab']:,}, "
-            f"{res['batch']} x {res['seq']} tokens)"
-        )
-        for k in VARIANTS:
-            r = res["variants"][k]
-            lines.append(
-                f"| {desc} | {k} | {r['peak_bytes'] / mib:.1f} MiB | {r['peak_ratio']:.2f} | "
-                f"{r['activation_bytes'] / mib:.1f} MiB | {r['activation_ratio']:.2f} | {r['step_s']:.3f} | "
-                f"{r['time_ratio']:.2f} | {r['loss_rel_err']:.1e} | {r['grad_rel_err']:.1e} |"
-            )
+    lines += harness.variant_rows(results, _description, _row_cells)
     lines += ["", "What `convert(fuse=True)` swapped, and left (with the rule whose probe or byte count left it):", ""]
     for res in results:
         kinds: Dict[str, int] = {}
@@ -288,21 +272,11 @@ def main(argv=None) -> int:
     )
     results = []
     for name in args.models:
-        vocab = args.vocab or MODELS[name][1]
-        print(f"{name} ...", flush=True)
-        results.append(
-            bench_model(
-                name,
-                vocab,
-                args.hidden,
-                args.layers,
-                args.batch,
-                args.seq,
-                device,
-                args.repeats,
-                log=lambda s: print(s, flush=True),
-            )
+        size = dict(
+            vocab=args.vocab or MODELS[name][1], hidden=args.hidden, layers=args.layers, batch=args.batch, seq=args.seq
         )
+        print(f"{name} ...", flush=True)
+        results.append(bench_model(name, size, device, args.repeats, lambda s: print(s, flush=True)))
     print(HEADER)
     for res in results:
         print("\n".join(format_rows(res)))

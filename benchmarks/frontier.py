@@ -73,6 +73,7 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave
+from benchmarks import harness
 from benchmarks.harness import cuda_missing, default_out, load_average, load_text, run_record
 from benchmarks.real_models import (
     Case,
@@ -546,24 +547,20 @@ def plan_cells(r: dict) -> Tuple[str, str]:
 
 def format_rows(res: dict) -> List[str]:
     """The printed table's lines for one model."""
-    out = []
-    for v, r in res["variants"].items():
-        if "skipped" in r:
-            cells = f"{'-':>9} {'-':>6} {'-':>6} {'-':>9} {'-':>8} {'-':>9} {'-':>9}  "
-            out.append(f"{res['model']:<9} {v:<15} {cells}  {_note(r)}")
-            continue
-        peak, ratio, t, rec, err = _cells(r)
-        plan_s, again_s = plan_cells(r)
-        star = "*" if r.get("on_frontier") else " "
-        cells = f"{peak:>9} {ratio:>6} {t:>6} {rec:>9} {err:>8} {plan_s:>9} {again_s:>9} {star}"
-        out.append(f"{res['model']:<9} {v:<15} {cells}  {_note(r)}")
-    return out
+    return harness.text_rows(res, _row_cells, WIDTHS, SKIPPED, lambda v, r: _note(r))
 
 
-HEADER = (
-    f"{'model':<9} {'variant':<15} {'peak MiB':>9} {'ratio':>6} {'time':>6} {'recompute':>9} {'grad err':>8} "
-    f"{'plan s':>9} {'again s':>9}"
-)
+#: The printed table's columns (a note follows them; ``*``: on the frontier); its cells are the markdown table's.
+TITLES = ("model", "variant", "peak", "ratio", "time", "recompute", "grad err", "plan s", "again s", "*")
+WIDTHS = (9, 22, 10, 6, 6, 9, 8, 11, 18, 1)
+HEADER = harness.text_row(TITLES, WIDTHS)
+SKIPPED = ["-"] * 7 + [""]  # a skipped row's cells
+
+
+def _row_cells(v: str, r: dict) -> List[str]:
+    """A measured row's cells of the printed and the markdown table, from peak to the frontier mark."""
+    peak, ratio, t, rec, err = _cells(r)
+    return [f"{peak} MiB", ratio, t, rec, err, *plan_cells(r), "*" if r.get("on_frontier") else ""]
 
 
 def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
@@ -601,17 +598,7 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
         "| note |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for res in results:
-        for v, r in res["variants"].items():
-            if "skipped" in r:
-                lines.append(f"| {res['model']} | {v} | - | - | - | - | - | - | - | | {_note(r)} |")
-                continue
-            peak, ratio, t, rec, err = _cells(r)
-            plan_s, again_s = plan_cells(r)
-            lines.append(
-                f"| {res['model']} | {v} | {peak} MiB | {ratio} | {t} | {rec} | {err} | {plan_s} | {again_s} | "
-                f"{'*' if r.get('on_frontier') else ''} | {_note(r)} |"
-            )
+    lines += harness.variant_rows(results, lambda res: res["model"], _row_cells, SKIPPED, lambda v, r: _note(r))
     lines += ["", "Models: " + "; ".join(f"{res['model']}: {res['description']}" for res in results) + ".", ""]
     lines += ["## What the rows say", ""]
     for res in results:
@@ -700,20 +687,29 @@ def matched_peak(rows: Dict[str, dict]) -> List[str]:
     ours = [
         (v, r) for v, r in rows.items() if "skipped" not in r and "time_ratio" in r and v.startswith(MEMSAVE_COMPILED)
     ]
+    torchs = [(key, t) for key, t in rows.items() if t.get("kind") == "compile"]
+    return _fastest_at_torchs_peaks(torchs, ours, "compiled", CLEAR)
+
+
+def _fastest_at_torchs_peaks(
+    torchs: List[Tuple[str, Optional[dict]]], ours: List[Tuple[str, dict]], what: str, allowed: float
+) -> List[str]:
+    """One line per measured row of ``torchs``: the fastest of ``ours`` at the same or a lower peak, its step time
+    minus torch's (a fraction of eager's step), ``within`` when at most ``allowed`` more; ``what`` names ours."""
     out = []
-    for key, t in rows.items():
-        if t.get("kind") != "compile" or "skipped" in t or "time_ratio" not in t:
+    for key, t in torchs:
+        if t is None or "skipped" in t or "time_ratio" not in t:
             continue
         fits = [(v, r) for v, r in ours if r["peak_bytes"] <= t["peak_bytes"]]
         if not fits:
-            out.append(f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB) no memsave compiled row fits")
+            out.append(f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB) no memsave {what} row fits")
             continue
         v, r = min(fits, key=lambda vr: vr[1]["time_ratio"])
         gap = r["time_ratio"] - t["time_ratio"]
         out.append(
             f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB, time {t['time_ratio']:.2f}) memsave's fastest "
-            f"compiled row at or below it is {v} ({r['peak_bytes'] / 2**20:.1f} MiB, time {r['time_ratio']:.2f}): "
-            f"{gap:+.2f} of eager's step, {'within' if gap <= CLEAR else 'NOT within'} +{CLEAR:.2f}"
+            f"{what} row at or below it is {v} ({r['peak_bytes'] / 2**20:.1f} MiB, time {r['time_ratio']:.2f}): "
+            f"{gap:+.2f} of eager's step, {'within' if gap <= allowed else 'NOT within'} +{allowed:.2f}"
         )
     return out
 
@@ -739,23 +735,7 @@ def torch_eager_points(rows: Dict[str, dict]) -> List[str]:
         for v, r in rows.items()
         if "skipped" not in r and "time_ratio" in r and v.startswith(MEMSAVE_EAGER) and "compile" not in v
     ]
-    out = []
-    for key in TORCH_EAGER:
-        t = rows.get(key)
-        if t is None or "skipped" in t or "time_ratio" not in t:
-            continue
-        fits = [(v, r) for v, r in ours if r["peak_bytes"] <= t["peak_bytes"]]
-        if not fits:
-            out.append(f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB) no memsave eager row fits")
-            continue
-        v, r = min(fits, key=lambda vr: vr[1]["time_ratio"])
-        gap = r["time_ratio"] - t["time_ratio"]
-        out.append(
-            f"at {key}'s peak ({t['peak_bytes'] / 2**20:.1f} MiB, time {t['time_ratio']:.2f}) memsave's fastest "
-            f"eager row at or below it is {v} ({r['peak_bytes'] / 2**20:.1f} MiB, time {r['time_ratio']:.2f}): "
-            f"{gap:+.2f} of eager's step, {'within' if gap <= EAGER_NOISE else 'NOT within'} +{EAGER_NOISE:.2f}"
-        )
-    return out
+    return _fastest_at_torchs_peaks([(key, rows.get(key)) for key in TORCH_EAGER], ours, "eager", EAGER_NOISE)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -250,6 +250,108 @@ def max_grad_diff(grads: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Ten
         missing = sorted(set(ref) - set(grads))
         raise RuntimeError(f"parameters without a gradient compared with eager: {missing[:5]}")
     return max((float((grads[n].double() - ref[n].double()).abs().max()) for n in ref), default=0.0)
+
+
+def variant_rows(
+    results: Sequence[Mapping[str, Any]],
+    label: Callable[[Any], str],
+    cells: Callable[[str, Any], Sequence[str]],
+    skipped: Sequence[str] = (),
+    note: Optional[Callable[[str, Any], str]] = None,
+) -> List[str]:
+    """The rows of a results page's markdown table: one per model and variant (in the results' order),
+    ``| label | variant | cells... | note |``.
+
+    Args:
+        results: one dict per model, with its ``variants`` (variant name -> row).
+        label: the model's first cell.
+        cells: a measured row's cells, from (variant, row).
+        skipped: a row with a ``skipped`` entry gets these cells instead.
+        note: the last cell, from (variant, row); None: no note column.
+
+    Returns:
+        The markdown lines.
+
+    Raises:
+        KeyError: a model has no ``variants``.
+
+    Examples:
+        >>> variant_rows([{"model": "m", "variants": {"eager": {"t": 1.0}}}], lambda res: res["model"],
+        ...              lambda v, r: [f"{r['t']:.2f}"])
+        ['| m | eager | 1.00 |']
+    """
+    lines = []
+    for res in results:
+        for v, r, row in _variant_cells(res, cells, skipped):
+            last = [] if note is None else [note(v, r)]
+            lines.append("| " + " | ".join([label(res), v, *row, *last]) + " |")
+    return lines
+
+
+def text_rows(
+    res: Mapping[str, Any],
+    cells: Callable[[str, Any], Sequence[str]],
+    widths: Sequence[int],
+    skipped: Sequence[str] = (),
+    note: Optional[Callable[[str, Any], str]] = None,
+) -> List[str]:
+    """The printed table's lines for one model: one per variant, laid out by :func:`text_row`.
+
+    Args:
+        res: the model's results, with ``model`` and its ``variants`` (variant name -> row).
+        cells: a measured row's cells, from (variant, row).
+        widths: the columns' widths, the model's and the variant's first.
+        skipped: a row with a ``skipped`` entry gets these cells instead.
+        note: what follows the cells, from (variant, row); None: nothing.
+
+    Returns:
+        The lines.
+
+    Raises:
+        KeyError: ``res`` has no ``model`` or ``variants``.
+        ValueError: a row's cells do not fill ``widths``.
+
+    Examples:
+        >>> text_rows({"model": "m", "variants": {"eager": {"t": 1.0}}}, lambda v, r: [f"{r['t']:.2f}"], [3, 6, 5])
+        ['m   eager   1.00']
+    """
+    return [
+        text_row([res["model"], v, *row], widths, "" if note is None else note(v, r))
+        for v, r, row in _variant_cells(res, cells, skipped)
+    ]
+
+
+def text_row(cells: Sequence[str], widths: Sequence[int], note: str = "") -> str:
+    """One line of a printed table: the first two cells (model, variant) left-aligned, the others right-aligned, each
+    to its column's width, one space apart; then ``note``, two spaces after (a header passes the column titles).
+
+    Args:
+        cells: the cells.
+        widths: the columns' widths (a longer cell widens its column on this line).
+        note: free text after the columns ("" for none).
+
+    Returns:
+        The line.
+
+    Raises:
+        ValueError: ``cells`` and ``widths`` differ in length.
+
+    Examples:
+        >>> text_row(["model", "variant", "peak"], [6, 8, 9], "note")
+        'model  variant       peak  note'
+    """
+    if len(cells) != len(widths):
+        raise ValueError(f"text_row: {len(cells)} cells for {len(widths)} column widths; give one width per cell")
+    line = " ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return f"{line}  {note}" if note else line
+
+
+def _variant_cells(
+    res: Mapping[str, Any], cells: Callable[[str, Any], Sequence[str]], skipped: Sequence[str]
+) -> Iterator[Tuple[str, Any, Sequence[str]]]:
+    """(variant, row, its cells) for each variant of one model, in order; a skipped row's cells are ``skipped``."""
+    for v, r in res["variants"].items():
+        yield v, r, skipped if "skipped" in r else cells(v, r)
 
 
 def default_out(script: str, device: str) -> str:

@@ -46,7 +46,7 @@ from memsave import models as bench_models
 from memsave.measurement.allocator import cpu_peak_bytes
 from memsave.measurement.measuring import measure
 from memsave.measurement.units import format_bytes
-from memsave.recompute.planning import plan
+from memsave.recompute.planning import Plan, plan
 from memsave.recompute.strategies import SequentialSegments
 from memsave.recompute.wrapping import wrap
 
@@ -80,6 +80,21 @@ def _torch_matched(
     return runner, model, seg, _peak(runner, case), peaks
 
 
+def _planned(
+    case: bench_models.BenchCase, log: Callable[[str], None], what: str, **options: Any
+) -> Tuple[nn.Module, Plan, float, int]:
+    """A copy of the model planned with ``options`` and wrapped with the plan. Returns (the model, the plan, the
+    seconds planning took, the measured peak); logs them after ``what``."""
+    model = copy.deepcopy(case.model)
+    t0 = time.perf_counter()
+    p = plan(model, *case.inputs, loss_fn=case.loss_fn, **options)
+    seconds = time.perf_counter() - t0
+    wrap(model, p)
+    peak = _peak(model, case)
+    log(f"    {what}: {len(p.regions())} regions, measured peak {format_bytes(peak)} ({seconds:.1f} s to plan)")
+    return model, p, seconds, peak
+
+
 def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Plan, measure and time one model; returns its result dict."""
     t_start = time.perf_counter()
@@ -89,26 +104,11 @@ def run_model(name: str, size: str, steps: int, seed: int = 0, log: Callable[[st
     eager_model = copy.deepcopy(case.model)
     eager_peak = _peak(eager_model, case)
 
-    sqrt_model = copy.deepcopy(case.model)
-    t0 = time.perf_counter()
-    p_sqrt = plan(sqrt_model, *case.inputs, loss_fn=case.loss_fn, solver="sqrt")
-    sqrt_plan_s = time.perf_counter() - t0
-    wrap(sqrt_model, p_sqrt)
-    sqrt_peak = _peak(sqrt_model, case)
-    log(
-        f"    eager peak {format_bytes(eager_peak)}; sqrt plan: {len(p_sqrt.regions())} regions, measured peak "
-        f"{format_bytes(sqrt_peak)} ({sqrt_plan_s:.1f} s to plan)"
+    sqrt_model, p_sqrt, sqrt_plan_s, sqrt_peak = _planned(
+        case, log, f"eager peak {format_bytes(eager_peak)}; sqrt plan", solver="sqrt"
     )
-
-    opt_model = copy.deepcopy(case.model)
-    t0 = time.perf_counter()
-    p_opt = plan(opt_model, *case.inputs, loss_fn=case.loss_fn, solver="optimal", budget=int(sqrt_peak))
-    opt_plan_s = time.perf_counter() - t0
-    wrap(opt_model, p_opt)
-    opt_peak = _peak(opt_model, case)
-    log(
-        f"    optimal plan at budget {format_bytes(sqrt_peak)}: {len(p_opt.regions())} regions, measured peak "
-        f"{format_bytes(opt_peak)} ({opt_plan_s:.1f} s to plan)"
+    opt_model, p_opt, opt_plan_s, opt_peak = _planned(
+        case, log, f"optimal plan at budget {format_bytes(sqrt_peak)}", solver="optimal", budget=int(sqrt_peak)
     )
 
     torch_runner, torch_model, segments, torch_peak, seg_peaks = _torch_matched(case, sqrt_peak, log)

@@ -482,29 +482,16 @@ def _fmt(x: Optional[float], spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-HEADER = (
-    f"{'model':<9} {'variant':<16} {'peak MiB':>9} {'ratio':>6} {'act MiB':>8} {'ratio':>6} {'time':>6} "
-    f"{'grad err':>9}  note"
-)
+#: The printed table's columns (a note follows them); its cells are the markdown table's (:func:`_row_cells`).
+TITLES = ("model", "variant", "peak", "ratio", "activations", "ratio", "time", "grad err")
+WIDTHS = (9, 16, 10, 6, 11, 6, 6, 9)
+HEADER = harness.text_row(TITLES, WIDTHS, "note")
+SKIPPED = ["-"] * 6  # a skipped row's cells
 
 
 def format_rows(res: dict) -> List[str]:
     """The printed table's lines for one model."""
-    mib = 2.0**20
-    out = []
-    for v, r in res["variants"].items():
-        if "skipped" in r:
-            out.append(
-                f"{res['model']:<9} {v:<16} {'-':>9} {'-':>6} {'-':>8} {'-':>6} {'-':>6} {'-':>9}  {_note(v, r)}"
-            )
-            continue
-        acts = r["activation_bytes"]
-        out.append(
-            f"{res['model']:<9} {v:<16} {r['peak_bytes'] / mib:>9.1f} {r['peak_ratio']:>6.2f} "
-            f"{_fmt(None if acts is None else acts / mib, '.1f'):>8} {_fmt(r['activation_ratio'], '.2f'):>6} "
-            f"{r['time_ratio']:>6.2f} {r['grad_rel_err']:>9.1e}  {_note(v, r)}"
-        )
-    return out
+    return harness.text_rows(res, _row_cells, WIDTHS, SKIPPED, _note)
 
 
 def provenance(meta: dict) -> str:
@@ -520,9 +507,21 @@ def provenance(meta: dict) -> str:
     )
 
 
+def _row_cells(v: str, r: dict) -> List[str]:
+    """A measured row's cells of the printed and the markdown table, from peak to grad err."""
+    mib, acts = 2.0**20, r["activation_bytes"]
+    return [
+        f"{r['peak_bytes'] / mib:.1f} MiB",
+        f"{r['peak_ratio']:.2f}",
+        "n/a" if acts is None else f"{acts / mib:.1f} MiB",
+        _fmt(r["activation_ratio"], ".2f"),
+        f"{r['time_ratio']:.2f}",
+        f"{r['grad_rel_err']:.1e}",
+    ]
+
+
 def markdown(meta: dict, results: List[dict]) -> str:
     """The results as a markdown page (what ``--markdown-from`` writes again)."""
-    mib = 2.0**20
     lines = [
         "# memsave on real models: eager, torch per-block checkpoint, memsave.wrap, memsave.plan, torch.compile",
         "",
@@ -542,18 +541,7 @@ def markdown(meta: dict, results: List[dict]) -> str:
         "| model | variant | peak | peak / eager | activations | act. / eager | time / eager | grad err | note |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for res in results:
-        for v, r in res["variants"].items():
-            if "skipped" in r:
-                lines.append(f"| {res['description']} | {v} | - | - | - | - | - | - | {_note(v, r)} |")
-                continue
-            acts = r["activation_bytes"]
-            lines.append(
-                f"| {res['description']} | {v} | {r['peak_bytes'] / mib:.1f} MiB | {r['peak_ratio']:.2f} | "
-                f"{_fmt(None if acts is None else acts / mib, '.1f')}{'' if acts is None else ' MiB'} | "
-                f"{_fmt(r['activation_ratio'], '.2f')} | {r['time_ratio']:.2f} | {r['grad_rel_err']:.1e} | "
-                f"{_note(v, r)} |"
-            )
+    lines += harness.variant_rows(results, lambda res: res["description"], _row_cells, SKIPPED, _note)
     return "\n".join(lines) + "\n"
 
 

@@ -92,6 +92,26 @@ def _bn_act(op: Callable[..., Any], act: str = "relu") -> Callable[[torch.Tensor
 _NO_JVP = r"memsave\.{} has no forward-mode AD rule.*use the torch modules it replaces"
 _NO_FUNC = r"memsave\.{} cannot be differentiated under torch\.func transforms.*torch\.autograd\.grad"
 _NO_SCRIPT = r"torch\.jit\.script cannot compile memsave\.nn\.{}.*torch\.compile"
+
+
+def no_jvp(case_id: str, call: Callable[[World], Any], op: str) -> Case:
+    """``call`` runs memsave.``op`` under forward-mode AD: it must raise UnsupportedTransformError naming ``op``."""
+    return Case(case_id, call, UnsupportedTransformError, _NO_JVP.format(op))
+
+
+def no_func(case_id: str, call: Callable[[World], Any], op: str) -> Case:
+    """``call`` differentiates memsave.``op`` under a torch.func transform: UnsupportedTransformError naming ``op``."""
+    return Case(case_id, call, UnsupportedTransformError, _NO_FUNC.format(op))
+
+
+def no_script(module: type, *args: Any, names: str = "") -> Case:
+    """torch.jit.script of ``module(*args)`` must raise UnsupportedTransformError naming the class (or ``names``)."""
+    name = module.__name__
+    return Case(
+        f"script-{name}", script(lambda: module(*args)), UnsupportedTransformError, _NO_SCRIPT.format(names or name)
+    )
+
+
 G = r(4, 16)
 W16 = r(8, 16)
 TARGET4 = torch.zeros(4, dtype=torch.long)
@@ -264,183 +284,70 @@ CASES = [
         r"running_mean must have shape \[3\]",
     ),
     # ---- forward-mode AD through an operator without a jvp rule: a clear error, not a silent zero tangent
-    Case(
-        "forward_ad-rms_norm",
-        dual(lambda x: F.rms_norm(x, None), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("rms_norm"),
-    ),
-    Case(
-        "forward_ad-rms_norm-weight-only",
-        dual(lambda w: F.rms_norm(X, w), torch.ones(8)),
-        UnsupportedTransformError,
-        _NO_JVP.format("rms_norm"),
-    ),
-    Case(
-        "forward_ad-act_linear",
-        dual(lambda x: F.act_linear(x, r(4, 8), act="gelu"), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("act_linear"),
-    ),
-    Case(
-        "forward_ad-act_linear-weight-only",
-        dual(lambda w: F.act_linear(X, w), r(4, 8)),
-        UnsupportedTransformError,
-        _NO_JVP.format("act_linear"),
-    ),
-    Case(
-        "forward_ad-gated_act_linear",
-        dual(lambda g: F.gated_act_linear(g, G, W16), G),
-        UnsupportedTransformError,
-        _NO_JVP.format("gated_act_linear"),
-    ),
-    Case(
+    no_jvp("forward_ad-rms_norm", dual(lambda x: F.rms_norm(x, None), X), "rms_norm"),
+    no_jvp("forward_ad-rms_norm-weight-only", dual(lambda w: F.rms_norm(X, w), torch.ones(8)), "rms_norm"),
+    no_jvp("forward_ad-act_linear", dual(lambda x: F.act_linear(x, r(4, 8), act="gelu"), X), "act_linear"),
+    no_jvp("forward_ad-act_linear-weight-only", dual(lambda w: F.act_linear(X, w), r(4, 8)), "act_linear"),
+    no_jvp("forward_ad-gated_act_linear", dual(lambda g: F.gated_act_linear(g, G, W16), G), "gated_act_linear"),
+    no_jvp(
         "forward_ad-layer_norm_linear",
         dual(lambda x: F.layer_norm_linear(x, 8, None, None, r(4, 8)), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("layer_norm_linear"),
+        "layer_norm_linear",
     ),
-    Case(
+    no_jvp(
         "forward_ad-rms_norm_linear",
         dual(lambda x: F.rms_norm_linear(x, torch.ones(8), [r(4, 8), r(2, 8)]), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("rms_norm_linear"),
+        "rms_norm_linear",
     ),
-    Case(
+    no_jvp(
         "forward_ad-linear_cross_entropy",
         dual(lambda h: F.linear_cross_entropy(h, r(3, 8), TARGET4), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("linear_cross_entropy"),
+        "linear_cross_entropy",
     ),
-    Case(
-        "forward_ad-batch_norm_act",
-        dual(_bn_act(F.batch_norm_act), IMG),
-        UnsupportedTransformError,
-        _NO_JVP.format("batch_norm_act"),
-    ),
-    Case(
-        "forward_ad-inplace_abn",
-        dual(_bn_act(F.inplace_abn, "leaky_relu"), IMG),
-        UnsupportedTransformError,
-        _NO_JVP.format("inplace_abn"),
-    ),
-    Case(
+    no_jvp("forward_ad-batch_norm_act", dual(_bn_act(F.batch_norm_act), IMG), "batch_norm_act"),
+    no_jvp("forward_ad-inplace_abn", dual(_bn_act(F.inplace_abn, "leaky_relu"), IMG), "inplace_abn"),
+    no_jvp(
         "forward_ad-batch_norm_act_conv2d",
         dual(lambda x: F.batch_norm_act_conv2d(x, None, None, None, None, r(4, 3, 1, 1), training=True), IMG),
-        UnsupportedTransformError,
-        _NO_JVP.format("batch_norm_act_conv2d"),
+        "batch_norm_act_conv2d",
     ),
-    Case(
+    no_jvp(
         "forward_ad-gated_act_backward",
         dual(lambda g: torch.ops.memsave.gated_act_backward(g, X, X, "silu"), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("gated_act_backward"),
+        "gated_act_backward",
     ),
-    Case("jvp-RMSNorm", module_jvp(lambda: mnn.RMSNorm(8), X), UnsupportedTransformError, _NO_JVP.format("rms_norm")),
-    Case(
-        "jvp-ActLinear",
-        module_jvp(lambda: mnn.ActLinear(8, 4), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("act_linear"),
-    ),
-    Case(
-        "jvp-GatedMLP",
-        module_jvp(lambda: mnn.GatedMLP(8, 16), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("gated_act_linear"),
-    ),
-    Case(
-        "jvp-LayerNormLinear",
-        module_jvp(lambda: mnn.LayerNormLinear(8, 4), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("layer_norm_linear"),
-    ),
-    Case(
-        "jvp-RMSNormLinear",
-        module_jvp(lambda: mnn.RMSNormLinear(8, 4), X),
-        UnsupportedTransformError,
-        _NO_JVP.format("rms_norm_linear"),
-    ),
+    no_jvp("jvp-RMSNorm", module_jvp(lambda: mnn.RMSNorm(8), X), "rms_norm"),
+    no_jvp("jvp-ActLinear", module_jvp(lambda: mnn.ActLinear(8, 4), X), "act_linear"),
+    no_jvp("jvp-GatedMLP", module_jvp(lambda: mnn.GatedMLP(8, 16), X), "gated_act_linear"),
+    no_jvp("jvp-LayerNormLinear", module_jvp(lambda: mnn.LayerNormLinear(8, 4), X), "layer_norm_linear"),
+    no_jvp("jvp-RMSNormLinear", module_jvp(lambda: mnn.RMSNormLinear(8, 4), X), "rms_norm_linear"),
     # (the batch norms in eval mode: in training, torch's own num_batches_tracked update is refused under jvp)
-    Case(
-        "jvp-BatchNormAct2d",
-        module_jvp(lambda: mnn.BatchNormAct2d(3).eval(), IMG),
-        UnsupportedTransformError,
-        _NO_JVP.format("batch_norm_act"),
-    ),
-    Case(
-        "jvp-InPlaceABN2d",
-        module_jvp(lambda: mnn.InPlaceABN2d(3).eval(), IMG),
-        UnsupportedTransformError,
-        _NO_JVP.format("inplace_abn"),
-    ),
-    Case(
+    no_jvp("jvp-BatchNormAct2d", module_jvp(lambda: mnn.BatchNormAct2d(3).eval(), IMG), "batch_norm_act"),
+    no_jvp("jvp-InPlaceABN2d", module_jvp(lambda: mnn.InPlaceABN2d(3).eval(), IMG), "inplace_abn"),
+    no_jvp(
         "jvp-BatchNormActConv2d",
         module_jvp(lambda: mnn.BatchNormActConv2d(3, 4, 3, padding=1).eval(), IMG),
-        UnsupportedTransformError,
-        _NO_JVP.format("batch_norm_act_conv2d"),
+        "batch_norm_act_conv2d",
     ),
-    Case(
+    no_jvp(
         "jvp-LinearCrossEntropy",
         lambda w: torch.func.jvp(lambda h: fresh(lambda: mnn.LinearCrossEntropy(8, 3))(h, TARGET4), (X,), (X,)),
-        UnsupportedTransformError,
-        _NO_JVP.format("linear_cross_entropy"),
+        "linear_cross_entropy",
     ),
     # ---- torch.func transforms that differentiate: a clear error naming the operator, not torch's internal one
-    Case("func_grad-relu", func_grad(F.relu, X), UnsupportedTransformError, _NO_FUNC.format("relu")),
-    Case(
-        "func_grad-leaky_relu",
-        func_grad(lambda x: F.leaky_relu(x, 0.2), X),
-        UnsupportedTransformError,
-        _NO_FUNC.format("leaky_relu"),
-    ),
-    Case(
-        "func_grad-dropout",
-        func_grad(lambda x: F.dropout(x, 0.5), X),
-        UnsupportedTransformError,
-        _NO_FUNC.format("dropout"),
-    ),
-    Case(
-        "func_grad-relu-inplace",
-        func_grad(lambda x: F.relu(x * 1.0, inplace=True), X),
-        UnsupportedTransformError,
-        _NO_FUNC.format("relu"),
-    ),
-    Case(
-        "func_grad-max_pool2d",
-        func_grad(lambda x: F.max_pool2d(x, 2), IMG),
-        UnsupportedTransformError,
-        _NO_FUNC.format("max_pool2d"),
-    ),
-    Case(
-        "func_grad-gated_act",
-        func_grad(lambda g: F.gated_act(g, G), G),
-        UnsupportedTransformError,
-        _NO_FUNC.format("gated_act"),
-    ),
-    Case(
-        "func_grad-rms_norm",
-        func_grad(lambda x: F.rms_norm(x, None), X),
-        UnsupportedTransformError,
-        _NO_FUNC.format("rms_norm"),
-    ),
-    Case(
-        "func_grad-batch_norm_act",
-        func_grad(_bn_act(F.batch_norm_act), IMG),
-        UnsupportedTransformError,
-        _NO_FUNC.format("batch_norm_act"),
-    ),
-    Case(
-        "func_vjp-act_linear",
-        lambda w: torch.func.vjp(lambda x: F.act_linear(x, r(4, 8)), X),
-        UnsupportedTransformError,
-        _NO_FUNC.format("act_linear"),
-    ),
-    Case(
+    no_func("func_grad-relu", func_grad(F.relu, X), "relu"),
+    no_func("func_grad-leaky_relu", func_grad(lambda x: F.leaky_relu(x, 0.2), X), "leaky_relu"),
+    no_func("func_grad-dropout", func_grad(lambda x: F.dropout(x, 0.5), X), "dropout"),
+    no_func("func_grad-relu-inplace", func_grad(lambda x: F.relu(x * 1.0, inplace=True), X), "relu"),
+    no_func("func_grad-max_pool2d", func_grad(lambda x: F.max_pool2d(x, 2), IMG), "max_pool2d"),
+    no_func("func_grad-gated_act", func_grad(lambda g: F.gated_act(g, G), G), "gated_act"),
+    no_func("func_grad-rms_norm", func_grad(lambda x: F.rms_norm(x, None), X), "rms_norm"),
+    no_func("func_grad-batch_norm_act", func_grad(_bn_act(F.batch_norm_act), IMG), "batch_norm_act"),
+    no_func("func_vjp-act_linear", lambda w: torch.func.vjp(lambda x: F.act_linear(x, r(4, 8)), X), "act_linear"),
+    no_func(
         "func_jacrev-linear_cross_entropy",
         lambda w: torch.func.jacrev(lambda h: F.linear_cross_entropy(h, r(3, 8), TARGET4))(X),
-        UnsupportedTransformError,
-        _NO_FUNC.format("linear_cross_entropy"),
+        "linear_cross_entropy",
     ),
     Case(
         "func_grad-model-with-memsave-modules",
@@ -450,63 +357,19 @@ CASES = [
         model=memsave_model,
     ),
     # ---- torch.jit.script of memsave modules: refused at once, naming memsave and what to use
-    Case("script-ReLU", script(lambda: mnn.ReLU()), UnsupportedTransformError, _NO_SCRIPT.format("ReLU")),
-    Case(
-        "script-LeakyReLU",
-        script(lambda: mnn.LeakyReLU(0.2)),
-        UnsupportedTransformError,
-        _NO_SCRIPT.format("LeakyReLU"),
-    ),
-    Case("script-Dropout", script(lambda: mnn.Dropout(0.1)), UnsupportedTransformError, _NO_SCRIPT.format("Dropout")),
-    Case(
-        "script-MaxPool2d", script(lambda: mnn.MaxPool2d(2)), UnsupportedTransformError, _NO_SCRIPT.format("MaxPool2d")
-    ),
-    Case("script-RMSNorm", script(lambda: mnn.RMSNorm(8)), UnsupportedTransformError, _NO_SCRIPT.format("RMSNorm")),
-    Case(
-        "script-ActLinear",
-        script(lambda: mnn.ActLinear(8, 4)),
-        UnsupportedTransformError,
-        _NO_SCRIPT.format("ActLinear"),
-    ),
-    Case(
-        "script-GatedMLP", script(lambda: mnn.GatedMLP(8, 16)), UnsupportedTransformError, _NO_SCRIPT.format("GatedMLP")
-    ),
-    Case(
-        "script-LayerNormLinear",
-        script(lambda: mnn.LayerNormLinear(8, 4)),
-        UnsupportedTransformError,
-        _NO_SCRIPT.format("LayerNormLinear"),
-    ),
-    Case(
-        "script-RMSNormLinear",
-        script(lambda: mnn.RMSNormLinear(8, 4)),
-        UnsupportedTransformError,
-        _NO_SCRIPT.format("RMSNormLinear"),
-    ),
-    Case(
-        "script-BatchNormAct2d",
-        script(lambda: mnn.BatchNormAct2d(3)),
-        UnsupportedTransformError,
-        _NO_SCRIPT.format("BatchNormAct2d"),
-    ),
-    Case(
-        "script-InPlaceABN2d",
-        script(lambda: mnn.InPlaceABN2d(3)),
-        UnsupportedTransformError,
-        _NO_SCRIPT.format("InPlaceABN2d"),
-    ),
-    Case(
-        "script-BatchNormActConv2d",
-        script(lambda: mnn.BatchNormActConv2d(3, 4, 3)),
-        UnsupportedTransformError,
-        _NO_SCRIPT.format("(BatchNormActConv2d|DeferredBatchNormAct2d)"),
-    ),
-    Case(
-        "script-LinearCrossEntropy",
-        script(lambda: mnn.LinearCrossEntropy(8, 3)),
-        UnsupportedTransformError,
-        _NO_SCRIPT.format("LinearCrossEntropy"),
-    ),
+    no_script(mnn.ReLU),
+    no_script(mnn.LeakyReLU, 0.2),
+    no_script(mnn.Dropout, 0.1),
+    no_script(mnn.MaxPool2d, 2),
+    no_script(mnn.RMSNorm, 8),
+    no_script(mnn.ActLinear, 8, 4),
+    no_script(mnn.GatedMLP, 8, 16),
+    no_script(mnn.LayerNormLinear, 8, 4),
+    no_script(mnn.RMSNormLinear, 8, 4),
+    no_script(mnn.BatchNormAct2d, 3),
+    no_script(mnn.InPlaceABN2d, 3),
+    no_script(mnn.BatchNormActConv2d, 3, 4, 3, names="(BatchNormActConv2d|DeferredBatchNormAct2d)"),
+    no_script(mnn.LinearCrossEntropy, 8, 3),
     Case(
         "script-model-with-memsave-modules",
         lambda w: torch.jit.script(w.model),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 import torch
@@ -19,6 +19,37 @@ from memsave.errors import PlanMismatchError
 
 ckpt = memsave.checkpoint
 seq = memsave.checkpoint_sequential
+
+
+def plan_call(**options: Any) -> Any:
+    """A case's call: ``memsave.plan`` of the world's model and input with ``options``."""
+    return lambda w: memsave.plan(w.model, w.x, **options)
+
+
+def wrap_call(*args: Any, **options: Any) -> Any:
+    """A case's call: ``memsave.wrap`` of the world's model with ``args`` (a policy or plan) and ``options``."""
+    return lambda w: memsave.wrap(w.model, *args, **options)
+
+
+def wrap_plan(edit: Callable[[Dict[str, Any]], Any]) -> Any:
+    """A case's call: ``memsave.wrap`` of the world's model with :func:`tiny_model`'s plan, edited by ``edit``."""
+    return lambda w: memsave.wrap(w.model, _edited_plan(edit))
+
+
+def plan_on_other_model(case_id: str, blocks: int, width: int, names: str, apply: str = "wrap") -> Case:
+    """:func:`tiny_model`'s plan applied to a ``tiny_model(blocks, width)`` (with ``memsave.wrap``, or ``compile``d):
+    PlanMismatchError naming how the two models differ."""
+
+    def call(w: World) -> Any:
+        plan = _edited_plan(lambda d: None)
+        return plan.compile(w.model) if apply == "compile" else memsave.wrap(w.model, plan)
+
+    return Case(case_id, call, PlanMismatchError, names, model=lambda: tiny_model(blocks=blocks, width=width))
+
+
+def checkpointed_call(**options: Any) -> Any:
+    """A case's call: ``memsave.checkpointed`` of the world's model with ``options``."""
+    return lambda w: memsave.checkpointed(w.model, **options)
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,6 +168,16 @@ def from_json(edit: Any) -> Any:
     return lambda w: _edited_plan(edit)
 
 
+def bad_field(case_id: str, path: str, value: Any, names: str) -> Case:
+    """Plan.from_json of the plan's JSON with the field at ``path`` set to ``value`` raises ValueError naming it."""
+    return Case(case_id, from_json(_set(path, value)), ValueError, names)
+
+
+def missing_field(case_id: str, path: str, names: str) -> Case:
+    """Plan.from_json of the plan's JSON without the field at ``path`` raises ValueError naming it."""
+    return Case(case_id, from_json(_drop(path)), ValueError, names)
+
+
 def _region_counting(extra: int = 0, shape_change: bool = False, fewer: bool = False) -> Any:
     """A region whose recompute differs from its forward (a counter that changes between the two runs): it saves
     ``extra`` more tensors, a tensor of another shape, or fewer tensors."""
@@ -209,15 +250,15 @@ CASES = [
     Case("checkpointed-fn-int", lambda w: memsave.checkpointed(3), TypeError, r"checkpointed: fn must be callable"),
     Case(
         "checkpointed-context_fn-int",
-        lambda w: memsave.checkpointed(w.model, context_fn=5),
+        checkpointed_call(context_fn=5),
         TypeError,
         r"checkpointed: context_fn must be",
     ),
-    Case("checkpointed-name-int", lambda w: memsave.checkpointed(w.model, name=3), TypeError, r"name must be a str"),
-    Case("checkpointed-strict-str", lambda w: memsave.checkpointed(w.model, strict="x"), TypeError, r"strict must be"),
+    Case("checkpointed-name-int", checkpointed_call(name=3), TypeError, r"name must be a str"),
+    Case("checkpointed-strict-str", checkpointed_call(strict="x"), TypeError, r"strict must be"),
     Case(
         "checkpointed-preserve_rng_state-str",
-        lambda w: memsave.checkpointed(w.model, preserve_rng_state="no"),
+        checkpointed_call(preserve_rng_state="no"),
         TypeError,
         r"preserve_rng_state must be",
     ),
@@ -242,31 +283,26 @@ CASES = [
     Case("wrap-model-str", lambda w: memsave.wrap("model"), TypeError, r"wrap: model must be an nn\.Module"),
     Case("wrap-model-list", lambda w: memsave.wrap([w.model]), TypeError, r"model must be an nn\.Module.*list"),
     Case("wrap-policy-instance", lambda w: memsave.wrap(w.model, w.model[0]), TypeError, r"policy is a module inst"),
-    Case("wrap-policy-int", lambda w: memsave.wrap(w.model, 3), TypeError, r"policy must be"),
+    Case("wrap-policy-int", wrap_call(3), TypeError, r"policy must be"),
     Case(
         "wrap-policy-unknown-class-name",
-        lambda w: memsave.wrap(w.model, "Bogus"),
+        wrap_call("Bogus"),
         ValueError,
         r"'Bogus' is neither a submodule name nor a module class",
     ),
     Case(
         "wrap-policy-blocks-none",
-        lambda w: memsave.wrap(w.model, "blocks"),
+        wrap_call("blocks"),
         ValueError,
         r"no repeated blocks",
         model=lambda: nn.Sequential(nn.Linear(8, 2)),
     ),
-    Case("wrap-policy-int-class", lambda w: memsave.wrap(w.model, (nn.Linear, int)), TypeError, r"policy class int"),
-    Case("wrap-policy-empty-tuple", lambda w: memsave.wrap(w.model, ()), TypeError, r"policy must be"),
-    Case(
-        "wrap-predicate-one-argument",
-        lambda w: memsave.wrap(w.model, lambda m: True),
-        TypeError,
-        r"predicate .*\(name, module\) -> bool",
-    ),
+    Case("wrap-policy-int-class", wrap_call((nn.Linear, int)), TypeError, r"policy class int"),
+    Case("wrap-policy-empty-tuple", wrap_call(()), TypeError, r"policy must be"),
+    Case("wrap-predicate-one-argument", wrap_call(lambda m: True), TypeError, r"predicate .*\(name, module\) -> bool"),
     Case(
         "wrap-predicate-three-arguments",
-        lambda w: memsave.wrap(w.model, lambda a, b, c: True),
+        wrap_call(lambda a, b, c: True),
         TypeError,
         r"predicate .*\(name, module\) -> bool",
     ),
@@ -276,49 +312,27 @@ CASES = [
         RuntimeError,
         r"predicate failed on block 2",
     ),
-    Case("wrap-context_fn-int", lambda w: memsave.wrap(w.model, context_fn=3), TypeError, r"wrap: context_fn must"),
-    Case("wrap-strict-str", lambda w: memsave.wrap(w.model, strict="yes"), TypeError, r"strict must be True or Fal"),
-    Case(
-        "wrap-preserve_rng_state-none",
-        lambda w: memsave.wrap(w.model, preserve_rng_state=None),
-        TypeError,
-        r"preserve_rng_state must be",
-    ),
+    Case("wrap-context_fn-int", wrap_call(context_fn=3), TypeError, r"wrap: context_fn must"),
+    Case("wrap-strict-str", wrap_call(strict="yes"), TypeError, r"strict must be True or Fal"),
+    Case("wrap-preserve_rng_state-none", wrap_call(preserve_rng_state=None), TypeError, r"preserve_rng_state must be"),
     Case(
         "wrap-plan-with-context_fn",
         lambda w: memsave.wrap(w.model, _edited_plan(lambda d: None), context_fn=memsave.selective("matmul")),
         TypeError,
         r"apply the plan without context_fn",
     ),
-    Case(
-        "wrap-plan-missing-module",
-        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: _rename(d, "2.0", "9.0"))),
-        PlanMismatchError,
-        r"lacks: 9\.0",
-    ),
-    Case(
-        "wrap-plan-for-fewer-blocks",
-        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: None)),
-        PlanMismatchError,
-        r"modules of this model the plan does not know: 4\b",
-        model=lambda: tiny_model(blocks=4),
-    ),
-    Case(
-        "wrap-plan-for-wider-model",
-        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: None)),
-        PlanMismatchError,
-        r"same module names, but .*shapes",
-        model=lambda: tiny_model(width=16),
-    ),
+    Case("wrap-plan-missing-module", wrap_plan(lambda d: _rename(d, "2.0", "9.0")), PlanMismatchError, r"lacks: 9\.0"),
+    plan_on_other_model("wrap-plan-for-fewer-blocks", 4, 8, r"modules of this model the plan does not know: 4\b"),
+    plan_on_other_model("wrap-plan-for-wider-model", 3, 16, r"same module names, but .*shapes"),
     Case(
         "wrap-plan-segments-out-of-range",
-        lambda w: memsave.wrap(w.model, _edited_plan(lambda d: d.update(segments=[[0, 99, True]]))),
+        wrap_plan(lambda d: d.update(segments=[[0, 99, True]])),
         PlanMismatchError,
         r"segments .*outside its \d+ stages",
     ),
     Case(
         "wrap-plan-region-across-parents",
-        lambda w: memsave.wrap(w.model, _edited_plan(_group_across_parents)),
+        wrap_plan(_group_across_parents),
         PlanMismatchError,
         r"not a run of consecutive children",
     ),
@@ -331,13 +345,7 @@ CASES = [
         ValueError,
         r"mode= or options=, not both",
     ),
-    Case(
-        "plan-compile-other-model",
-        lambda w: _edited_plan(lambda d: None).compile(w.model),
-        PlanMismatchError,
-        r"modules of this model the plan does not know",
-        model=lambda: tiny_model(blocks=4),
-    ),
+    plan_on_other_model("plan-compile-other-model", 4, 8, r"modules of this model the plan does not know", "compile"),
     # ---- unwrap
     Case("unwrap-str", lambda w: memsave.unwrap("str"), TypeError, r"unwrap: model must be .*got str"),
     Case("unwrap-None", lambda w: memsave.unwrap(None), TypeError, r"unwrap: model must be .*NoneType"),
@@ -355,74 +363,64 @@ CASES = [
     Case(
         "plan-model-str", lambda w: memsave.plan("m", w.x, budget=0.5), TypeError, r"plan: model must be an nn\.Module"
     ),
-    Case("plan-solver", lambda w: memsave.plan(w.model, w.x, solver="bogus"), ValueError, r"solver"),
-    Case("plan-uniform-0", lambda w: memsave.plan(w.model, w.x, solver="uniform:0"), ValueError, r"uniform:K"),
-    Case("plan-no-budget", lambda w: memsave.plan(w.model, w.x), ValueError, r"needs a budget"),
-    Case("plan-budget-text", lambda w: memsave.plan(w.model, w.x, budget="lots"), ValueError, r"budget: cannot pars"),
-    Case("plan-budget-negative", lambda w: memsave.plan(w.model, w.x, budget=-1), ValueError, r"budget: must be > 0"),
-    Case("plan-budget-zero-fraction", lambda w: memsave.plan(w.model, w.x, budget=0.0), ValueError, r"budget: a fr"),
+    Case("plan-solver", plan_call(solver="bogus"), ValueError, r"solver"),
+    Case("plan-uniform-0", plan_call(solver="uniform:0"), ValueError, r"uniform:K"),
+    Case("plan-no-budget", plan_call(), ValueError, r"needs a budget"),
+    Case("plan-budget-text", plan_call(budget="lots"), ValueError, r"budget: cannot pars"),
+    Case("plan-budget-negative", plan_call(budget=-1), ValueError, r"budget: must be > 0"),
+    Case("plan-budget-zero-fraction", plan_call(budget=0.0), ValueError, r"budget: a fr"),
     Case("plan-budget-nan", lambda w: memsave.plan(w.model, w.x, budget=float("nan")), ValueError, r"budget"),
-    Case("plan-budget-list", lambda w: memsave.plan(w.model, w.x, budget=[1]), TypeError, r"budget: expected a mem"),
-    Case("plan-budget-bool", lambda w: memsave.plan(w.model, w.x, budget=True), TypeError, r"budget: expected"),
+    Case("plan-budget-list", plan_call(budget=[1]), TypeError, r"budget: expected a mem"),
+    Case("plan-budget-bool", plan_call(budget=True), TypeError, r"budget: expected"),
     Case(
         "plan-timing_steps-0",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, timing_steps=0),
+        plan_call(budget=0.5, timing_steps=0),
         ValueError,
         r"timing_steps must be an int >= 1.*got 0",
     ),
     Case(
         "plan-timing_steps-float",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, timing_steps=1.5),
+        plan_call(budget=0.5, timing_steps=1.5),
         ValueError,
         r"timing_steps must be an int",
     ),
-    Case(
-        "plan-selective-unknown",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, selective=["bogus"]),
-        ValueError,
-        r"selective names 'bogus'",
-    ),
-    Case(
-        "plan-selective-empty",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, selective=[]),
-        ValueError,
-        r"selective names no operator class",
-    ),
+    Case("plan-selective-unknown", plan_call(budget=0.5, selective=["bogus"]), ValueError, r"selective names 'bogus'"),
+    Case("plan-selective-empty", plan_call(budget=0.5, selective=[]), ValueError, r"selective names no operator class"),
     Case(
         "plan-selective-str",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, selective="matmul"),
+        plan_call(budget=0.5, selective="matmul"),
         TypeError,
         r"selective must be True, False or a list",
     ),
     Case(
         "plan-example_kwargs-int",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, example_kwargs=3),
+        plan_call(budget=0.5, example_kwargs=3),
         TypeError,
         r"example_kwargs must be a dict",
     ),
     Case(
         "plan-keyword-twice",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, example_kwargs={"a": 1}, a=2),
+        plan_call(budget=0.5, example_kwargs={"a": 1}, a=2),
         ValueError,
         r"keyword input\(s\) a given both",
     ),
     Case(
         "plan-selective-int",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, selective=3),
+        plan_call(budget=0.5, selective=3),
         TypeError,
         r"selective must be True, False or a list",
     ),
-    Case("plan-loss_fn-int", lambda w: memsave.plan(w.model, w.x, budget=0.5, loss_fn=3), TypeError, r"loss_fn must"),
+    Case("plan-loss_fn-int", plan_call(budget=0.5, loss_fn=3), TypeError, r"loss_fn must"),
     Case(
         "plan-wrapped-model",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5),
+        plan_call(budget=0.5),
         ValueError,
         r"already has checkpointed modules.*unwrap",
         model=_wrapped_tiny,
     ),
     Case(
         "plan-nothing-requires-grad",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5),
+        plan_call(budget=0.5),
         ValueError,
         r"no parameter that requires grad",
         model=_frozen_tiny,
@@ -435,7 +433,7 @@ CASES = [
     ),
     Case(
         "plan-loss_fn-not-scalar",
-        lambda w: memsave.plan(w.model, w.x, budget=0.5, loss_fn=lambda out: out),
+        plan_call(budget=0.5, loss_fn=lambda out: out),
         ValueError,
         r"loss_fn must return a scalar",
     ),
@@ -447,7 +445,7 @@ CASES = [
     ),
     Case(
         "plan-budget-infeasible",
-        lambda w: memsave.plan(w.model, w.x, budget=1, selective=False, timing_steps=1, verify=False),
+        plan_call(budget=1, selective=False, timing_steps=1, verify=False),
         memsave.InfeasibleBudgetError,
         r"budget",
     ),
@@ -482,231 +480,182 @@ CASES = [
         r"field 'segments\[0\]' must be a \[begin, end, recompute\] triple, got 7 \(an int\)",
     ),
     # ---- Plan.from_json, field by field: the type a field must have, named, before anything uses it
-    Case(
-        "from_json-format-str",
-        from_json(_set("format", "1")),
-        ValueError,
-        r"field 'format' is '1' \(a string\); it must",
-    ),
-    Case("from_json-format-true", from_json(_set("format", True)), ValueError, r"field 'format' is True \(a bool\)"),
-    Case("from_json-format-float", from_json(_set("format", 1.0)), ValueError, r"field 'format' is 1\.0 \(a float\)"),
-    Case("from_json-format-missing", from_json(_drop("format")), ValueError, r"field 'format' is missing"),
-    Case("from_json-solver-int", from_json(_set("solver", 3)), ValueError, r"field 'solver' must be a string, got 3"),
-    Case(
+    bad_field("from_json-format-str", "format", "1", r"field 'format' is '1' \(a string\); it must"),
+    bad_field("from_json-format-true", "format", True, r"field 'format' is True \(a bool\)"),
+    bad_field("from_json-format-float", "format", 1.0, r"field 'format' is 1\.0 \(a float\)"),
+    missing_field("from_json-format-missing", "format", r"field 'format' is missing"),
+    bad_field("from_json-solver-int", "solver", 3, r"field 'solver' must be a string, got 3"),
+    bad_field(
         "from_json-peak-str",
-        from_json(_set("predicted_peak_bytes", "57048")),
-        ValueError,
+        "predicted_peak_bytes",
+        "57048",
         r"field 'predicted_peak_bytes' must be an int, got '57048' \(a string\)",
     ),
-    Case(
-        "from_json-peak-float",
-        from_json(_set("predicted_peak_bytes", 1.5)),
-        ValueError,
-        r"field 'predicted_peak_bytes' must be an int, got 1\.5",
+    bad_field(
+        "from_json-peak-float", "predicted_peak_bytes", 1.5, r"field 'predicted_peak_bytes' must be an int, got 1\.5"
     ),
-    Case(
-        "from_json-peak-negative",
-        from_json(_set("eager_peak_bytes", -1)),
-        ValueError,
-        r"field 'eager_peak_bytes' must be an int >= 0, got -1",
+    bad_field(
+        "from_json-peak-negative", "eager_peak_bytes", -1, r"field 'eager_peak_bytes' must be an int >= 0, got -1"
     ),
-    Case(
+    bad_field(
         "from_json-peak-bool",
-        from_json(_set("min_feasible_bytes", True)),
-        ValueError,
+        "min_feasible_bytes",
+        True,
         r"field 'min_feasible_bytes' must be an int, got True \(a bool\)",
     ),
-    Case(
-        "from_json-budget-str",
-        from_json(_set("budget_bytes", "4GiB")),
-        ValueError,
-        r"field 'budget_bytes' must be an int, got '4GiB'",
-    ),
-    Case(
+    bad_field("from_json-budget-str", "budget_bytes", "4GiB", r"field 'budget_bytes' must be an int, got '4GiB'"),
+    bad_field(
         "from_json-measured-list",
-        from_json(_set("measured_peak_bytes", [1])),
-        ValueError,
+        "measured_peak_bytes",
+        [1],
         r"field 'measured_peak_bytes' must be an int, got \[1\] \(a list\)",
     ),
-    Case(
+    bad_field(
         "from_json-seconds-str",
-        from_json(_set("eager_step_seconds", "0.3")),
-        ValueError,
+        "eager_step_seconds",
+        "0.3",
         r"field 'eager_step_seconds' must be a finite number, got '0\.3'",
     ),
-    Case(
+    bad_field(
         "from_json-seconds-nan",
-        from_json(_set("planning_seconds", float("nan"))),  # json.dumps writes NaN
-        ValueError,
+        "planning_seconds",
+        float("nan"),
         r"field 'planning_seconds' must be a finite number, got nan",
     ),
-    Case(
+    bad_field(
         "from_json-seconds-negative",
-        from_json(_set("predicted_extra_seconds", -0.5)),
-        ValueError,
+        "predicted_extra_seconds",
+        -0.5,
         r"field 'predicted_extra_seconds' must be a number >= 0, got -0\.5",
     ),
-    Case(
-        "from_json-compiled-str-false",  # a non-empty string would have been read as True
-        from_json(_set("compiled", "false")),
-        ValueError,
+    bad_field(
+        "from_json-compiled-str-false",
+        "compiled",
+        "false",
         r"field 'compiled' must be true or false \(a JSON bool\), got 'false'",
     ),
-    Case(
-        "from_json-compiled-int", from_json(_set("compiled", 0)), ValueError, r"field 'compiled' must be true or false"
-    ),
-    Case("from_json-device-int", from_json(_set("device", 0)), ValueError, r"field 'device' must be a string, got 0"),
-    Case(
-        "from_json-fingerprint-null",
-        from_json(_set("fingerprint", None)),
-        ValueError,
-        r"'fingerprint' must be a string",
-    ),
-    Case(
-        "from_json-model_class-missing", from_json(_drop("model_class")), ValueError, r"lacks the field 'model_class'"
-    ),
-    Case(
-        "from_json-segment-end-float",  # was truncated to 2
-        from_json(_set("segments.0.1", 2.5)),
-        ValueError,
+    bad_field("from_json-compiled-int", "compiled", 0, r"field 'compiled' must be true or false"),
+    bad_field("from_json-device-int", "device", 0, r"field 'device' must be a string, got 0"),
+    bad_field("from_json-fingerprint-null", "fingerprint", None, r"'fingerprint' must be a string"),
+    missing_field("from_json-model_class-missing", "model_class", r"lacks the field 'model_class'"),
+    bad_field(
+        "from_json-segment-end-float",
+        "segments.0.1",
+        2.5,
         r"field 'segments\[0\]\[1\] \(end\)' must be an int, got 2\.5",
     ),
-    Case(
+    bad_field(
         "from_json-segment-recompute-str",
-        from_json(_set("segments.1.2", "false")),
-        ValueError,
+        "segments.1.2",
+        "false",
         r"field 'segments\[1\]\[2\] \(recompute\)' must be true or false",
     ),
-    Case(
+    bad_field(
         "from_json-segment-begin-str",
-        from_json(_set("segments.0.0", "0")),
-        ValueError,
+        "segments.0.0",
+        "0",
         r"field 'segments\[0\]\[0\] \(begin\)' must be an int, got '0'",
     ),
-    Case(
+    bad_field(
         "from_json-segment-empty",
-        from_json(_set("segments.0", [1, 1, True])),
-        ValueError,
+        "segments.0",
+        [1, 1, True],
         r"segments\[0\] must satisfy 0 <= begin < end .*got \[1, 1\]",
     ),
-    Case(
+    bad_field(
         "from_json-segment-pair",
-        from_json(_set("segments.0", [0, 1])),
-        ValueError,
+        "segments.0",
+        [0, 1],
         r"field 'segments\[0\]' must be a \[begin, end, recompute\] triple, got \[0, 1\]",
     ),
-    Case(
+    bad_field(
         "from_json-segments-object",
-        from_json(_set("segments", {"0": 1})),
-        ValueError,
+        "segments",
+        {"0": 1},
         r"field 'segments' must be a list of \[begin, end, recompute\] triples",
     ),
-    Case(
+    bad_field(
         "from_json-stage_modules-kind-int",
-        from_json(_set("stage_modules.0.kind", 1)),
-        ValueError,
+        "stage_modules.0.kind",
+        1,
         r"field 'stage_modules\[0\]\.kind' must be a string, got 1",
     ),
-    Case(
+    bad_field(
         "from_json-stage_modules-modules-str",
-        from_json(_set("stage_modules.1.modules", "0.1")),
-        ValueError,
+        "stage_modules.1.modules",
+        "0.1",
         r"field 'stage_modules\[1\]\.modules' must be a list of str, got '0\.1'",
     ),
-    Case(
+    bad_field(
         "from_json-stage_modules-child_index-str",
-        from_json(_set("stage_modules.0.child_index", ["0"])),
-        ValueError,
+        "stage_modules.0.child_index",
+        ["0"],
         r"field 'stage_modules\[0\]\.child_index\[0\]' must be an int, got '0'",
     ),
-    Case(
+    bad_field(
         "from_json-stage_modules-unknown-field",
-        from_json(_set("stage_modules.0.colour", "red")),
-        ValueError,
+        "stage_modules.0.colour",
+        "red",
         r"stage_modules\[0\] has unknown field\(s\) \['colour'\]",
     ),
-    Case(
-        "from_json-stage_modules-missing-kind",
-        from_json(_drop("stage_modules.0.kind")),
-        ValueError,
-        r"stage_modules\[0\] lacks the field 'kind'",
+    missing_field(
+        "from_json-stage_modules-missing-kind", "stage_modules.0.kind", r"stage_modules\[0\] lacks the field 'kind'"
     ),
-    Case(
+    bad_field(
         "from_json-chain-stage-fwd_time-str",
-        from_json(_set("chain.stages.2.fwd_time", "fast")),
-        ValueError,
+        "chain.stages.2.fwd_time",
+        "fast",
         r"field 'chain\.stages\[2\]\.fwd_time' must be a finite number, got 'fast'",
     ),
-    Case(
+    bad_field(
         "from_json-chain-stage-bytes-float",
-        from_json(_set("chain.stages.0.output_bytes", 128.5)),
-        ValueError,
+        "chain.stages.0.output_bytes",
+        128.5,
         r"field 'chain\.stages\[0\]\.output_bytes' must be an int, got 128\.5",
     ),
-    Case(
+    bad_field(
         "from_json-chain-stage-recomputable-str",
-        from_json(_set("chain.stages.0.recomputable", "true")),
-        ValueError,
+        "chain.stages.0.recomputable",
+        "true",
         r"field 'chain\.stages\[0\]\.recomputable' must be true or false",
     ),
-    Case(
+    bad_field(
         "from_json-chain-stage-selective-str",
-        from_json(_set("chain.stages.0.selective_fwd_time", "0.1")),
-        ValueError,
+        "chain.stages.0.selective_fwd_time",
+        "0.1",
         r"field 'chain\.stages\[0\]\.selective_fwd_time' must be a list of float",
     ),
-    Case(
+    bad_field(
         "from_json-chain-stage-unknown",
-        from_json(_set("chain.stages.0.speed", 3)),
-        ValueError,
+        "chain.stages.0.speed",
+        3,
         r"chain\.stages\[0\] has unknown field\(s\) \['speed'\]",
     ),
-    Case(
-        "from_json-chain-stages-missing",
-        from_json(_drop("chain.stages")),
-        ValueError,
-        r"chain lacks the field 'stages'",
+    missing_field("from_json-chain-stages-missing", "chain.stages", r"chain lacks the field 'stages'"),
+    bad_field("from_json-chain-base_bytes-str", "chain.base_bytes", "0", r"field 'chain\.base_bytes' must be an int"),
+    bad_field(
+        "from_json-chain-skips-str", "chain.skips", "none", r"field 'chain\.skips' must be a list of Skip objects"
     ),
-    Case(
-        "from_json-chain-base_bytes-str",
-        from_json(_set("chain.base_bytes", "0")),
-        ValueError,
-        r"field 'chain\.base_bytes' must be an int",
-    ),
-    Case(
-        "from_json-chain-skips-str",
-        from_json(_set("chain.skips", "none")),
-        ValueError,
-        r"field 'chain\.skips' must be a list of Skip objects",
-    ),
-    Case(
-        "from_json-chain-unknown-field",
-        from_json(_set("chain.extra", 1)),
-        ValueError,
-        r"chain has unknown field\(s\) \['extra'\]",
-    ),
-    Case(
+    bad_field("from_json-chain-unknown-field", "chain.extra", 1, r"chain has unknown field\(s\) \['extra'\]"),
+    bad_field(
         "from_json-chain-operator_classes-int",
-        from_json(_set("chain.operator_classes", [1])),
-        ValueError,
+        "chain.operator_classes",
+        [1],
         r"field 'chain\.operator_classes\[0\]' must be a string, got 1",
     ),
-    Case(
+    bad_field(
         "from_json-selective-str",
-        from_json(_set("selective", "matmul")),
-        ValueError,
+        "selective",
+        "matmul",
         r"field 'selective' must be a list of List\[str\], got 'matmul'",
     ),
-    Case(
-        "from_json-selective-entry-int",
-        from_json(_set("selective.0", [3])),
-        ValueError,
-        r"field 'selective\[0\]\[0\]' must be a string, got 3",
+    bad_field(
+        "from_json-selective-entry-int", "selective.0", [3], r"field 'selective\[0\]\[0\]' must be a string, got 3"
     ),
-    Case(
+    bad_field(
         "from_json-activation_memory_budget-str",
-        from_json(_set("activation_memory_budget", "0.5")),
-        ValueError,
+        "activation_memory_budget",
+        "0.5",
         r"field 'activation_memory_budget' must be a finite number, got '0\.5'",
     ),
     # ---- checkpoint mismatch errors keep torch's key phrases (code matching torch's messages keeps working)

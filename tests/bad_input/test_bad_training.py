@@ -3,7 +3,7 @@ compare, estimate and max_batch_size. Each raises its documented type naming the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, List
 
 import pytest
 import torch
@@ -100,12 +100,26 @@ def _acc_backward(loss: Any) -> Any:
     return call
 
 
+#: Scales that are not a finite number > 0: the case id's suffix, the value, what the message says it got.
+BAD_SCALES = [
+    ("0", 0.0, r"0\.0"),
+    ("negative", -1.0, r"-1\.0"),
+    ("nan", float("nan"), "nan"),
+    ("inf", float("inf"), "inf"),
+]
+
+
+def bad_scales(prefix: str, call: Callable[[Any], Any], names: str) -> List[Case]:
+    """One case per :data:`BAD_SCALES` value: ``call(value)`` raises ValueError naming ``names`` and the value."""
+    return [
+        Case(f"{prefix}-{suffix}", call(value), ValueError, rf"{names} must be a finite number > 0.*got {got}")
+        for suffix, value, got in BAD_SCALES
+    ]
+
+
 CASES = [
     # ---- GradScaler
-    Case("scaler-init_scale-0", scaler(init_scale=0.0), ValueError, r"init_scale must be a finite number > 0"),
-    Case("scaler-init_scale-negative", scaler(init_scale=-1.0), ValueError, r"init_scale must be a finite"),
-    Case("scaler-init_scale-nan", scaler(init_scale=float("nan")), ValueError, r"init_scale must be a finite"),
-    Case("scaler-init_scale-inf", scaler(init_scale=float("inf")), ValueError, r"init_scale must be a finite"),
+    *bad_scales("scaler-init_scale", lambda v: scaler(init_scale=v), "init_scale"),
     Case(
         "scaler-init_scale-str",
         scaler(init_scale="big"),
@@ -190,10 +204,7 @@ CASES = [
         ValueError,
         r"hysteresis must be an int in \[1, 2\*\*31 - 1\], got 0",
     ),
-    Case("scaler-update-new_scale-0", new_scale(0.0), ValueError, r"new_scale must be a finite number > 0.*got 0\.0"),
-    Case("scaler-update-new_scale-negative", new_scale(-1.0), ValueError, r"new_scale must be a finite .*got -1\.0"),
-    Case("scaler-update-new_scale-nan", new_scale(float("nan")), ValueError, r"new_scale must be a finite .*got nan"),
-    Case("scaler-update-new_scale-inf", new_scale(float("inf")), ValueError, r"new_scale must be a finite .*got inf"),
+    *bad_scales("scaler-update-new_scale", new_scale, "new_scale"),
     Case(
         "scaler-update-new_scale-tensor-0",
         new_scale(torch.zeros(())),
@@ -207,10 +218,7 @@ CASES = [
         r"new_scale must be a finite number > 0.*got 1e\+39 \(inf in float32\)",
     ),
     Case("scaler-update-new_scale-str", new_scale("big"), TypeError, r"new_scale must be a number .*got str"),
-    Case("scaler-load-scale-0", load(scale=0.0), ValueError, r"state_dict\['scale'\] must be a finite number > 0"),
-    Case("scaler-load-scale-negative", load(scale=-1.0), ValueError, r"state_dict\['scale'\] must be a finite"),
-    Case("scaler-load-scale-nan", load(scale=float("nan")), ValueError, r"state_dict\['scale'\] must be a finite"),
-    Case("scaler-load-scale-inf", load(scale=float("inf")), ValueError, r"state_dict\['scale'\] must be a finite"),
+    *bad_scales("scaler-load-scale", lambda v: load(scale=v), r"state_dict\['scale'\]"),
     Case(
         "scaler-load-growth_factor-0.5",
         load(growth_factor=0.5),

@@ -1,12 +1,16 @@
 """Helpers shared by the test folders (importable from any of them: tests/conftest.py puts tests/ on sys.path).
 
-- ``helpers.models``: small deterministic test models (MLPs, CNN, UNet-like, transformer).
+- ``helpers.models``: small deterministic test models (MLPs, CNN, UNet-like, transformer, a running-mean buffer).
 - ``helpers.masks``: bitwise comparison with torch and special values, for the 1-bit-mask and pooling operators.
 - ``helpers.fused``: unfused torch references and error measures, for the fused operators.
 - ``helpers.checks``: a fused module against the eager one it replaces, and the refused double backward.
 - ``helpers.steps``: one training step of a real model (gradients, peak) for the plan tests.
-- ``helpers.hub``: Hugging Face transformers, timm and torchvision models at small configs with random weights.
-- ``helpers.eager``: Hugging Face's Llama RMSNorm and MLP in plain torch, what memsave's transformer operators replace.
+- ``helpers.hub``: Hugging Face transformers, timm and torchvision models at small configs with random weights
+  (``LossOf``: a causal LM's loss as a module).
+- ``helpers.eager``: Hugging Face's Llama RMSNorm and MLP in plain torch, what memsave's transformer operators
+  replace, and half a Llama decoder layer around them (``pre_norm_layer``).
+- ``helpers.hf_trainer``: Hugging Face Trainer scaffolding: token-id data, a short CPU run's arguments, a training
+  run, its logged losses, and torch's checkpoint made to raise (the ``no_torch_checkpoint`` fixture of integrations/).
 - here: the floating-point dtypes, the repository root, the autograd-engine probe, the gloo marker of the DDP
   tests and a script's ``main`` run in-process.
 """

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Optional
 
+import torch
 from torch import nn
 
 
@@ -144,6 +145,30 @@ def causal_lm(
         **{"use_cache": False, **config},
     )
     return _with_causal_lm_loss(getattr(tf, f"{family}ForCausalLM")(cfg))
+
+
+class LossOf(nn.Module):
+    """A causal LM's ``lm(ids, labels=ids).loss`` as a module: what ``memsave.measure`` and ``memsave.wrap`` step.
+
+    Args:
+        lm: a transformers ``...ForCausalLM`` (any model whose call with ``labels=`` returns an output with ``.loss``).
+
+    Returns:
+        The module; ``forward(ids)`` returns the scalar loss.
+
+    Raises:
+        AttributeError: in ``forward``, when ``lm``'s output has no ``loss``.
+
+    Examples:
+        >>> memsave.measure(hub.LossOf(hub.llama()), torch.randint(0, 128, (2, 16)), loss_fn=lambda loss: loss)
+    """
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(ids, labels=ids).loss
 
 
 #: Per family (transformers ``model_type``), the config fields a tiny model needs besides the sizes

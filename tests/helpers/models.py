@@ -1,5 +1,5 @@
 """Small deterministic test models: two MLPs, a CNN with BatchNorm and Dropout, a UNet-like net with skip
-connections and a transformer with dropout (token ids in).
+connections, a transformer with dropout (token ids in), and a module that replaces its running-mean buffer.
 
 Each builder seeds torch itself, so two calls with the same seed give bitwise-identical models. The UNet and
 the transformer call their blocks through ``self.region`` (``None``: plain call), so a test can route every
@@ -207,3 +207,39 @@ BUILDERS = {"mlp": mlp, "cnn": cnn, "unet": unet, "transformer": transformer}
 def build(name: str, seed: int = 0) -> Tuple[nn.Module, torch.Tensor]:
     """The model ``name`` and its example input."""
     return BUILDERS[name](seed), example_input(name)
+
+
+class RunningMean(nn.Module):
+    """A module that keeps a running mean of its inputs in the buffer ``avg`` and replaces the buffer object on each
+    update (``self.avg = ...``, as EMA code does), rather than writing into it: what a checkpointed region must put
+    back before it recomputes. Subclasses give ``forward``, calling :meth:`update`.
+
+    Args:
+        features: the buffer's size (the input's last dimension).
+        decay: how much of the old value each update keeps.
+        weight: how much of the input's batch mean it adds.
+        shift: a constant it adds (so that the value changes even when the inputs do not).
+
+    Returns:
+        The module, with ``avg`` all zeros.
+
+    Raises:
+        ValueError: ``features`` is not positive.
+
+    Examples:
+        >>> class Scaled(RunningMean):
+        ...     def forward(self, x):
+        ...         return x * self.update(x)
+    """
+
+    def __init__(self, features: int = 4, decay: float = 0.9, weight: float = 0.1, shift: float = 0.0) -> None:
+        super().__init__()
+        if features < 1:
+            raise ValueError(f"RunningMean needs features >= 1, got {features}")
+        self.decay, self.weight, self.shift = decay, weight, shift
+        self.register_buffer("avg", torch.zeros(features))
+
+    def update(self, x: torch.Tensor) -> torch.Tensor:
+        """Replace ``avg`` by ``decay * avg + weight * mean(x over the batch) + shift``; returns the new buffer."""
+        self.avg = self.decay * self.avg + self.weight * x.detach().mean(0) + self.shift
+        return self.avg

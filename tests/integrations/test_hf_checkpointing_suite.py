@@ -24,6 +24,8 @@ from typing import Any, Dict, Set, Tuple
 
 import pytest
 
+from helpers.torch_suite import PLUGIN_DIR
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("parameterized")  # test_modeling_common.py imports it (tools/setup.sh --test installs it)
 
@@ -91,7 +93,8 @@ def _run(root: Path, mode: str, work: Path) -> Dict[str, Any]:
     results = work / f"{mode}.json"
     ini = work / "pytest.ini"
     ini.write_text("[pytest]\n")
-    path = os.pathsep.join(p for p in (str(SUITE), str(root), os.environ.get("PYTHONPATH", "")) if p)
+    # PLUGIN_DIR: the outcome recorder the plugin shares with the torch suite harnesses' plugin.
+    path = os.pathsep.join(p for p in (str(SUITE), str(PLUGIN_DIR), str(root), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.update(MEMSAVE_HF_SUITE=mode, MEMSAVE_HF_SUITE_RESULTS=str(results))
     cmd = [sys.executable, "-m", "pytest", str(SUITE / "families.py"), "-p", "hf_memsave_plugin", "--noconftest"]

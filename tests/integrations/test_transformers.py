@@ -5,8 +5,9 @@ predicts with eager's logits, and accelerate trains a wrapped model as the plain
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
@@ -15,53 +16,21 @@ from torch import nn
 import memsave
 
 transformers = pytest.importorskip("transformers")
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer  # noqa: E402
 
 import memsave.integrations.transformers as ms_hf  # noqa: E402
 from helpers import hub  # noqa: E402
+from helpers.hf_trainer import TokenIds, cpu_training_args, logged_losses, train  # noqa: E402
 from memsave.integrations.transformers_switch import LayerCheckpoint  # noqa: E402
 from memsave.recompute import is_wrapped  # noqa: E402
 
 VOCAB, SEQ = 64, 16
+_ids = functools.partial(TokenIds, seq=SEQ, vocab=VOCAB)
 
 
 def _llama(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return hub.llama(3, 32, 64, heads=4, kv_heads=2, vocab=VOCAB, positions=2048, attention_dropout=0.0)
-
-
-class _Ids(torch.utils.data.Dataset):
-    def __init__(self, n: int = 48) -> None:
-        g = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def _args(tmp_path: Any, steps: int = 20, **kw: Any) -> TrainingArguments:
-    kw.setdefault("logging_steps", 1)
-    return TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=steps,
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        learning_rate=1e-3,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        data_seed=0,
-        disable_tqdm=True,
-        **kw,
-    )
-
-
-def _losses(trainer: Trainer) -> List[float]:
-    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
 class _CountTorchCheckpoint:
@@ -82,29 +51,27 @@ class _CountTorchCheckpoint:
         monkeypatch.setattr(mu, "checkpoint", counted)
 
 
-def _train(model: torch.nn.Module, tmp_path: Any, **kw: Any) -> Trainer:
-    trainer = Trainer(model=model, args=_args(tmp_path, **kw), train_dataset=_Ids())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        trainer.train()
-    return trainer
+def _train(
+    model: torch.nn.Module, tmp_path: Any, steps: int = 20, callbacks: Optional[List[Any]] = None, **kw: Any
+) -> Trainer:
+    return train(model, cpu_training_args(tmp_path, steps, **kw), _ids(48), callbacks)
 
 
 @pytest.mark.slow
 def test_wrap_stays_in_force_under_trainer_activation_checkpointing(tmp_path, monkeypatch):
-    reference = _losses(_train(memsave.wrap(_llama()), tmp_path / "a"))
+    reference = logged_losses(_train(memsave.wrap(_llama()), tmp_path / "a"))
     counter = _CountTorchCheckpoint(monkeypatch)
     model = memsave.wrap(_llama())
     trainer = _train(model, tmp_path / "b", activation_checkpointing=True)
     assert counter.calls == 0
-    assert _losses(trainer) == reference and len(reference) == 20
+    assert logged_losses(trainer) == reference and len(reference) == 20
     assert [n for n, m in model.named_modules() if is_wrapped(m)] == [f"model.layers.{i}" for i in range(3)]
     assert model.is_activation_checkpointing  # reported as on, and memsave's regions (not nested ones) recompute
 
 
 @pytest.mark.slow
 def test_enable_makes_the_models_switch_use_memsave(tmp_path, monkeypatch):
-    reference = _losses(_train(memsave.wrap(_llama()), tmp_path / "a"))
+    reference = logged_losses(_train(memsave.wrap(_llama()), tmp_path / "a"))
     counter = _CountTorchCheckpoint(monkeypatch)
     model = ms_hf.enable(_llama())
     assert not model.is_activation_checkpointing  # enable only routes the switch
@@ -112,7 +79,7 @@ def test_enable_makes_the_models_switch_use_memsave(tmp_path, monkeypatch):
     assert model.is_activation_checkpointing and not any(is_wrapped(m) for m in model.modules())
     assert all(isinstance(layer._gradient_checkpointing_func, LayerCheckpoint) for layer in model.model.layers)
     trainer = _train(model, tmp_path / "b", activation_checkpointing=True)
-    assert counter.calls == 0 and _losses(trainer) == reference
+    assert counter.calls == 0 and logged_losses(trainer) == reference
 
 
 def test_switch_every_n_layers_disable_and_unknown_options():
@@ -164,24 +131,12 @@ def test_a_plan_stays_in_force_when_the_switch_is_turned_on():
 @pytest.mark.slow
 def test_memory_callback_logs_peak_and_activation_bytes(tmp_path):
     model = memsave.wrap(_llama())
-    trainer = Trainer(
-        model=model,
-        args=_args(tmp_path, steps=4, logging_steps=2),
-        train_dataset=_Ids(),
-        callbacks=[ms_hf.MemoryCallback()],
-    )
-    trainer.train()
+    trainer = _train(model, tmp_path, steps=4, logging_steps=2, callbacks=[ms_hf.MemoryCallback()])
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["step"] for h in logged] == [2, 4]
     for h in logged:
         assert h["peak_bytes"] > h["activation_bytes"] > 0
-    plain = Trainer(
-        model=_llama(),
-        args=_args(tmp_path, steps=2, logging_steps=2),
-        train_dataset=_Ids(),
-        callbacks=[ms_hf.MemoryCallback()],
-    )
-    plain.train()
+    plain = _train(_llama(), tmp_path, steps=2, logging_steps=2, callbacks=[ms_hf.MemoryCallback()])
     eager_act = next(h for h in plain.state.log_history if "loss" in h)["activation_bytes"]
     assert eager_act > logged[0]["activation_bytes"]  # memsave's regions keep less than eager
 
@@ -201,13 +156,13 @@ def test_converted_causal_lm_evaluates_and_predicts_with_eagers_logits(tmp_path)
     for name, model in (("eager", eager), ("fused", fused)):
         trainer = Trainer(
             model=model,
-            args=_args(tmp_path / name, steps=2),
-            train_dataset=_Ids(),
-            eval_dataset=_Ids(8),
+            args=cpu_training_args(tmp_path / name, steps=2),
+            train_dataset=_ids(48),
+            eval_dataset=_ids(8),
             compute_metrics=_accuracy,
         )
         metrics = trainer.evaluate()
-        predictions = trainer.predict(_Ids(8))
+        predictions = trainer.predict(_ids(8))
         results[name] = (metrics, predictions)
     (m_e, p_e), (m_f, p_f) = results["eager"], results["fused"]
     logits_e = p_e.predictions[0] if isinstance(p_e.predictions, tuple) else p_e.predictions

@@ -15,10 +15,11 @@ import memsave
 from memsave.errors import MemsaveWarning
 
 transformers = pytest.importorskip("transformers")
-from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainerCallback  # noqa: E402
 
 import memsave.integrations.transformers as ms_hf  # noqa: E402
 from helpers import hub  # noqa: E402
+from helpers.hf_trainer import TokenIds, cpu_training_args, logged_losses, train  # noqa: E402
 from memsave.recompute import is_wrapped  # noqa: E402
 
 VOCAB, SEQ = 64, 64
@@ -34,58 +35,8 @@ def _converted(model: nn.Module) -> bool:
     return any(isinstance(m, memsave.nn.ReLU) for m in model.modules())  # convert=True's bitwise swap of nn.ReLU
 
 
-class _Ids(torch.utils.data.Dataset):
-    def __init__(self, n: int = 32) -> None:
-        g = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(0, VOCAB, (n, SEQ), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def _args(tmp_path: Any, steps: int, **kw: Any) -> TrainingArguments:
-    kw.setdefault("logging_steps", 1)
-    return TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=steps,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=0,
-        data_seed=0,
-        disable_tqdm=True,
-        **kw,
-    )
-
-
 def _train(model: nn.Module, tmp_path: Any, callbacks: List[Any], steps: int = 4, **kw: Any) -> Trainer:
-    trainer = Trainer(model=model, args=_args(tmp_path, steps, **kw), train_dataset=_Ids(), callbacks=callbacks)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        trainer.train()
-    return trainer
-
-
-def _losses(trainer: Trainer) -> List[float]:
-    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
-
-
-@pytest.fixture
-def no_torch_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.utils.checkpoint.checkpoint (also as transformers imported it by name) raises when called."""
-    import torch.utils.checkpoint as tc
-    import transformers.modeling_utils as mu
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("torch.utils.checkpoint.checkpoint was called")
-
-    monkeypatch.setattr(tc, "checkpoint", refuse)
-    monkeypatch.setattr(mu, "checkpoint", refuse)
+    return train(model, cpu_training_args(tmp_path, steps, **kw), TokenIds(32, SEQ, VOCAB), callbacks)
 
 
 class _Recorder(TrainerCallback):
@@ -113,11 +64,11 @@ class _LogAlsoAt(TrainerCallback):
 def test_memsave_plans_in_trainer_with_eagers_losses_whatever_switch_was_on(tmp_path, no_torch_checkpoint):
     with pytest.raises(AssertionError, match="was called"):  # the guard works: transformers' own switch trips it
         _train(_llama(), tmp_path / "guard", [], steps=1, activation_checkpointing=True)
-    eager = _losses(_train(_llama(), tmp_path / "eager", []))
+    eager = logged_losses(_train(_llama(), tmp_path / "eager", []))
     callback, recorder = ms_hf.Memsave(budget=0.6), _Recorder()
     model = _llama()
     trainer = _train(model, tmp_path / "planned", [recorder, callback], activation_checkpointing=True)
-    assert _losses(trainer) == eager and len(eager) == 4  # bitwise, attention dropout included
+    assert logged_losses(trainer) == eager and len(eager) == 4  # bitwise, attention dropout included
     assert callback.plan is not None and callback.plan.measured_peak_bytes <= callback.plan.budget_bytes
     assert any(is_wrapped(m) for m in model.modules())
     logged = [log for log in recorder.logs if "loss" in log]
@@ -127,23 +78,23 @@ def test_memsave_plans_in_trainer_with_eagers_losses_whatever_switch_was_on(tmp_
 
 @pytest.mark.slow
 def test_memsave_converts_and_wraps_after_enable_and_the_models_own_switch(tmp_path, no_torch_checkpoint):
-    eager = _losses(_train(_llama(act="relu"), tmp_path / "eager", []))
+    eager = logged_losses(_train(_llama(act="relu"), tmp_path / "eager", []))
     model = ms_hf.enable(_llama(act="relu"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model.gradient_checkpointing_enable()  # memsave's per-layer regions, before Trainer
     trainer = _train(model, tmp_path / "memsave", [ms_hf.Memsave(convert=True)], activation_checkpointing=True)
-    assert _losses(trainer) == eager and _converted(model)
+    assert logged_losses(trainer) == eager and _converted(model)
     assert [n for n, m in model.named_modules() if is_wrapped(m)] == ["model.layers.0", "model.layers.1"]
 
 
 @pytest.mark.slow
 def test_memsave_replaces_a_users_wrap_with_a_warning_and_keeps_it_when_only_checkpointing(tmp_path):
-    eager = _losses(_train(_llama(act="relu"), tmp_path / "eager", [], steps=2))
+    eager = logged_losses(_train(_llama(act="relu"), tmp_path / "eager", [], steps=2))
     model = memsave.wrap(_llama(act="relu"), lambda name, m: name == "model.layers.1")
     with pytest.warns(MemsaveWarning, match="replaced"):
         trainer = _train(model, tmp_path / "replaced", [ms_hf.Memsave(convert=True)], steps=2)
-    assert _losses(trainer) == eager and _converted(model)
+    assert logged_losses(trainer) == eager and _converted(model)
     assert [n for n, m in model.named_modules() if is_wrapped(m)] == ["model.layers.0", "model.layers.1"]
     kept = memsave.wrap(_llama(), lambda name, m: name == "model.layers.1")
     _train(kept, tmp_path / "kept", [ms_hf.Memsave()], steps=1)
@@ -185,4 +136,9 @@ def test_memsave_bad_arguments_raise_at_construction():
 
 def test_the_loop_monitor_passed_to_trainer_says_which_class_to_use(tmp_path):
     with pytest.raises(TypeError, match=r"memsave\.integrations\.transformers\.MemoryCallback"):
-        Trainer(model=_llama(), args=_args(tmp_path, 1), train_dataset=_Ids(), callbacks=[memsave.MemoryMonitor()])
+        Trainer(
+            model=_llama(),
+            args=cpu_training_args(tmp_path, 1),
+            train_dataset=TokenIds(32, SEQ, VOCAB),
+            callbacks=[memsave.MemoryMonitor()],
+        )

@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import memsave.integrations.transformers as ms_hf  # noqa: E402
+from helpers.hf_trainer import TokenIds, cpu_training_args, train  # noqa: E402
 from memsave.integrations.transformers_switch import LayerCheckpoint, switch_of  # noqa: E402
 from memsave.recompute import is_wrapped  # noqa: E402
 
@@ -50,19 +51,6 @@ def _quiet_deprecations():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         yield
-
-
-@pytest.fixture
-def no_torch_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.utils.checkpoint.checkpoint raises, also as transformers imported it by name."""
-    import torch.utils.checkpoint as tc
-    import transformers.modeling_utils as mu
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("torch.utils.checkpoint.checkpoint was called")
-
-    monkeypatch.setattr(tc, "checkpoint", refuse)
-    monkeypatch.setattr(mu, "checkpoint", refuse)
 
 
 class _Step:
@@ -176,25 +164,11 @@ def test_every_n_layers_is_transformers_own_choice(no_torch_checkpoint):
 
 
 def test_trainer_flag_on_a_model_whose_checkpointing_was_already_on(tmp_path, no_torch_checkpoint):
-    from transformers import Trainer, TrainingArguments
-
-    ids = torch.randint(0, VOCAB, (8, SEQ), generator=torch.Generator().manual_seed(1))
-    data = [{"input_ids": row, "labels": row} for row in ids]
     model = _llama()
     model.activation_checkpointing_enable()
     ms_hf.enable(model)
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=4,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-        activation_checkpointing=True,
-    )
-    trainer = Trainer(model=model, args=args, train_dataset=data)
-    trainer.train()
+    args = cpu_training_args(tmp_path, 2, activation_checkpointing=True)
+    trainer = train(model, args, TokenIds(8, SEQ, VOCAB))
     assert trainer.state.global_step == 2
     assert model.is_activation_checkpointing and all(isinstance(f, LayerCheckpoint) for f in _funcs(model))
 

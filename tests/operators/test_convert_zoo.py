@@ -105,17 +105,6 @@ def _check_state_dict_both_ways(ours: nn.Module, build: Callable[[], nn.Module])
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), ours.state_dict().values()))
 
 
-class _LossOf(nn.Module):
-    """model(ids, labels=ids).loss as a module, for memsave.measure."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(ids, labels=ids).loss
-
-
 def _activation_bytes(model: nn.Module, *inputs: torch.Tensor, loss_fn=None) -> int:
     return memsave.measure(model, *inputs, loss_fn=loss_fn, steps=1, warmup=0).activation_bytes
 
@@ -150,8 +139,8 @@ def test_causal_lm_matches_eager_without_logits_and_keeps_less(name):
     assert logits.shape == logits_eager.shape
     torch.testing.assert_close(logits, logits_eager, rtol=1e-5, atol=1e-5)
 
-    kept = _activation_bytes(_LossOf(ours), ids, loss_fn=lambda loss: loss)
-    kept_eager = _activation_bytes(_LossOf(eager), ids, loss_fn=lambda loss: loss)
+    kept = _activation_bytes(hub.LossOf(ours), ids, loss_fn=lambda loss: loss)
+    kept_eager = _activation_bytes(hub.LossOf(eager), ids, loss_fn=lambda loss: loss)
     assert kept < 0.8 * kept_eager, (kept, kept_eager)
 
 

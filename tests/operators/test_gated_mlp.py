@@ -12,7 +12,7 @@ from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
 from helpers.checks import assert_module_matches, assert_no_double_backward
-from helpers.eager import LlamaMLP, LlamaRMSNorm
+from helpers.eager import LlamaMLP, pre_norm_layer
 from helpers.fused import (
     FLOAT32_RTOL,
     TORCH_ACTS,
@@ -252,19 +252,7 @@ def test_llama_mlp_block_with_fused_norm_keeps_keys_values_and_three_tensors():
     state_dict keys and values as eager, and forward keeps x, gate and up only."""
     from memsave.nn import fuse_rms_norm_linear
 
-    class Layer(nn.Module):
-        def __init__(self, d=64, width=176):
-            super().__init__()
-            self.post_attention_layernorm, self.mlp = LlamaRMSNorm(d), LlamaMLP(d, width)
-
-        def forward(self, x):
-            return x + self.mlp(self.post_attention_layernorm(x))
-
-    torch.manual_seed(0)
-    layer = Layer()
-    with torch.no_grad():
-        layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
-    ref = copy.deepcopy(layer)
+    layer, ref = pre_norm_layer("post_attention_layernorm", "mlp", lambda: LlamaMLP(64, 176), 64)
     mlp = layer.mlp
     layer.post_attention_layernorm, (gate, up) = fuse_rms_norm_linear(
         layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj

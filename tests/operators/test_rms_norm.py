@@ -12,7 +12,7 @@ from torch import nn
 
 import memsave  # noqa: F401  (loads the operators)
 from helpers.checks import assert_module_matches, assert_no_double_backward
-from helpers.eager import LlamaRMSNorm
+from helpers.eager import LlamaRMSNorm, pre_norm_layer
 from helpers.fused import FLOAT32_RTOL, assert_low_precision_ok, leaf_copies, module_state, rel_err, saved_bytes
 from memsave import functional as MF
 from memsave.measurement.allocator import cpu_memory_stats
@@ -290,21 +290,9 @@ def test_fuse_rms_norm_linear_llama_attention_keeps_keys_and_values():
             )
 
         def forward(self, h):
-            return self.q_proj(h).sum(-1) + self.k_proj(h).sum(-1) * self.v_proj(h).mean(-1)
+            return (self.q_proj(h).sum(-1) + self.k_proj(h).sum(-1) * self.v_proj(h).mean(-1)).unsqueeze(-1)
 
-    class Layer(nn.Module):
-        def __init__(self, d=16):
-            super().__init__()
-            self.input_layernorm, self.self_attn = LlamaRMSNorm(d), Attention(d)
-
-        def forward(self, x):
-            return x + self.self_attn(self.input_layernorm(x)).unsqueeze(-1)
-
-    torch.manual_seed(0)
-    layer = Layer()
-    with torch.no_grad():
-        layer.input_layernorm.weight.uniform_(0.5, 1.5)
-    ref = copy.deepcopy(layer)
+    layer, ref = pre_norm_layer("input_layernorm", "self_attn", lambda: Attention(16), 16)
     attn = layer.self_attn
     layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj) = fuse_rms_norm_linear(
         layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj

@@ -37,6 +37,10 @@ from memsave.recompute.blocks import _structure, explain_blocks
 
 __all__ = ["one_thread"]  # the module's autouse fixture
 VOCAB = 96
+#: The tiny transformer of the Hugging Face vision, T5 and CLIP models here (3 layers: a plan has blocks to choose
+#: from), in the config names transformers maps to each family's own (T5's ``d_model``, ``num_layers`` ...); and its
+#: MLP width, which T5 calls ``d_ff``.
+_TINY, _MLP = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4), 64
 
 
 def _timm(name: str) -> nn.Module:
@@ -172,16 +176,8 @@ def _vision(family: str, **extra: Any) -> Callable[[], Case]:
     def build() -> Case:
         tf = _transformers()
         torch.manual_seed(0)
-        config = getattr(tf, f"{family}Config")(
-            image_size=32,
-            patch_size=4,
-            hidden_size=32,
-            num_hidden_layers=3,
-            num_attention_heads=2,
-            intermediate_size=64,
-            hidden_dropout_prob=0.1,
-            **extra,
-        )
+        sizes = {**_TINY, "num_attention_heads": 2, "intermediate_size": _MLP}
+        config = getattr(tf, f"{family}Config")(image_size=32, patch_size=4, hidden_dropout_prob=0.1, **sizes, **extra)
         return getattr(tf, f"{family}Model")(config).train(), (), {"pixel_values": _image()}, _hidden
 
     return build
@@ -325,18 +321,8 @@ def test_wrap_cuts_activations_of_attribute_and_mixed_blocks(name: str) -> None:
 def _t5() -> Tuple[nn.Module, Args, Kwargs, LossFn]:
     tf = _transformers()
     torch.manual_seed(0)
-    config = tf.T5Config(
-        vocab_size=VOCAB,
-        d_model=32,
-        d_kv=8,
-        d_ff=64,
-        num_layers=3,
-        num_decoder_layers=3,
-        num_heads=4,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-    )  # dropout 0.1
+    tokens = dict(vocab_size=VOCAB, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    config = tf.T5Config(**_TINY, **tokens, d_ff=_MLP, d_kv=8, num_decoder_layers=3)  # dropout 0.1
     ids = torch.randint(2, VOCAB, (2, 48), generator=generator())
     labels = torch.randint(2, VOCAB, (2, 32), generator=generator(2))
     kwargs = {"input_ids": ids, "labels": labels, "use_cache": False}
@@ -346,10 +332,9 @@ def _t5() -> Tuple[nn.Module, Args, Kwargs, LossFn]:
 def _clip() -> Tuple[nn.Module, Args, Kwargs, LossFn]:
     tf = _transformers()
     torch.manual_seed(0)
-    tower = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4)
     config = tf.CLIPConfig(
-        text_config=dict(vocab_size=VOCAB, max_position_embeddings=64, **tower),
-        vision_config=dict(image_size=32, patch_size=4, **tower),
+        text_config=dict(vocab_size=VOCAB, max_position_embeddings=64, intermediate_size=_MLP, **_TINY),
+        vision_config=dict(image_size=32, patch_size=4, intermediate_size=_MLP, **_TINY),
         projection_dim=16,
     )
     kwargs = {

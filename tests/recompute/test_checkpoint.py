@@ -17,6 +17,7 @@ from torch import nn
 from helpers import Counter, eager_step, in_backward
 from helpers import grads as _grads
 from helpers import leaf as _leaf
+from helpers.models import RunningMean
 from memsave.errors import InplaceModificationError, RecomputeMismatchError
 from memsave.recompute import state as _state
 from memsave.recompute.region import checkpoint, checkpoint_sequential, checkpointed
@@ -331,14 +332,9 @@ def test_buffers_momentum_none_and_instance_norm() -> None:
 
 
 def test_buffer_replaced_by_assignment_is_replayed() -> None:
-    class Ema(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("avg", torch.zeros(4))
-
+    class Ema(RunningMean):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.avg = 0.9 * self.avg + 0.1 * x.detach().mean(0)  # replaces the buffer object
-            return x * self.avg  # depends on the updated value
+            return x * self.update(x)  # replaces the buffer object; depends on the updated value
 
     eager, ours = Ema(), Ema()
     x = _leaf(3, 4)

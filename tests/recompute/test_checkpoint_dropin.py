@@ -27,6 +27,7 @@ import memsave
 from helpers import Counter, eager_step, hub, in_backward
 from helpers import grads as _grads
 from helpers import leaf as _leaf
+from helpers.models import RunningMean
 from memsave.errors import CheckpointError, MemsaveWarning, RecomputeMismatchError
 from memsave.recompute import state as _state
 
@@ -331,18 +332,13 @@ def test_autograd_grad_inside_region_meta_learning_step() -> None:
 def test_backward_inside_a_module_call_replays_its_buffers() -> None:
     # The module updates its own buffer, then calls autograd.grad on tensors the region saved before its call ended:
     # the recompute must start from the buffer's value at the call's start, not the updated one.
-    class Ema(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("avg", torch.zeros(4))
-
+    class Ema(RunningMean):
         def forward(self, t: torch.Tensor) -> torch.Tensor:
-            self.avg = 0.5 * self.avg + t.detach().mean(0) + 1
-            h = (t * self.avg).exp()
+            h = (t * self.update(t)).exp()
             (g,) = torch.autograd.grad(h.sum(), t, create_graph=True)
             return h + g
 
-    eager, ours = Ema(), Ema()
+    eager, ours = Ema(decay=0.5, weight=1.0, shift=1.0), Ema(decay=0.5, weight=1.0, shift=1.0)
     x = _leaf(3, 4)
     for _ in range(2):
         eager(x).sum().backward()

@@ -13,21 +13,20 @@ is installed here. ``MEMSAVE_TORCH_SUITE`` names what it installs:
   counted; in the memsave run ``torch.GradScaler`` and ``torch.amp.GradScaler`` are :class:`memsave.amp.GradScaler`,
   and each memsave scaler built is counted. torch's deprecated aliases (``torch.cpu.amp.GradScaler``) stay torch's.
 
-Each test's outcome (a failed subtest fails its test), the first line of its error, and its counts go to the JSON
-file ``MEMSAVE_TORCH_SUITE_RESULTS`` names.
+Each test's outcome (a failed subtest fails its test), the first line of its error (``suite_outcomes.py``), and its
+counts go to the JSON file ``MEMSAVE_TORCH_SUITE_RESULTS`` names.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import os
 from typing import Any, Callable, Dict, Optional
 
 import pytest
+from suite_outcomes import Outcomes
 
-_outcomes: Dict[str, str] = {}
-_errors: Dict[str, str] = {}
+_results = Outcomes()
 _counts: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 _current: Dict[str, Optional[str]] = {"test": None}
 
@@ -109,25 +108,9 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         _current["test"] = None
 
 
-def _first_line(report: pytest.TestReport) -> str:
-    crash = getattr(report.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(report.longrepr)
-    return (text.strip().splitlines() or [""])[0][:300]
-
-
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.failed:
-        _outcomes[report.nodeid] = "failed"
-        _errors.setdefault(report.nodeid, _first_line(report))
-    elif report.skipped and report.when in ("setup", "call"):
-        _outcomes.setdefault(report.nodeid, "skipped")
-    elif report.when == "call" and report.passed:
-        _outcomes.setdefault(report.nodeid, "passed")
+    _results.record(report)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    path = os.environ.get("MEMSAVE_TORCH_SUITE_RESULTS")
-    if path:
-        counts = {test: dict(c) for test, c in _counts.items()}
-        with open(path, "w") as f:
-            json.dump({"outcomes": _outcomes, "errors": _errors, "counts": counts}, f, indent=1, sort_keys=True)
+    _results.write("MEMSAVE_TORCH_SUITE_RESULTS", counts={test: dict(c) for test, c in _counts.items()})

@@ -18,16 +18,25 @@ from hf_tests.test_modeling_common import ModelTesterMixin
 
 BATCH, SEQ, VOCAB = 2, 7, 99
 
-_DECODER = dict(
+#: The tiny size every family is built at, in the config field names transformers maps to each family's own (a
+#: config's ``attribute_map``: GPT-2's ``n_embd``, T5's ``d_model`` ...); :func:`_sizes` renames the unmapped ones.
+_SIZE = dict(
     vocab_size=VOCAB,
     hidden_size=32,
     intermediate_size=37,
     num_hidden_layers=2,
     num_attention_heads=4,
-    num_key_value_heads=2,
     max_position_embeddings=64,
-    pad_token_id=0,
 )
+
+
+def _sizes(**names: str) -> Dict[str, Any]:
+    """:data:`_SIZE` with fields the family's config does not map: ``intermediate_size="ffn_dim"`` renames one,
+    ``=""`` leaves it out."""
+    return {names.get(k, k): v for k, v in _SIZE.items() if names.get(k, k)}
+
+
+_DECODER = {**_SIZE, "num_key_value_heads": 2, "pad_token_id": 0}
 
 
 @dataclass
@@ -63,7 +72,7 @@ FAMILIES = (
     Family(
         "gpt2",
         "GPT2Config",
-        dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=0),
+        {**_sizes(intermediate_size=""), "pad_token_id": 0},  # GPT-2's MLP is 4 x hidden
         _heads(
             "GPT2",
             "Model",
@@ -76,30 +85,13 @@ FAMILIES = (
     Family(
         "opt",
         "OPTConfig",
-        dict(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            ffn_dim=37,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=64,
-            word_embed_proj_dim=32,
-            pad_token_id=1,
-        ),
+        {**_sizes(intermediate_size="ffn_dim"), "word_embed_proj_dim": 32, "pad_token_id": 1},
         _heads("OPT", "Model", "ForCausalLM", "ForSequenceClassification", "ForQuestionAnswering"),
     ),
     Family(
         "bert",
         "BertConfig",
-        dict(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=64,
-            type_vocab_size=2,
-        ),
+        {**_SIZE, "type_vocab_size": 2},
         _heads(
             "Bert",
             "Model",
@@ -114,17 +106,13 @@ FAMILIES = (
     Family(
         "t5",
         "T5Config",
-        dict(
-            vocab_size=VOCAB,
-            d_model=32,
-            d_ff=37,
-            d_kv=8,
-            num_layers=2,
-            num_decoder_layers=2,
-            num_heads=4,
-            pad_token_id=0,
-            decoder_start_token_id=0,
-        ),
+        {
+            **_sizes(intermediate_size="d_ff", max_position_embeddings=""),
+            "d_kv": 8,
+            "num_decoder_layers": 2,
+            "pad_token_id": 0,
+            "decoder_start_token_id": 0,
+        },
         _heads("T5", "Model", "ForConditionalGeneration"),
         encoder_decoder=True,
     ),

@@ -7,20 +7,21 @@ Loaded with ``-p hf_memsave_plugin`` in the harness's subprocess, never by this 
 * with ``MEMSAVE_HF_SUITE=memsave``: calls :func:`memsave.integrations.transformers.enable` on every model the tests
   build (at the end of ``PreTrainedModel.post_init``), makes ``torch.utils.checkpoint.checkpoint`` raise, and counts
   the layers run as memsave regions;
-* writes each test's outcome (a failed subtest fails its test) to the JSON file ``MEMSAVE_HF_SUITE_RESULTS`` names.
+* writes each test's outcome (a failed subtest fails its test; ``tests/torch_suite/suite_outcomes.py``, which the
+  harness puts on the path) to the JSON file ``MEMSAVE_HF_SUITE_RESULTS`` names.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import types
-from typing import Any, Dict
+from typing import Any
 
 import pytest
+from suite_outcomes import Outcomes
 
-_outcomes: Dict[str, str] = {}
+_results = Outcomes()
 _counts = {"enabled": 0, "memsave_regions": 0, "torch_checkpoint_calls": 0}
 
 
@@ -80,16 +81,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.failed:
-        _outcomes[report.nodeid] = "failed"
-    elif report.skipped and report.when in ("setup", "call"):
-        _outcomes.setdefault(report.nodeid, "skipped")
-    elif report.when == "call" and report.passed:
-        _outcomes.setdefault(report.nodeid, "passed")
+    _results.record(report)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    path = os.environ.get("MEMSAVE_HF_SUITE_RESULTS")
-    if path:
-        with open(path, "w") as f:
-            json.dump({"outcomes": _outcomes, **_counts}, f, indent=1, sort_keys=True)
+    _results.write("MEMSAVE_HF_SUITE_RESULTS", **_counts)
