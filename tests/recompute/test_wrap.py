@@ -378,3 +378,35 @@ def test_convert_after_wrap_keeps_regions_around_swaps_and_refuses_to_replace_on
     assert list(_regions(fires)) == [f"features.{i}" for i in (3, 4, 6, 7, 9, 10, 11, 12)]
     assert isinstance(fires.features[3].squeeze_activation, memsave.nn.ReLU)
     assert all(torch.equal(e, g) for e, g in zip(_step(eager, x), _step(fires, x)))
+
+
+def test_region_options_are_one_checked_value() -> None:
+    from memsave.recompute.region import RegionOptions
+
+    options = RegionOptions.checked("wrap", strict=True, context_fn=torch.utils.checkpoint.noop_context_fn)
+    assert options == RegionOptions(strict=True) and options.context_fn is None  # torch's no-op read as none
+    with pytest.raises(TypeError, match=r"memsave.wrap: unknown region option\(s\) name_of_region"):
+        RegionOptions.checked("wrap", name_of_region="x")
+    with pytest.raises(TypeError, match="memsave.Plan.apply_to: strict must be True or False, got 'yes'"):
+        RegionOptions.checked("Plan.apply_to", strict="yes")
+    with pytest.raises(TypeError, match="context_fn must be a function"):
+        RegionOptions.checked("wrap", context_fn=3)
+
+
+def test_a_region_pickled_with_the_old_option_attributes_loads_with_its_options() -> None:
+    # memsave 0.3 kept preserve_rng_state, strict and context_fn as three attributes of the wrapped forward.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    wrap(model, nn.Linear, preserve_rng_state=False, strict=True)
+    forward = model[0].__dict__["forward"]
+    state = dict(forward.__dict__)
+    options = state.pop("options")
+    state.update(preserve_rng_state=options.preserve_rng_state, strict=options.strict, context_fn=None)
+    old = type(forward).__new__(type(forward))
+    old.__setstate__(state)
+    assert old.options == options and not hasattr(old, "strict")
+    x = torch.randn(3, 4)
+    model[0].__dict__["forward"] = old
+    got = _step(model, x)
+    unwrap(model)
+    assert all(torch.equal(a, b) for a, b in zip(got, _step(model, x)))

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..common.chunking import Chunks, check_chunks
-from .region import run_region
+from .region import DEFAULT_OPTIONS, run_region
 from .wrapping import ModuleT
 
 __all__ = [
@@ -156,11 +156,7 @@ def chunked_call(
     outs = []
     for k in range(n):
         part = tuple(p[k] if p is not None else a for a, p in zip(args, pieces))
-        outs.append(
-            run_region(
-                region, part, kwargs, name=f"{name}[slice {k}/{n}]", preserve_rng_state=True, strict=False, watch=watch
-            )
-        )
+        outs.append(run_region(region, part, kwargs, DEFAULT_OPTIONS, name=f"{name}[slice {k}/{n}]", watch=watch))
     return _join(outs, dim, name)
 
 

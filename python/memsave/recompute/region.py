@@ -91,6 +91,7 @@ memsave's own mechanism.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import threading
@@ -115,6 +116,66 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Per saved tensor: shape, dtype, device, version at save, whether it has history (a grad_fn).
 _Meta = Tuple[torch.Size, torch.dtype, torch.device, int, bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionOptions:
+    """The options a checkpointed region runs with: what every entry point hands :func:`run_region`.
+
+    The public entry points take them as keywords (torch's names where torch has them); :meth:`checked` turns
+    those into one value, checked once, that wrappers and plans keep and pass on.
+
+    Attributes:
+        preserve_rng_state: replay the forward's RNG states (default and explicit generators) in the recompute.
+        strict: keep the forward's saved tensors and compare the recompute's with them bitwise (debugging).
+        early_stop: stop the recompute once it has every saved tensor the backward still needs.
+        check_metadata: compare the recomputed saved tensors' shapes, dtypes and devices with the forward's
+            (torch's ``determinism_check="default"``).
+        debug: keep each saved tensor's producer, for mismatch errors.
+        context_fn: returns ``(forward context, recompute context)`` for each call (torch's ``context_fn``), or
+            ``None``.
+
+    Examples:
+        >>> options = RegionOptions.checked("wrap", strict=True)
+        >>> run_region(block, (x,), {}, options, name="block")
+    """
+
+    preserve_rng_state: bool = True
+    strict: bool = False
+    early_stop: bool = True
+    check_metadata: bool = True
+    debug: bool = False
+    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None
+
+    @classmethod
+    def checked(cls, where: str, **options: Any) -> "RegionOptions":
+        """The options given by keyword to the public function ``where``, checked.
+
+        Args:
+            where: the public function's name, for the error messages (``"wrap"``).
+            **options: any of the attributes; ``context_fn`` may be torch's ``noop_context_fn`` (read as None).
+
+        Returns:
+            The options, the others at their defaults.
+
+        Raises:
+            TypeError: an unknown option, a flag that is not a bool, or a ``context_fn`` that is not callable.
+
+        Examples:
+            >>> RegionOptions.checked("checkpointed", preserve_rng_state=False)
+            RegionOptions(preserve_rng_state=False, strict=False, early_stop=True, ...)
+        """
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"memsave.{where}: unknown region option(s) {', '.join(unknown)}")
+        check_region_options(where, **{k: v for k, v in options.items() if k != "context_fn"})
+        if "context_fn" in options:
+            options["context_fn"] = check_context_fn(where, options["context_fn"])
+        return cls(**options)
+
+
+#: The options of a region nobody configured (frozen, so one value serves every default).
+DEFAULT_OPTIONS = RegionOptions()
 
 
 class _Handle:
@@ -155,12 +216,7 @@ class _Frame:
         args: Tuple[Any, ...],
         kwargs: Dict[str, Any],
         name: str,
-        *,
-        preserve_rng_state: bool,
-        strict: bool,
-        early_stop: bool = True,
-        check_metadata: bool = True,
-        debug: bool = False,
+        options: RegionOptions,
         recompute_context: Optional[Any] = None,
     ) -> None:
         self.fn = fn
@@ -168,15 +224,15 @@ class _Frame:
         self.args: Tuple[Any, ...] = state.map_tensors(_same, args)
         self.kwargs: Dict[str, Any] = state.map_tensors(_same, kwargs)
         self.name = name
-        self.strict = strict
-        self.early_stop = early_stop
-        self.check_metadata = check_metadata
+        self.strict = options.strict
+        self.early_stop = options.early_stop
+        self.check_metadata = options.check_metadata
         self.recompute_context = recompute_context
         # torch's create_selective_checkpoint_contexts(..., allow_cache_entry_mutation=True): the caller allows a
         # cached operator output to be modified in place after it was cached, so the recompute may see it at another
         # version than the forward saved; torch then skips its check, and so does the recompute here.
         self.allow_cache_entry_mutation = bool(getattr(recompute_context, "allow_cache_entry_mutation", False))
-        self.rng = RngState() if preserve_rng_state else None
+        self.rng = RngState() if options.preserve_rng_state else None
         # Explicit generators the forward drew from, with their states before (filled by run_region's recorder).
         self.generators: List[Tuple[torch.Generator, torch.Tensor]] = []
         self.autocast = state.AutocastState()
@@ -195,7 +251,7 @@ class _Frame:
         self.stale: Dict[int, Tuple[int, int]] = {}
         self.arg_versions: List[Tuple[str, torch.Tensor, int]] = []
         self.strict_values: List[torch.Tensor] = []
-        self.trace: Optional[List[str]] = [] if debug else None
+        self.trace: Optional[List[str]] = [] if options.debug else None
         self.runs: Dict[Hashable, _Run] = {}
         self.forward_done = False
         self.recomputing = False
@@ -689,30 +745,20 @@ def run_region(
     fn: Callable[..., Any],
     args: Tuple[Any, ...],
     kwargs: Dict[str, Any],
+    options: RegionOptions,
     *,
     name: str,
-    preserve_rng_state: bool,
-    strict: bool,
     watch: Sequence[nn.Module] = (),
-    early_stop: bool = True,
-    check_metadata: bool = True,
-    debug: bool = False,
-    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` as a checkpointed region (the common path of every public entry point).
 
     Args:
         fn, args, kwargs: the region and its arguments.
+        options: how it runs (checked beforehand, e.g. by :meth:`RegionOptions.checked`).
         name: the region's name in error messages.
-        preserve_rng_state, strict, early_stop: see :func:`checkpointed`.
         watch: modules whose own ``__call__`` started outside the region but whose forward body runs inside it
             (a wrapped module, ``self`` of a checkpointed method): their buffers and training flag are recorded
             here, since the global pre-hook ran before the region existed.
-        check_metadata: compare shapes, dtypes and devices of the recomputed saved tensors with the forward's
-            (``determinism_check="default"``).
-        debug: keep a list of the saved tensors' producers for mismatch errors.
-        context_fn: returns ``(forward context, recompute context)`` for this call (torch's ``context_fn``), or
-            ``None``; checked by :func:`_torch_options` (or :func:`check_context_fn`) beforehand.
 
     Returns:
         Whatever ``fn`` returns.
@@ -720,27 +766,9 @@ def run_region(
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
-        return _compiled_region(
-            fn,
-            args,
-            kwargs,
-            preserve_rng_state=preserve_rng_state,
-            check_metadata=check_metadata,
-            context_fn=context_fn,
-        )
-    forward_context, recompute_context = _open_contexts(name, context_fn)
-    frame = _Frame(
-        fn,
-        args,
-        kwargs,
-        name,
-        preserve_rng_state=preserve_rng_state,
-        strict=strict,
-        early_stop=early_stop,
-        check_metadata=check_metadata,
-        debug=debug,
-        recompute_context=recompute_context,
-    )
+        return _compiled_region(fn, args, kwargs, options)
+    forward_context, recompute_context = _open_contexts(name, options.context_fn)
+    frame = _Frame(fn, args, kwargs, name, options, recompute_context)
     entry_versions = [(path, t, t._version) for path, t in _tensor_args(args, kwargs)]
     frame.arg_versions = entry_versions
     frame.watched = [(m, state.ModuleSnapshot(m)) for m in watch]
@@ -748,7 +776,7 @@ def run_region(
     state.acquire_module_hooks()
     state.tls.records.append(frame.module_records)
     # Explicit torch.Generator objects are replayed too (the default generators are in frame.rng).
-    recorder = GeneratorRecorder() if preserve_rng_state else None
+    recorder = GeneratorRecorder() if options.preserve_rng_state else None
     try:
         with (
             torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack),
@@ -795,13 +823,7 @@ def run_region(
 
 
 def _compiled_region(
-    fn: Callable[..., Any],
-    args: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
-    *,
-    preserve_rng_state: bool,
-    check_metadata: bool,
-    context_fn: Optional[Callable[[], Tuple[Any, Any]]],
+    fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], options: RegionOptions
 ) -> Any:
     """A region met while dynamo traces (``torch.compile``): lowered to torch's own checkpoint.
 
@@ -811,7 +833,8 @@ def _compiled_region(
     once, in the forward graph, since the compiled backward recomputes only the pure operations.
     """
     region = functools.partial(fn, **kwargs) if kwargs else fn
-    determinism_check = "default" if check_metadata else "none"
+    determinism_check = "default" if options.check_metadata else "none"
+    preserve_rng_state, context_fn = options.preserve_rng_state, options.context_fn
     if context_fn is None:  # torch's default context_fn is a function dynamo would try to trace
         return torch_checkpoint.checkpoint(
             region,
@@ -841,17 +864,19 @@ def _is_noop_context_fn(context_fn: Any) -> bool:
 def _torch_options(
     where: str,
     use_reentrant: Optional[bool],
+    preserve_rng_state: bool,
     context_fn: Optional[Callable[[], Any]],
     determinism_check: str,
     debug: bool,
     early_stop: bool,
-) -> Tuple[Optional[Callable[[], Tuple[Any, Any]]], bool, bool, bool]:
+) -> RegionOptions:
     """Check torch.utils.checkpoint's keyword arguments as :func:`checkpoint` takes them (see its docstring).
 
     Returns:
-        ``(context_fn, check_metadata, debug, early_stop)`` for :func:`run_region`, torch's global switches
-        (``set_checkpoint_early_stop``, ``set_checkpoint_debug_enabled``) applied.
+        The region's options, torch's global switches (``set_checkpoint_early_stop``,
+        ``set_checkpoint_debug_enabled``) applied.
     """
+    check_region_options(where, preserve_rng_state=preserve_rng_state)
     if use_reentrant is not None and not isinstance(use_reentrant, bool):
         raise TypeError(f"memsave.{where}: use_reentrant must be None, True or False, got {use_reentrant!r}")
     if use_reentrant:
@@ -872,8 +897,13 @@ def _torch_options(
     global_early_stop, global_debug = compat.checkpoint_global_switches()
     early_stop = early_stop if global_early_stop is None else global_early_stop
     debug = debug if global_debug is None else global_debug
-    context_fn = check_context_fn(where, context_fn)
-    return context_fn, determinism_check == "default", debug, early_stop
+    return RegionOptions(
+        preserve_rng_state=preserve_rng_state,
+        early_stop=early_stop,
+        check_metadata=determinism_check == "default",
+        debug=debug,
+        context_fn=check_context_fn(where, context_fn),
+    )
 
 
 def check_context_fn(where: str, context_fn: Any) -> Optional[Callable[[], Tuple[Any, Any]]]:
@@ -981,23 +1011,10 @@ def checkpoint(
         >>> y.sum().backward()
     """
     _check_callable(fn, "checkpoint")
-    check_region_options("checkpoint", preserve_rng_state=preserve_rng_state)
-    context_fn, check_metadata, debug, early_stop = _torch_options(
-        "checkpoint", use_reentrant, context_fn, determinism_check, debug, early_stop
+    options = _torch_options(
+        "checkpoint", use_reentrant, preserve_rng_state, context_fn, determinism_check, debug, early_stop
     )
-    return run_region(
-        fn,
-        args,
-        kwargs,
-        name=_region_name(fn, None),
-        preserve_rng_state=preserve_rng_state,
-        strict=False,
-        watch=_watched_modules(fn),
-        early_stop=early_stop,
-        check_metadata=check_metadata,
-        debug=debug,
-        context_fn=context_fn,
-    )
+    return run_region(fn, args, kwargs, options, name=_region_name(fn, None), watch=_watched_modules(fn))
 
 
 def checkpointed(
@@ -1054,10 +1071,14 @@ def checkpointed(
 
         return decorate
     _check_callable(fn, "checkpointed")
-    check_region_options(
-        "checkpointed", name=name, strict=strict, preserve_rng_state=preserve_rng_state, early_stop=early_stop
+    check_region_options("checkpointed", name=name)
+    options = RegionOptions.checked(
+        "checkpointed",
+        strict=strict,
+        preserve_rng_state=preserve_rng_state,
+        early_stop=early_stop,
+        context_fn=context_fn,
     )
-    context_fn = check_context_fn("checkpointed", context_fn)
     region = _region_name(fn, name)
     fixed_watch = _watched_modules(fn)
 
@@ -1065,17 +1086,7 @@ def checkpointed(
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # For a method, args[0] is the module: its __call__ (and the global pre-hook) ran before the region.
         watch = (args[0],) if args and isinstance(args[0], nn.Module) else fixed_watch
-        return run_region(
-            fn,
-            args,
-            kwargs,
-            name=region,
-            preserve_rng_state=preserve_rng_state,
-            strict=strict,
-            watch=watch,
-            early_stop=early_stop,
-            context_fn=context_fn,
-        )
+        return run_region(fn, args, kwargs, options, name=region, watch=watch)
 
     wrapper.__memsave_checkpointed__ = True  # type: ignore[attr-defined]
     return wrapper
@@ -1169,9 +1180,9 @@ def checkpoint_sequential(
             f"memsave.checkpoint_sequential: segments must be between 1 and the number of modules ({n}), got "
             f"{segments}. Use at most one segment per module; 2 segments is the classic choice for a plain stack."
         )
-    check_region_options("checkpoint_sequential", preserve_rng_state=preserve_rng_state)
-    context_fn, check_metadata, debug, _ = _torch_options(
-        "checkpoint_sequential", use_reentrant, context_fn, determinism_check, debug, True
+    # torch's checkpoint_sequential has no early_stop of its own; its global switch applies.
+    options = _torch_options(
+        "checkpoint_sequential", use_reentrant, preserve_rng_state, context_fn, determinism_check, debug, True
     )
     if not torch.is_grad_enabled():
         return ModuleChain(mods)(input)
@@ -1184,17 +1195,7 @@ def checkpoint_sequential(
         for module in seg[:skip]:
             out = module(out)
         if skip < len(seg):
-            out = run_region(
-                ModuleChain(seg[skip:]),
-                (out,),
-                {},
-                name=f"{prefix}[{start + skip}:{end}]",
-                preserve_rng_state=preserve_rng_state,
-                strict=False,
-                check_metadata=check_metadata,
-                debug=debug,
-                context_fn=context_fn,
-            )
+            out = run_region(ModuleChain(seg[skip:]), (out,), {}, options, name=f"{prefix}[{start + skip}:{end}]")
     for module in mods[(segments - 1) * size :]:
         out = module(out)
     return out

@@ -24,7 +24,7 @@ from ..common.snapshot import ModelSnapshot, all_or_nothing
 from ..errors import MemsaveWarning, WrapConflictError
 from .blocks import find_blocks
 from .policies import resolve_checkpoint_policy
-from .region import ModuleChain, check_context_fn, check_region_options, count_leading_inplace, run_region
+from .region import DEFAULT_OPTIONS, ModuleChain, RegionOptions, count_leading_inplace, run_region
 
 __all__ = [
     "CheckpointedForward",
@@ -119,16 +119,12 @@ class CheckpointedForward(RegionForward):
         module: nn.Module,
         name: str,
         previous: Optional[Callable[..., Any]],
-        preserve_rng_state: bool = True,
-        strict: bool = False,
-        context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+        options: RegionOptions = DEFAULT_OPTIONS,
     ) -> None:
         self.module = module
         self.name = name
         self.previous = previous
-        self.preserve_rng_state = preserve_rng_state
-        self.strict = strict
-        self.context_fn = context_fn
+        self.options = options
         # Read once here: dynamo (torch.compile) cannot trace inspect.signature inside the call.
         self.parameter_names = _parameter_names(self.original())
         _LIVE_REGIONS.add(self)
@@ -136,11 +132,20 @@ class CheckpointedForward(RegionForward):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         # copy.deepcopy and pickle restore the attributes here: remember the copy as a region too.
         self.__dict__.update(state)
+        if "options" not in state:  # pickled by memsave 0.3, which kept the options as three attributes
+            self.options = RegionOptions(
+                preserve_rng_state=state.get("preserve_rng_state", True),
+                strict=state.get("strict", False),
+                context_fn=state.get("context_fn"),
+            )
+            for old in ("preserve_rng_state", "strict", "context_fn"):
+                self.__dict__.pop(old, None)
         _LIVE_REGIONS.add(self)
 
     def signature(self) -> Tuple[Any, ...]:
         """What makes two regions on one module the same region: their kind and options (not their names)."""
-        return (type(self).__name__, self.preserve_rng_state, self.strict, _callable_key(self.context_fn))
+        o = self.options
+        return (type(self).__name__, o.preserve_rng_state, o.strict, _callable_key(o.context_fn))
 
     def runs_inside(self, module: nn.Module) -> bool:
         """Whether ``module`` runs inside this region: it is one of the wrapped module's submodules."""
@@ -185,26 +190,8 @@ class CheckpointedForward(RegionForward):
                     x = child(x)
                 if skip == len(children):
                     return x
-                return run_region(
-                    ModuleChain(children[skip:]),
-                    (x,),
-                    {},
-                    name=self.name,
-                    preserve_rng_state=self.preserve_rng_state,
-                    strict=self.strict,
-                    watch=(module,),
-                    context_fn=self.context_fn,
-                )
-        return run_region(
-            forward,
-            args,
-            kwargs,
-            name=self.name,
-            preserve_rng_state=self.preserve_rng_state,
-            strict=self.strict,
-            watch=(module,),
-            context_fn=self.context_fn,
-        )
+                return run_region(ModuleChain(children[skip:]), (x,), {}, self.options, name=self.name, watch=(module,))
+        return run_region(forward, args, kwargs, self.options, name=self.name, watch=(module,))
 
 
 # The cache argument's names across transformers releases (5.24 renamed past_key_values to cache).
@@ -309,10 +296,7 @@ def is_wrapped(module: nn.Module) -> bool:
 def wrap_module(
     module: nn.Module,
     name: str,
-    *,
-    preserve_rng_state: bool = True,
-    strict: bool = False,
-    context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None,
+    options: RegionOptions = DEFAULT_OPTIONS,
 ) -> bool:
     """Make ``module`` a checkpointed region named ``name``, in place. Returns False if it already was one.
 
@@ -322,9 +306,7 @@ def wrap_module(
         return False
     previous_forward = module.__dict__.get("forward")
     previous_repr = module.__dict__.get("extra_repr")
-    module.__dict__["forward"] = CheckpointedForward(
-        module, name, previous_forward, preserve_rng_state, strict, context_fn
-    )
+    module.__dict__["forward"] = CheckpointedForward(module, name, previous_forward, options)
     module.__dict__["extra_repr"] = WrappedRepr(module, previous_repr)
     return True
 
@@ -581,10 +563,9 @@ def wrap(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"memsave.wrap: model must be an nn.Module, got {type(model).__name__}.")
-    check_region_options("wrap", preserve_rng_state=preserve_rng_state, strict=strict)
-    context_fn = check_context_fn("wrap", context_fn)
+    options = RegionOptions.checked("wrap", preserve_rng_state=preserve_rng_state, strict=strict, context_fn=context_fn)
     if isinstance(policy, RegionPlan):
-        if context_fn is not None:
+        if options.context_fn is not None:
             raise TypeError(
                 "memsave.wrap: a plan's regions recompute whole segments, as it measured them; apply the "
                 "plan without context_fn, or wrap with a module policy and context_fn instead."
@@ -617,13 +598,7 @@ def wrap(
 
     def install() -> None:
         for qualified_name, module in selected:
-            wrap_module(
-                module,
-                qualified_name or type(module).__name__,
-                preserve_rng_state=preserve_rng_state,
-                strict=strict,
-                context_fn=context_fn,
-            )
+            wrap_module(module, qualified_name or type(module).__name__, options)
 
     install_once(model, install, "memsave.wrap")
     if matched == 0:

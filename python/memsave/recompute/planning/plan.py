@@ -8,6 +8,7 @@ classes)``. :func:`memsave.unwrap` removes both.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import warnings
@@ -19,7 +20,7 @@ from torch import nn
 
 from ...errors import PlanMismatchError
 from ...measurement.units import format_bytes
-from ..region import ModuleChain, run_region
+from ..region import DEFAULT_OPTIONS, ModuleChain, RegionOptions, run_region
 from ..selective import selective as selective_context
 from ..wrapping import (
     CheckpointedForward,
@@ -216,12 +217,9 @@ class Plan(RegionPlan):
             raise TypeError(
                 f"Plan.apply_to: model must be the nn.Module the plan was made for, got {type(model).__name__}"
             )
+        options = RegionOptions.checked("Plan.apply_to", preserve_rng_state=preserve_rng_state, strict=strict)
         # As wrap: re-applying the plan is a no-op; other regions already in the model raise WrapConflictError.
-        install_once(
-            model,
-            lambda: apply_plan(model, self, preserve_rng_state=preserve_rng_state, strict=strict),
-            "memsave.wrap(model, plan)",
-        )
+        install_once(model, lambda: apply_plan(model, self, options), "memsave.wrap(model, plan)")
         return model
 
     def compile_context(self) -> ContextManager[Any]:
@@ -333,11 +331,10 @@ class _GroupedForward(CheckpointedForward):
         module: nn.Sequential,
         name: str,
         groups: List[Tuple[int, int]],
-        preserve_rng_state: bool = True,
-        strict: bool = False,
+        options: RegionOptions = DEFAULT_OPTIONS,
         context_fns: Optional[Dict[Tuple[int, int], Callable[[], Tuple[Any, Any]]]] = None,
     ) -> None:
-        super().__init__(module, name, None, preserve_rng_state, strict)
+        super().__init__(module, name, None, options)
         self.groups = sorted(groups)
         self.context_fns = dict(context_fns or {})  # group -> selective context_fn (none: recomputed whole)
 
@@ -362,15 +359,8 @@ class _GroupedForward(CheckpointedForward):
         for start, end in self.groups:
             for child in children[i:start]:
                 x = child(x)
-            x = run_region(
-                ModuleChain(children[start:end]),
-                (x,),
-                {},
-                name=f"{self.name}[{start}:{end}]",
-                preserve_rng_state=self.preserve_rng_state,
-                strict=self.strict,
-                context_fn=self.context_fns.get((start, end)),
-            )
+            options = dataclasses.replace(self.options, context_fn=self.context_fns.get((start, end)))
+            x = run_region(ModuleChain(children[start:end]), (x,), {}, options, name=f"{self.name}[{start}:{end}]")
             i = end
         for child in children[i:]:
             x = child(x)
@@ -422,13 +412,14 @@ def _check_plan_matches(model: nn.Module, p: Plan) -> None:
     )
 
 
-def apply_plan(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True, strict: bool = False) -> nn.Module:
+def apply_plan(model: nn.Module, p: Plan, options: RegionOptions = DEFAULT_OPTIONS) -> nn.Module:
     """Checkpoint, in place, the regions of plan ``p`` (what ``memsave.wrap(model, plan)`` does).
 
     Args:
         model: the model the plan was made for.
         p: the plan.
-        preserve_rng_state, strict: as for :func:`memsave.checkpoint`.
+        options: the regions' options (``preserve_rng_state``, ``strict``; each region's ``context_fn`` is the
+            plan's).
 
     Returns:
         ``model``.
@@ -440,13 +431,11 @@ def apply_plan(model: nn.Module, p: Plan, *, preserve_rng_state: bool = True, st
         >>> memsave.wrap(model, memsave.plan(model, x, budget="2GiB"))
     """
     _check_plan_matches(model, p)
-    apply_regions(model, p, preserve_rng_state=preserve_rng_state, strict=strict)
+    apply_regions(model, p, options)
     return model
 
 
-def apply_regions(
-    model: nn.Module, p: Plan, *, preserve_rng_state: bool = True, strict: bool = False
-) -> List[nn.Module]:
+def apply_regions(model: nn.Module, p: Plan, options: RegionOptions = DEFAULT_OPTIONS) -> List[nn.Module]:
     """Install the plan's regions; returns the modules given an instance-level forward (to undo them)."""
     modules = dict(model.named_modules())
     groups: Dict[str, List[Tuple[int, int]]] = {}
@@ -460,9 +449,7 @@ def apply_regions(
         keeps = p.keeps(k)
         context_fn = selective_context(*keeps) if keeps else None
         if len(names) == 1:
-            if wrap_module(
-                modules[names[0]], names[0], preserve_rng_state=preserve_rng_state, strict=strict, context_fn=context_fn
-            ):
+            if wrap_module(modules[names[0]], names[0], dataclasses.replace(options, context_fn=context_fn)):
                 changed.append(modules[names[0]])
             continue
         parent = pcs[0].parent
@@ -479,9 +466,7 @@ def apply_regions(
         mod = modules[parent]
         if is_wrapped(mod):
             continue
-        mod.__dict__["forward"] = _GroupedForward(
-            mod, parent or type(mod).__name__, gs, preserve_rng_state, strict, contexts.get(parent)
-        )
+        mod.__dict__["forward"] = _GroupedForward(mod, parent or type(mod).__name__, gs, options, contexts.get(parent))
         mod.__dict__["extra_repr"] = _GroupedRepr(mod, gs)
         changed.append(mod)
     return changed
