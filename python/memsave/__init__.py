@@ -25,11 +25,11 @@ state and progress bar several parts share) and ``cli/`` (``python -m memsave``)
 what ``operators/functional.py`` and ``operators/nn/`` define.
 
 Importing memsave loads the compiled extension, then registers, by explicit calls made once here and in this order,
-the operators' fake kernels and autograd formulas and each part's :func:`compare` strategies (recompute, operators,
-amp), and the wrap listener that lets :func:`wrap` keep a Hugging Face model's own checkpointing switch
-(:mod:`memsave.integrations.transformers_switch`). No module registers anything when it is imported, and nothing in
-transformers is patched: only a model given to :func:`wrap` or :func:`memsave.integrations.transformers.enable` is
-changed, on the instance.
+the operators' fake kernels and autograd formulas, convert's built-in swaps, patterns and module rules, each part's
+:func:`compare` strategies (recompute, operators, amp), and the wrap listener that lets :func:`wrap` keep a Hugging
+Face model's own checkpointing switch (:mod:`memsave.integrations.transformers_switch`). No module registers anything
+when it is imported, and nothing in transformers is patched: only a model given to :func:`wrap` or
+:func:`memsave.integrations.transformers.enable` is changed, on the instance.
 
 Examples:
     >>> import memsave
@@ -75,8 +75,10 @@ from .measurement import (  # noqa: E402
     measure,
     register_strategy,
 )
+from .measurement import strategies as measurement_strategies  # noqa: E402
 from .operators import convert  # noqa: E402
 from .operators import strategies as operator_strategies  # noqa: E402
+from .operators.convert import register_rules as register_convert_rules  # noqa: E402
 from .recompute import (  # noqa: E402
     Plan,
     checkpoint,
@@ -94,8 +96,10 @@ from .recompute.chunked import chunked_method  # noqa: E402
 from .recompute.wrapping import add_wrap_listener  # noqa: E402
 
 operators.ops.register()
-# The strategies of compare, estimate and the command line, in the order help texts list them.
-for _strategies in (recompute_strategies, operator_strategies, amp_strategies):
+# convert's built-in swaps, sequential patterns and module rules.
+register_convert_rules()
+# The strategies of compare, estimate and the command line (eager first), in the order help texts list them.
+for _strategies in (measurement_strategies, recompute_strategies, operator_strategies, amp_strategies):
     _strategies.register_strategies()
 # convert(mlp_chunks=...) (operators) slices MLPs with recompute's regions, reached through common/chunking.py.
 provide_chunking(chunked, chunked_method)

@@ -163,6 +163,52 @@ def test_no_import_of_a_family_module_registers_anything() -> None:
     assert "torch.library.register_" not in source and "torch.library.impl" not in source
 
 
+#: What registers something in a table another module reads: none may be called when a module is imported.
+_REGISTERING = re.compile(r"^(register|add)_|^register$|_register$|^provide_")
+
+
+def _module_level_registrations(path: Path) -> List[str]:
+    """Calls at a module's top level (outside any function or class) to a function that registers something."""
+    found = []
+    for node in ast.parse(path.read_text(), str(path)).body:
+        calls = [node.value] if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else []
+        for call in calls:
+            func = call.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if _REGISTERING.search(name):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {name}()")
+    return found
+
+
+def test_no_module_registers_anything_when_imported() -> None:
+    # Operators, convert rules, strategies and the wrap listener are registered by explicit calls that
+    # memsave/__init__.py makes once, in order; every other module only defines what those calls register.
+    found = [
+        hit
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "__init__.py"
+        for hit in _module_level_registrations(path)
+    ]
+    assert not found, "registered at import time (move into a register function called by memsave/__init__.py):\n" + (
+        "\n".join(found)
+    )
+    explicit = _module_level_registrations(PACKAGE / "__init__.py")
+    assert any("register_convert_rules" in hit for hit in explicit), explicit
+
+
+def test_convert_rules_are_registered_once_by_the_package() -> None:
+    from memsave.operators.convert import registry
+
+    assert registry.sequential_patterns() == [
+        "batch_norm_act_conv2d",
+        "batch_norm_act",
+        "layer_norm_linear",
+        "act_linear",
+    ]
+    assert {nn_type.__name__ for nn_type in registry._SWAPS} == {"ReLU", "LeakyReLU", "Dropout", "MaxPool2d"}
+    assert set(registry._RULES) == {"timm.layers.mlp.Mlp", "timm.models.vision_transformer.Block"}
+
+
 # ---- the import table of docs/architecture.md ----------------------------------------------------------------------
 
 Table = Dict[str, Tuple[Tuple[str, ...], Set[str]]]

@@ -387,4 +387,7 @@ def strip_runner_prefix(by_module: Dict[str, int], runner: nn.Module) -> Dict[st
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-register_strategy("eager", "plain PyTorch: every activation kept for backward")
+def register_strategies() -> None:
+    """Register the ``eager`` strategy, the baseline every table compares with (called once, first, by
+    ``memsave/__init__.py``)."""
+    register_strategy("eager", "plain PyTorch: every activation kept for backward")

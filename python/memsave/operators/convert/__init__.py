@@ -15,7 +15,7 @@
 ================== ==========================================================================================
 """
 
-from . import causal_lm, fused_patterns, mask_swaps, model_zoo  # noqa: F401  (register the built-in entries)
+from . import fused_patterns, mask_swaps, model_zoo
 from .causal_lm import CausalLMHead, FusedCausalLMLoss
 from .conversion import ConvertEntry, ConvertReport, convert, plan_convert
 from .fused_patterns import INPLACE_ABN_PATTERN, register_inplace_abn_pattern, unregister_inplace_abn_pattern
@@ -41,3 +41,17 @@ __all__ = [
     "unregister_inplace_abn_pattern",
     "unregister_sequential_pattern",
 ]
+
+
+def register_rules() -> None:
+    """Register convert's built-in swaps, patterns and module rules, in the order convert tries them.
+
+    Called once by ``memsave/__init__.py``; importing this package registers nothing.
+
+    Examples:
+        >>> from memsave.operators import convert
+        >>> convert.register_rules()   # what importing memsave did already
+    """
+    fused_patterns.register_rules()
+    mask_swaps.register_rules()
+    model_zoo.register_rules()

@@ -86,36 +86,39 @@ def _build_inplace_abn(modules: List[Any]) -> Optional[Sequence[nn.Module]]:
     return [conv, InPlaceABN2d.from_batchnorm(bn, act=name, act_param=param), nn.Identity()]
 
 
-register_sequential_pattern(
-    "batch_norm_act_conv2d",
-    (nn.BatchNorm2d, _is_activation, nn.Conv2d),
-    _build_batch_norm_act_conv2d,
-    note="BatchNormActConv2d keeps the BN input and 2 per-channel vectors; the conv's input (the activation "
-    "output) is recomputed in backward",
-    priority=15,
-)
-register_sequential_pattern(
-    "batch_norm_act",
-    (nn.BatchNorm2d, _is_activation),
-    _build_batch_norm_act,
-    note="BatchNormAct2d keeps the BN input and 2 per-channel vectors; the BN output (and the input of "
-    "gelu/silu/leaky_relu/elu) is recomputed in backward",
-    priority=10,
-)
-register_sequential_pattern(
-    "layer_norm_linear",
-    (nn.LayerNorm, nn.Linear),
-    _build_layer_norm_linear,
-    note="LayerNormLinear keeps the LayerNorm input and per-row mean/rstd; the normalized tensor is recomputed",
-    priority=10,
-)
-register_sequential_pattern(
-    "act_linear",
-    (_is_activation, nn.Linear),
-    _build_act_linear,
-    note="ActLinear keeps the activation's input only; its output is recomputed in backward",
-    priority=5,
-)
+def register_rules() -> None:
+    """Register the built-in sequential patterns (BatchNorm -> act (-> Conv2d), LayerNorm -> Linear, act -> Linear);
+    called once by :func:`memsave.operators.convert.register_rules`."""
+    register_sequential_pattern(
+        "batch_norm_act_conv2d",
+        (nn.BatchNorm2d, _is_activation, nn.Conv2d),
+        _build_batch_norm_act_conv2d,
+        note="BatchNormActConv2d keeps the BN input and 2 per-channel vectors; the conv's input (the activation "
+        "output) is recomputed in backward",
+        priority=15,
+    )
+    register_sequential_pattern(
+        "batch_norm_act",
+        (nn.BatchNorm2d, _is_activation),
+        _build_batch_norm_act,
+        note="BatchNormAct2d keeps the BN input and 2 per-channel vectors; the BN output (and the input of "
+        "gelu/silu/leaky_relu/elu) is recomputed in backward",
+        priority=10,
+    )
+    register_sequential_pattern(
+        "layer_norm_linear",
+        (nn.LayerNorm, nn.Linear),
+        _build_layer_norm_linear,
+        note="LayerNormLinear keeps the LayerNorm input and per-row mean/rstd; the normalized tensor is recomputed",
+        priority=10,
+    )
+    register_sequential_pattern(
+        "act_linear",
+        (_is_activation, nn.Linear),
+        _build_act_linear,
+        note="ActLinear keeps the activation's input only; its output is recomputed in backward",
+        priority=5,
+    )
 
 
 def register_inplace_abn_pattern(priority: int = 20) -> None:

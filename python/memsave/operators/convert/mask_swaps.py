@@ -62,32 +62,35 @@ def _maxpool_refuse(module: Any) -> Optional[str]:
     return None
 
 
-add_module_swap(ModuleSwap(nn.ReLU, lambda m: mnn.ReLU(inplace=m.inplace), lambda m: None, _relu_note))
-add_module_swap(
-    ModuleSwap(
-        nn.LeakyReLU,
-        lambda m: mnn.LeakyReLU(m.negative_slope, inplace=m.inplace),
-        lambda m: None,
-        _leaky_relu_note,
+def register_rules() -> None:
+    """Register the built-in mask swaps (ReLU, LeakyReLU, Dropout opt-in, MaxPool2d); called once by
+    :func:`memsave.operators.convert.register_rules`."""
+    add_module_swap(ModuleSwap(nn.ReLU, lambda m: mnn.ReLU(inplace=m.inplace), lambda m: None, _relu_note))
+    add_module_swap(
+        ModuleSwap(
+            nn.LeakyReLU,
+            lambda m: mnn.LeakyReLU(m.negative_slope, inplace=m.inplace),
+            lambda m: None,
+            _leaky_relu_note,
+        )
     )
-)
-add_module_swap(
-    ModuleSwap(
-        nn.Dropout,
-        lambda m: mnn.Dropout(m.p, inplace=m.inplace),
-        lambda m: None,
-        lambda m, prv, nxt: (
-            PAYS,
-            "keeps 1 bit/element instead of torch's mask (1 byte/element on CUDA, 1 element on CPU)",
-        ),
-        opt_in="dropout",
+    add_module_swap(
+        ModuleSwap(
+            nn.Dropout,
+            lambda m: mnn.Dropout(m.p, inplace=m.inplace),
+            lambda m: None,
+            lambda m, prv, nxt: (
+                PAYS,
+                "keeps 1 bit/element instead of torch's mask (1 byte/element on CUDA, 1 element on CPU)",
+            ),
+            opt_in="dropout",
+        )
     )
-)
-add_module_swap(
-    ModuleSwap(
-        nn.MaxPool2d,
-        lambda m: mnn.MaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.return_indices, m.ceil_mode),
-        _maxpool_refuse,
-        lambda m, prv, nxt: (PAYS, "keeps 1 byte/output element instead of int64 indices (8 bytes) and its input"),
+    add_module_swap(
+        ModuleSwap(
+            nn.MaxPool2d,
+            lambda m: mnn.MaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, m.return_indices, m.ceil_mode),
+            _maxpool_refuse,
+            lambda m, prv, nxt: (PAYS, "keeps 1 byte/output element instead of int64 indices (8 bytes) and its input"),
+        )
     )
-)

@@ -125,8 +125,11 @@ def _rewrite_timm_block(block: Any) -> Rewrite:
     return Rewrite(replacements=tuple(reps), skipped=tuple(skipped))
 
 
-add_module_rule(ModuleRule("timm_mlp", (_TIMM_MLP,), _rewrite_timm_mlp))
-add_module_rule(ModuleRule("timm_vit_block", ("timm.models.vision_transformer.Block",), _rewrite_timm_block))
+def register_rules() -> None:
+    """Register the module rules by class name (timm's ViT Mlp and Block); called once by
+    :func:`memsave.operators.convert.register_rules`."""
+    add_module_rule(ModuleRule("timm_mlp", (_TIMM_MLP,), _rewrite_timm_mlp))
+    add_module_rule(ModuleRule("timm_vit_block", ("timm.models.vision_transformer.Block",), _rewrite_timm_block))
 
 
 # ---- chunked MLPs (convert's mlp_chunks) ------------------------------------------------------------------------
