@@ -169,6 +169,17 @@ def test_several_inputs_a_batch_override_and_a_file_path(user_models, capsys):
 def test_builtin_models_keep_size_and_batch(capsys):
     text = _stdout(capsys, "estimate --model unet --size tiny --batch 3 --device cpu")
     assert "unet (tiny, batch 3) on cpu" in text
+    assert "built-in" not in text  # no library has a "unet" to confuse it with
+
+
+@pytest.mark.slow
+def test_a_builtin_name_a_library_also_uses_says_which_model_runs(capsys):
+    # "--model gpt2" is memsave's own GPT, not transformers' GPT-2: the output says so and how to get that one.
+    text = _stdout(capsys, "estimate --model gpt2 --size tiny --device cpu --no-progress")
+    assert "gpt2 (tiny, batch" in text
+    assert "(memsave's built-in gpt2, not transformers' one: that is --model hf:gpt2)" in text
+    assert options.builtin_note("resnet50").endswith("--model torchvision.models:resnet50 --input 2,3,224,224)")
+    assert options.builtin_note("unet") == ""
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as e:
         raise CommandError(f"bench: {case.title} failed: {one_line(e)}") from e
     print(case.title)
+    if case.note:
+        print(case.note)
     print(result)
     for row in result.rows if args.breakdown else []:
         if row.error is None:

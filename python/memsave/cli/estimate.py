@@ -103,6 +103,8 @@ def _print(case: Case, rows: List[Dict[str, Any]], args: argparse.Namespace, dev
         f"{case.title} on {dev}{', ' + args.dtype if _DTYPES[args.dtype] else ''}"
         f"{' (emulated: no GPU visible, CPU operator choices)' if emulated else ''}"
     )
+    if case.note:
+        print(case.note)
     header = ["strategy", "step peak", "activations", "gradients", "params", "total"]
     keys = ["peak_bytes", "activation_bytes", "grad_bytes", "param_bytes", "total_bytes"]
     if args.optimizer:

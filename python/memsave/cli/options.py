@@ -326,6 +326,7 @@ class Case:
     batch: int
     inputs_at: Callable[[int], Tuple[torch.Tensor, ...]]  # batch -> meta inputs (estimate's max batch search)
     record: Dict[str, Any] = field(default_factory=dict)  # what the JSON says about the model
+    note: str = ""  # a line printed under the title (which model a built-in name means)
 
 
 def check_model_args(args: argparse.Namespace) -> None:
@@ -428,12 +429,35 @@ def _hf_case(args: argparse.Namespace, size: str, model_device: torch.device, in
     return _input_case(args, title, model, specs, inputs, size, config)
 
 
+#: Built-in model names that a library also uses: (the library, the --model value that gives the library's model).
+_LIBRARY_NAMESAKES = {
+    "gpt2": ("transformers'", "hf:gpt2"),
+    "resnet50": ("torchvision's", "torchvision.models:resnet50 --input 2,3,224,224"),
+    "vgg16": ("torchvision's", "torchvision.models:vgg16 --input 2,3,224,224"),
+}
+
+
+def builtin_note(name: str) -> str:
+    """The line under a built-in model's header when a library has a model of that name: which one runs, and how
+    to run the library's instead ("" for the other names).
+
+    Examples:
+        >>> builtin_note("gpt2")
+        "(memsave's built-in gpt2, not transformers' one: that is --model hf:gpt2)"
+    """
+    if name not in _LIBRARY_NAMESAKES:
+        return ""
+    library, value = _LIBRARY_NAMESAKES[name]
+    return f"(memsave's built-in {name}, not {library} one: that is --model {value})"
+
+
 def _builtin_case(args: argparse.Namespace, size: str, device: torch.device, shaped_loss: bool) -> Case:
     case = models.build(args.model, size, device=str(device), seed=args.seed, batch=args.batch)
     template = case.inputs[0]
     batch = case.config["batch"]
     return Case(
         title=f"{args.model} ({size}, batch {batch})",
+        note=builtin_note(args.model),
         model=case.model,
         inputs=case.inputs,
         # estimate varies the batch: a cross-entropy whose targets are shaped from the output works at any batch.
