@@ -238,3 +238,26 @@ def test_the_docs_say_why_the_callbacks_numbers_differ_from_measures() -> None:
     glossary = (ROOT / "docs" / "glossary.md").read_text()
     step_memory = next(line for line in glossary.splitlines() if line.startswith("| **step memory**"))
     assert "may differ from `measure`'s peak bytes" in step_memory
+
+
+@pytest.mark.slow
+def test_readme_plan_line_runs_on_a_small_gpt2() -> None:
+    # README's "plan = memsave.plan(gpt2, input_ids=ids, labels=ids, budget=0.6)", run as written on a GPT-2 of
+    # transformers at a size where activations are most of the step (4 layers, width 64, 2 x 64 tokens); at
+    # smaller sizes the parameters' floor makes 0.6 infeasible and InfeasibleBudgetError says so.
+    import torch
+
+    import memsave
+    from helpers import hub
+
+    text = (ROOT / "README.md").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("plan = memsave.plan(gpt2,"))
+    code = line.split("#")[0].strip()
+    torch.manual_seed(0)
+    gpt2 = hub.gpt2(layers=4, hidden=64, vocab=128, positions=64)
+    ids = torch.randint(0, 128, (2, 64))
+    scope = {"memsave": memsave, "gpt2": gpt2, "ids": ids}
+    exec(code, scope)  # the README line itself
+    plan = scope["plan"]
+    assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes <= plan.budget_bytes
+    assert plan.budget_bytes == int(0.6 * plan.eager_peak_bytes) and any(rec for _, _, rec in plan.segments)
