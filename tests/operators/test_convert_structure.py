@@ -374,3 +374,12 @@ def test_converting_cuts_the_training_peak_at_a_32k_vocabulary_on_most_families(
             entry = next(e for e in plan_convert(eager, fuse=True).entries if e.name == head)
             assert entry.verdict == "skipped" and entry.detail, (model_type, ratios[model_type])
     assert sum(r <= 0.75 for r in ratios.values()) >= 10, ratios
+
+
+def test_a_convolution_is_not_reported_as_stacked_experts():
+    # A Conv2d's 4-D weight (and a Conv1d's 3-D one) is not a mixture's [experts, in, out] parameters: the report
+    # says nothing about experts on a CNN.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(3, 8, 3), nn.ReLU(), nn.Conv1d(8, 8, 3), nn.Flatten(), nn.Linear(8 * 12, 4))
+    report = plan_convert(model, fuse=True)
+    assert not [e for e in report.entries if "experts" in e.detail], [e.detail for e in report.entries]

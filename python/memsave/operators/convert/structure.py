@@ -333,8 +333,12 @@ def is_gated_mlp(module: nn.Module) -> bool:
 
 
 def _experts_note(path: str, m: nn.Module) -> Optional[Note]:
-    stacked = [n for n, p in m.named_parameters(recurse=False) if p.dim() >= 3]
-    if not stacked:
+    # Stacked experts hold two or more [experts, in, out] tensors (gate/up and down); a convolution's one weight
+    # of 3 or more dimensions is not that.
+    if isinstance(m, nn.modules.conv._ConvNd):
+        return None
+    stacked = [n for n, p in m.named_parameters(recurse=False) if p.dim() == 3]
+    if len(stacked) < 2:
         return None
     return Note(
         path,
