@@ -8,11 +8,11 @@ another (docs/architecture.md), so the marker class lives here. Nothing here imp
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Optional
 
 from torch import nn
 
-__all__ = ["RegionForward", "regions_in"]
+__all__ = ["RegionForward", "region_forward", "region_forwards", "regions_in"]
 
 
 class RegionForward:
@@ -25,6 +25,29 @@ class RegionForward:
         >>> isinstance(vars(model.blocks[0]).get("forward"), RegionForward)   # after memsave.wrap(model)
         True
     """
+
+
+def region_forward(module: nn.Module) -> Optional[RegionForward]:
+    """The instance-level forward that makes ``module`` itself a region, or None (its submodules are not looked at).
+
+    Examples:
+        >>> region_forward(memsave.wrap(model).blocks[0]) is not None
+        True
+    """
+    forward = vars(module).get("forward")
+    return forward if isinstance(forward, RegionForward) else None
+
+
+def region_forwards(module: nn.Module) -> Dict[str, RegionForward]:
+    """The regions in ``module``: qualified name (relative to ``module``, ``""`` for itself) -> its region forward,
+    in ``named_modules()`` order.
+
+    Examples:
+        >>> list(region_forwards(memsave.wrap(model)))
+        ['blocks.0', 'blocks.1']
+    """
+    found = ((name, region_forward(m)) for name, m in module.named_modules())
+    return {name: forward for name, forward in found if forward is not None}
 
 
 def regions_in(module: nn.Module) -> List[str]:
@@ -40,4 +63,4 @@ def regions_in(module: nn.Module) -> List[str]:
         >>> regions_in(memsave.wrap(model))
         ['blocks.0', 'blocks.1']
     """
-    return [name for name, m in module.named_modules() if isinstance(vars(m).get("forward"), RegionForward)]
+    return list(region_forwards(module))

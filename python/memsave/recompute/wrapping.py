@@ -14,12 +14,12 @@ import functools
 import inspect
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union, cast
 
 import torch
 from torch import nn
 
-from ..common.regions import RegionForward
+from ..common.regions import RegionForward, region_forward, region_forwards
 from ..common.snapshot import ModelSnapshot, all_or_nothing
 from ..errors import MemsaveWarning, WrapConflictError
 from .blocks import find_blocks
@@ -290,7 +290,7 @@ def is_wrapped(module: nn.Module) -> bool:
         >>> [name for name, m in model.named_modules() if memsave.recompute.is_wrapped(m)]
         ['layers.0', 'layers.1']
     """
-    return isinstance(module.__dict__.get("forward"), CheckpointedForward)
+    return region_forward(module) is not None
 
 
 def wrap_module(
@@ -351,19 +351,15 @@ def region_signatures(model: nn.Module) -> Dict[str, Tuple[Any, ...]]:
         >>> region_signatures(memsave.wrap(model))
         {'blocks.0': ('CheckpointedForward', True, False, None), 'blocks.1': (...)}
     """
-    out: Dict[str, Tuple[Any, ...]] = {}
-    for name, module in model.named_modules():
-        forward = module.__dict__.get("forward")
-        if isinstance(forward, CheckpointedForward):
-            out[name] = forward.signature()
-    return out
+    # Every region forward is a CheckpointedForward (the plan's grouped one derives from it).
+    return {name: cast(CheckpointedForward, f).signature() for name, f in region_forwards(model).items()}
 
 
 def _enclosing_region(model: nn.Module) -> Optional[CheckpointedForward]:
     """The region (of another model, or of a module above ``model``) that ``model`` runs inside, if any."""
     for region in list(_LIVE_REGIONS):
         # A region unwrapped since (its module's forward is another one now) no longer counts.
-        if region.module is not model and region.module.__dict__.get("forward") is region and region.runs_inside(model):
+        if region.module is not model and region_forward(region.module) is region and region.runs_inside(model):
             return region
     return None
 
@@ -430,7 +426,7 @@ def install_once(model: nn.Module, install: Callable[[], Any], caller: str) -> b
     if not before:
         with all_or_nothing(model):
             install()
-            outer = _enclosing_region(model) if region_signatures(model) else None
+            outer = _enclosing_region(model) if region_forwards(model) else None
             if outer is not None:
                 raise WrapConflictError(
                     f"{caller}: {type(model).__name__} runs inside the memsave region {outer.name!r} of a model "
