@@ -140,8 +140,9 @@ def test_the_progress_bar_names_each_stage(monkeypatch):
     memsave.plan(model, input_ids=ids, labels=ids, budget=0.9, timing_steps=2, progress=True, cache=False)
     (bar,) = bars
     stages = [s for i, s in enumerate(bar.stages) if i == 0 or s != bar.stages[i - 1]]
-    assert stages[:5] == ["warming up", "profiling", "timing stages", "profiling operator classes", "solving"]
-    assert stages[5] == "verifying candidate 1/4"
+    # On CPU the traced step is the first one: no warm-up step before it.
+    assert stages[:4] == ["profiling", "timing stages", "profiling operator classes", "solving"]
+    assert stages[4] == "verifying candidate 1/4"
     assert "measuring eager's peak" not in stages  # on CPU the traced step gave it
     assert bar.closed and bar.n <= bar.total
 

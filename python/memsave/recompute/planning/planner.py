@@ -7,7 +7,8 @@ How a plan is made:
 1. **Profile** (a few forward+backward steps on the example inputs, state restored afterwards). One step runs
    under an allocation log (a ``TorchDispatchMode`` recording every new storage and, through a finalizer, its
    death) with forward hooks on every module and gradient hooks on module inputs and outputs. This gives the module
-   call tree and, in order, every allocation and free of the step. Further steps time each module call.
+   call tree and, in order, every allocation and free of the step. On CPU it is the first step (the log is the same
+   cold or warm); on CUDA and under compile a warm-up step comes first. Further steps time each module call.
 2. **Chain**: the candidate *stages* are the module calls one level below the model (plain ``nn.Sequential``
    containers, and custom modules holding most of the memory, are opened up), in execution order, with the code
    between them (residual adds, concatenations, the loss) as *glue* stages that are never recomputed. A module
@@ -93,7 +94,7 @@ from .operators import (
 from .partitioner import compile_at
 from .plan import Plan, apply_regions, fingerprint
 from .search import SEARCH_ROUNDS, fastest, search_chains, smallest_plan
-from .trace import time_steps, trace_step
+from .trace import Trace, time_steps, trace_step
 
 __all__ = ["Profile", "plan", "profile", "search"]
 
@@ -206,7 +207,7 @@ def _check_loss(out: Any, loss: Any) -> None:
 
 def _same_in_every_step(loss_fn: LossFn) -> LossFn:
     """``loss_fn``, raising the documented ValueError (chained) when it fails in a profiling step after the first."""
-    calls = [1]  # the warm-up step has called it once
+    calls = [1]  # the first step has called it once
 
     def every_step(out: Any) -> Any:
         calls[0] += 1
@@ -362,10 +363,11 @@ def _check_arguments(model: nn.Module, timing_steps: int, everything: Tuple[Any,
         )
 
 
-def _warm_up(stepper: _Stepper) -> None:
-    """One step (lazy initialisation, allocator caches); a failure says what the model was given."""
+def _first_step(stepper: _Stepper, run: Callable[[], Any]) -> Any:
+    """``run()``, the first step on the example inputs (lazy initialisation, allocator caches); a failure says what
+    the model was given."""
     try:
-        stepper.step()
+        return run()
     except Exception as e:
         kwargs = stepper.kwargs
         given = f"{len(stepper.inputs)} positional input(s)" + (
@@ -386,18 +388,45 @@ def _peak_from_trace(stepper: _Stepper) -> bool:
     return stepper.device.type == "cpu" and not stepper.compiled
 
 
-def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, progress: _Progress) -> Profile:
-    """Steps 1 and 2: trace and time the eager step, measure eager's peak, build the chain (see the module
-    docstring)."""
+def _traced_first_steps(stepper: _Stepper, progress: _Progress) -> Trace:
+    """The traced step, after a warm-up step unless eager's peak comes from the trace (CPU, eager). There the traced
+    step is the first: its log and allocator peak are the same cold or warm (byte for byte on the frontier models),
+    and the timing steps after it are warm. Saves one step of the plan's handful."""
     model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
+    if _peak_from_trace(stepper):
+        progress.stage("profiling")
+        stepper.state.clear_grads()
+        loss_fn = _checking_loss(stepper.loss_fn)
+        trace = _first_step(stepper, lambda: trace_step(model, inputs, loss_fn, stepper.device, kwargs))
+        progress.tick(2)
+        return trace
     progress.stage("warming up")
-    _warm_up(stepper)
+    _first_step(stepper, stepper.step)
     progress.tick()
-    stepper.loss_fn = _same_in_every_step(stepper.loss_fn)
     stepper.state.clear_grads()
     progress.stage("profiling")
     trace = trace_step(model, inputs, stepper.loss_fn, stepper.device, kwargs)
     progress.tick()
+    return trace
+
+
+def _checking_loss(loss_fn: LossFn) -> LossFn:
+    """``loss_fn``, raising the documented TypeError when its value is not a loss one can backpropagate."""
+
+    def checked(out: Any) -> Any:
+        loss = loss_fn(out)
+        _check_loss(out, loss)
+        return loss
+
+    return checked
+
+
+def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, progress: _Progress) -> Profile:
+    """Steps 1 and 2: trace and time the eager step, measure eager's peak, build the chain (see the module
+    docstring)."""
+    model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
+    trace = _traced_first_steps(stepper, progress)
+    stepper.loss_fn = _same_in_every_step(stepper.loss_fn)
     progress.stage("timing stages")
     timing = time_steps(model, inputs, stepper.loss_fn, len(trace.calls), timing_steps, stepper.sync, kwargs)
     progress.tick(timing_steps)
