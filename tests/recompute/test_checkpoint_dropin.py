@@ -28,6 +28,7 @@ from helpers import Counter, eager_step, hub, in_backward
 from helpers import grads as _grads
 from helpers import leaf as _leaf
 from helpers.models import RunningMean
+from memsave.common import compat
 from memsave.errors import CheckpointError, MemsaveWarning, RecomputeMismatchError
 from memsave.recompute import state as _state
 
@@ -109,6 +110,55 @@ def test_bad_torch_keywords_fail_clearly() -> None:
         memsave.checkpoint(torch.sin, x, context_fn=lambda: contextlib.nullcontext())
     with pytest.raises(TypeError, match="context_fn must be a function"):
         memsave.checkpoint(torch.sin, x, context_fn=(contextlib.nullcontext(), contextlib.nullcontext()))
+
+
+def _keep_mm() -> Tuple[Any, Any]:
+    return torch_ckpt.create_selective_checkpoint_contexts([torch.ops.aten.mm.default])
+
+
+def _mm_relu(t: torch.Tensor) -> torch.Tensor:
+    return (t @ t).relu().sum()
+
+
+def test_a_selective_region_does_not_take_memsave_s_hooks_for_the_user_s() -> None:
+    # torch 2.15's selective checkpoint warns when user saved_tensors_hooks are around it; memsave's own are not.
+    x = _leaf(4, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        memsave.checkpoint(_mm_relu, x, use_reentrant=False, context_fn=_keep_mm).backward()
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        memsave.wrap(model, nn.Linear, context_fn=_keep_mm)(x).sum().backward()
+
+
+def _saves_seen_by_user_hooks(respect: Any) -> List[torch.Size]:
+    x, seen = _leaf(4, 4), []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = memsave.checkpoint(
+            _mm_relu, x, use_reentrant=False, context_fn=_keep_mm, respect_saved_tensors_hooks=respect
+        )
+    y.backward()
+    return seen
+
+
+@pytest.mark.skipif(not compat.selective_saves_can_use_hooks(), reason="this torch has no respect_saved_tensors_hooks")
+def test_respect_saved_tensors_hooks_routes_the_kept_matmul_through_the_user_s_hooks() -> None:
+    assert _saves_seen_by_user_hooks(True) == [torch.Size([4, 4])]  # the mm output the policy keeps
+    assert _saves_seen_by_user_hooks(False) == []
+    with pytest.warns(FutureWarning, match="respect_saved_tensors_hooks"):  # torch's default, as torch warns it
+        assert _saves_seen_by_user_hooks(None) == []
+
+
+def test_respect_saved_tensors_hooks_bad_values_fail_clearly() -> None:
+    with pytest.raises(TypeError, match="respect_saved_tensors_hooks must be None, True or False"):
+        memsave.checkpoint(torch.sin, _leaf(3), use_reentrant=False, respect_saved_tensors_hooks="yes")
+    if not compat.selective_saves_can_use_hooks():
+        with pytest.raises(TypeError, match="respect_saved_tensors_hooks=True needs a torch"):
+            memsave.checkpoint(torch.sin, _leaf(3), use_reentrant=False, respect_saved_tensors_hooks=True)
 
 
 def test_context_fn_wraps_forward_and_every_recompute() -> None:

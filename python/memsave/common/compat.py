@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Any, Callable, ContextManager, Optional, Tuple
 
@@ -41,7 +42,10 @@ __all__ = [
     "noop_context_fn",
     "partitioner_budget",
     "profiler_event_tree",
+    "region_saved_tensors_hooks",
     "require_autograd_redispatch",
+    "route_selective_saves",
+    "selective_saves_can_use_hooks",
     "torch_version",
 ]
 
@@ -151,6 +155,39 @@ def checkpoint_global_switches() -> Tuple[Optional[bool], Optional[bool]]:
 def noop_context_fn() -> Optional[Callable[[], Any]]:
     """torch.utils.checkpoint's default ``context_fn`` (None where this torch has none)."""
     return getattr(torch_checkpoint, "noop_context_fn", None)
+
+
+def region_saved_tensors_hooks(pack: Callable[[Any], Any], unpack: Callable[[Any], Any]) -> ContextManager[Any]:
+    """``saved_tensors_hooks(pack, unpack)`` for a checkpoint region's own hooks, marked the way torch marks its
+    checkpoint's hooks where torch tells them from a user's.
+
+    Selective checkpointing asks which hooks the *user* set around it (torch 2.15: to warn that it bypasses them,
+    or to route its saved tensors through them). Unmarked, memsave's region hooks would count as the user's: a
+    selective region inside memsave's would warn about memsave itself. A torch without that question gets plain
+    hooks.
+    """
+    internal = getattr(torch_checkpoint, "_checkpoint_internal_hook", None)
+    if internal is None:
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+    marked = functools.partial(pack)  # a partial takes attributes; a bound method does not
+    marked._checkpoint_internal = True  # type: ignore[attr-defined]
+    return internal(marked, unpack)
+
+
+def selective_saves_can_use_hooks() -> bool:
+    """Whether this torch's selective checkpointing can route the tensors it saves through the user's
+    ``saved_tensors_hooks`` (``respect_saved_tensors_hooks``, torch 2.15)."""
+    caching = getattr(torch_checkpoint, "_CachingTorchDispatchMode", None)
+    return caching is not None and hasattr(torch_checkpoint, "_current_user_saved_tensors_hooks")
+
+
+def route_selective_saves(forward_context: Any, respect_saved_tensors_hooks: Optional[bool]) -> None:
+    """Tell a selective forward context (torch's caching mode) whether the tensors it saves go through the user's
+    ``saved_tensors_hooks``, as torch's ``checkpoint(..., respect_saved_tensors_hooks=...)`` does; ``None`` leaves
+    torch's default. Other contexts save nothing outside autograd and are left alone."""
+    caching = getattr(torch_checkpoint, "_CachingTorchDispatchMode", None)
+    if respect_saved_tensors_hooks is not None and caching is not None and isinstance(forward_context, caching):
+        forward_context.respect_saved_tensors_hooks = respect_saved_tensors_hooks
 
 
 def profiler_event_tree(prof: Any) -> Tuple[list, Any]:

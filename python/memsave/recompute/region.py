@@ -134,6 +134,8 @@ class RegionOptions:
         debug: keep each saved tensor's producer, for mismatch errors.
         context_fn: returns ``(forward context, recompute context)`` for each call (torch's ``context_fn``), or
             ``None``.
+        respect_saved_tensors_hooks: whether a selective ``context_fn`` routes the tensors it saves through the
+            user's ``saved_tensors_hooks`` (torch's option of that name); ``None``: torch's default.
 
     Examples:
         >>> options = RegionOptions.checked("wrap", strict=True)
@@ -146,6 +148,7 @@ class RegionOptions:
     check_metadata: bool = True
     debug: bool = False
     context_fn: Optional[Callable[[], Tuple[Any, Any]]] = None
+    respect_saved_tensors_hooks: Optional[bool] = None
 
     @classmethod
     def checked(cls, where: str, **options: Any) -> "RegionOptions":
@@ -457,7 +460,7 @@ class _Frame:
                 if self.device != _default_device():
                     stack.enter_context(torch.device(self.device if self.device is not None else "cpu"))
                 stack.enter_context(state.ReplayedModuleState(records))
-                stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, _identity))
+                stack.enter_context(compat.region_saved_tensors_hooks(pack, _identity))
                 if self.recompute_context is not None:
                     stack.enter_context(self.recompute_context)
                 self.fn(*args, **kwargs)
@@ -728,7 +731,8 @@ def _check_callable(fn: Any, where: str) -> None:
 def check_region_options(where: str, **options: Any) -> None:
     """Raise a TypeError naming the option when one of memsave's own region options has a wrong type.
 
-    ``name`` must be a str or None; every other option (``strict``, ``preserve_rng_state``, ``early_stop``) a bool.
+    ``name`` must be a str or None; ``respect_saved_tensors_hooks`` None or a bool (True only on a torch that has
+    it); every other option (``strict``, ``preserve_rng_state``, ``early_stop``) a bool.
     """
     for option, value in options.items():
         if option == "name":
@@ -737,8 +741,21 @@ def check_region_options(where: str, **options: Any) -> None:
                     f"memsave.{where}: name must be a str (the region's name in error messages) or None, got "
                     f"{type(value).__name__}"
                 )
+        elif option == "respect_saved_tensors_hooks":
+            _check_respect_saved_tensors_hooks(where, value)
         elif not isinstance(value, bool):
             raise TypeError(f"memsave.{where}: {option} must be True or False, got {value!r}")
+
+
+def _check_respect_saved_tensors_hooks(where: str, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"memsave.{where}: respect_saved_tensors_hooks must be None, True or False, got {value!r}")
+    if value and not compat.selective_saves_can_use_hooks():
+        raise TypeError(
+            f"memsave.{where}: respect_saved_tensors_hooks=True needs a torch whose selective checkpoint can route its "
+            f"saved tensors through saved_tensors_hooks (torch {torch.__version__} cannot; torch 2.15 can). Leave it "
+            f"None or False on this torch"
+        )
 
 
 def run_region(
@@ -768,6 +785,7 @@ def run_region(
     if torch.compiler.is_compiling():
         return _compiled_region(fn, args, kwargs, options)
     forward_context, recompute_context = _open_contexts(name, options.context_fn)
+    compat.route_selective_saves(forward_context, options.respect_saved_tensors_hooks)
     frame = _Frame(fn, args, kwargs, name, options, recompute_context)
     entry_versions = [(path, t, t._version) for path, t in _tensor_args(args, kwargs)]
     frame.arg_versions = entry_versions
@@ -779,7 +797,7 @@ def run_region(
     recorder = GeneratorRecorder() if options.preserve_rng_state else None
     try:
         with (
-            torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack),
+            compat.region_saved_tensors_hooks(frame.pack, _unpack),
             forward_context if forward_context is not None else contextlib.nullcontext(),
             recorder if recorder is not None else contextlib.nullcontext(),
         ):
@@ -869,6 +887,7 @@ def _torch_options(
     determinism_check: str,
     debug: bool,
     early_stop: bool,
+    respect_saved_tensors_hooks: Optional[bool] = None,
 ) -> RegionOptions:
     """Check torch.utils.checkpoint's keyword arguments as :func:`checkpoint` takes them (see its docstring).
 
@@ -876,7 +895,9 @@ def _torch_options(
         The region's options, torch's global switches (``set_checkpoint_early_stop``,
         ``set_checkpoint_debug_enabled``) applied.
     """
-    check_region_options(where, preserve_rng_state=preserve_rng_state)
+    check_region_options(
+        where, preserve_rng_state=preserve_rng_state, respect_saved_tensors_hooks=respect_saved_tensors_hooks
+    )
     if use_reentrant is not None and not isinstance(use_reentrant, bool):
         raise TypeError(f"memsave.{where}: use_reentrant must be None, True or False, got {use_reentrant!r}")
     if use_reentrant:
@@ -903,6 +924,7 @@ def _torch_options(
         check_metadata=determinism_check == "default",
         debug=debug,
         context_fn=check_context_fn(where, context_fn),
+        respect_saved_tensors_hooks=respect_saved_tensors_hooks,
     )
 
 
@@ -948,6 +970,7 @@ def checkpoint(
     determinism_check: str = "default",
     debug: bool = False,
     early_stop: bool = True,
+    respect_saved_tensors_hooks: Optional[bool] = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` without keeping its activations; recompute them in backward.
@@ -988,6 +1011,10 @@ def checkpoint(
         early_stop: stop the recompute as soon as it has every saved tensor backward still needs (the default);
             ``False`` reruns the whole region. Buffers, RNG and the caller's state are restored either way.
             torch's ``set_checkpoint_early_stop`` overrides it.
+        respect_saved_tensors_hooks: with a selective ``context_fn`` inside the user's ``saved_tensors_hooks``
+            (``save_on_cpu``): ``True`` routes the tensors the policy saves through those hooks, ``False`` keeps
+            them as they are, ``None`` is torch's default (torch 2.15: as ``False``, with torch's
+            ``FutureWarning``). memsave's own hooks never count as the user's. ``True`` needs torch 2.15 or newer.
         **kwargs: keyword arguments of ``fn``, passed to it unchanged.
 
     Returns:
@@ -995,7 +1022,8 @@ def checkpoint(
 
     Raises:
         TypeError: ``fn`` is not callable, ``debug``/``early_stop``/``preserve_rng_state`` are not bools,
-            ``use_reentrant`` is not None or a bool, or ``context_fn`` does not return two context managers.
+            ``use_reentrant`` or ``respect_saved_tensors_hooks`` is not None or a bool (or is True on a torch
+            without it), or ``context_fn`` does not return two context managers.
         ValueError: an unknown ``determinism_check``.
         RecomputeMismatchError: (in backward) the recompute saved tensors of other shapes/dtypes/devices.
         InplaceModificationError: ``fn`` modified one of its tensor arguments in place (at forward), or an
@@ -1012,7 +1040,14 @@ def checkpoint(
     """
     _check_callable(fn, "checkpoint")
     options = _torch_options(
-        "checkpoint", use_reentrant, preserve_rng_state, context_fn, determinism_check, debug, early_stop
+        "checkpoint",
+        use_reentrant,
+        preserve_rng_state,
+        context_fn,
+        determinism_check,
+        debug,
+        early_stop,
+        respect_saved_tensors_hooks,
     )
     return run_region(fn, args, kwargs, options, name=_region_name(fn, None), watch=_watched_modules(fn))
 
