@@ -309,4 +309,4 @@ def test_selective_overhead_per_operator_is_measured_and_small() -> None:
     from memsave.recompute.planning.operators import selective_overhead_per_operator
 
     seconds = selective_overhead_per_operator(torch.device("cpu"), lambda: None)
-    assert 0.0 < seconds < 1e-3  # a Python dispatch mode per operator: tens of microseconds on a server CPU
+    assert 0.0 < seconds < 1e-2  # dispatch modes and hooks per operator: tens of microseconds on a server CPU

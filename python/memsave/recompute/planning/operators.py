@@ -11,11 +11,12 @@ them into the chain's operator-class sets (``Chain.operator_classes``) and per-s
 (``planner::Stage::selective_fwd_time`` / ``selective_kept_bytes``).
 
 A selective region also costs what the recompute saves nothing on: torch's selective-checkpoint contexts run every
-operator of the region through a Python dispatch mode, in forward and again in the recompute (tens of microseconds
-an operator on a CPU: a GPT-2 block's forward takes 1.15 of eager's time in a selective region, 1.06 in a whole one;
-``benchmarks/selective_region.py``). :func:`selective_overhead_per_operator` measures that cost on the plan's device,
-and each variant's time includes it for every operator of its stage, so that the planner does not choose a
-selective region whose saving that overhead eats.
+operator of the region through a Python dispatch mode, in forward and again in the recompute, beside the region's
+saved-tensor hooks (tens of microseconds an operator on a CPU, whatever the tensors' size: a GPT-2 block's selective
+region keeping every operator's output costs about 4 ms a step more than eager on this project's CPU, at batch 1 and
+4 alike). :func:`selective_overhead_per_operator` measures that cost on the plan's device on a toy block, and each
+variant's time includes it for every operator of its stage, so that the planner does not choose a selective region
+whose saving that overhead eats.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from ..selective import OPERATOR_CLASSES, operators_of
+from ..region import checkpoint
+from ..selective import OPERATOR_CLASSES, operators_of, selective
 from .chain import Chain, StageModules
 
 __all__ = [
@@ -169,53 +170,73 @@ def profile_operator_classes(
     return OperatorProfile(classes=result, operators=[rec.operators.get(i, 0) for i in range(len(stage_modules))])
 
 
-def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+class _ProbeBlock(nn.Module):
+    """A pre-norm transformer block at toy width: the operator mix of the regions plans make (norms, matrix
+    products, splits and views, attention, an activation, residual adds) at a size where the operators' own compute
+    is negligible beside what a selective region adds to each."""
+
+    def __init__(self, width: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.qkv, self.proj = nn.LayerNorm(width), nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.norm2, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (
+            z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(self.norm1(x)).split(d, dim=-1)
+        )
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
 
 
-def selective_overhead_per_operator(
-    device: torch.device, sync: Callable[[], None], repeats: int = 7, length: int = 64
-) -> float:
-    """Seconds torch's selective-checkpoint contexts add to one operator, its forward and its recompute together.
+class _OperatorCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
 
-    Runs ``length`` tiny operators (matrix products, which the region keeps, alternating with multiplications, which
-    it recomputes) plainly, then under a selective region's forward context and its recompute context, ``repeats``
-    times interleaved, and returns the median difference per operator: the dispatch overhead, which does not grow
-    with the tensors' size. Never negative.
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def selective_overhead_per_operator(device: torch.device, sync: Callable[[], None], repeats: int = 15) -> float:
+    """Seconds a selective region adds to each of its operators beyond running the operator again.
+
+    What a selective region costs beyond recomputing the operators it does not keep: torch's selective contexts
+    (a Python dispatch mode over every operator, in forward and again in the recompute), the region's saved-tensor
+    hooks and the recompute's bookkeeping. A toy transformer block's training step is timed three ways, ``repeats``
+    times interleaved after one warm-up round: plain, in a selective region keeping matrix products and attention
+    (:func:`memsave.selective`), and its forward alone; the overhead is (selective - plain - forward) over the
+    operators of one forward, from the medians. It does not grow with the tensors' size (tens of microseconds an
+    operator on a server CPU: about 4x what the contexts alone cost on bare operators, which is what this measured
+    before; a GPT-2 block's selective region cost about twice what that predicted).
 
     Args:
         device: where the plan's model runs.
         sync: waits for the device (``torch.cuda.synchronize`` on CUDA, a no-op on CPU).
         repeats: timed runs of each kind (median).
-        length: operators per run (an even number).
 
     Returns:
-        Seconds per operator (forward plus recompute).
+        Seconds per operator; never negative.
 
     Examples:
-        >>> selective_overhead_per_operator(torch.device("cpu"), lambda: None)   # about 2e-05 on a server CPU
+        >>> selective_overhead_per_operator(torch.device("cpu"), lambda: None)   # about 1e-04 on a server CPU
     """
-    w = torch.eye(4, device=device, requires_grad=True)
-    x = torch.ones(4, 4, device=device, requires_grad=True)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        block = _ProbeBlock().to(device)
+        x = torch.randn(2, 4, 8, device=device, requires_grad=True)
+    keep = selective("matmul", "attention")
+    counter = _OperatorCounter()
+    with counter:
+        block(x)
 
-    def run() -> torch.Tensor:
-        y = x
-        for _ in range(length // 2):
-            y = (y @ w) * 1.0
-        return y
-
-    def plain() -> None:
-        run()
-        run()
-
-    def selective() -> None:
-        forward_context, recompute_context = create_selective_checkpoint_contexts(_keep_matmuls)
-        with forward_context:
-            run()
-        with recompute_context:
-            run()
-
-    kinds = [("plain", plain), ("selective", selective)]
+    kinds: List[Tuple[str, Callable[[], Any]]] = [
+        ("plain", lambda: block(x).sum().backward()),
+        ("selective", lambda: checkpoint(block, x, use_reentrant=False, context_fn=keep).sum().backward()),
+        ("forward", lambda: block(x)),
+    ]
     times: Dict[str, List[float]] = {name: [] for name, _ in kinds}
     for i in range(repeats + 1):
         for name, fn in kinds if i % 2 else kinds[::-1]:
@@ -225,7 +246,8 @@ def selective_overhead_per_operator(
             sync()
             if i:  # the first round warms up
                 times[name].append(time.perf_counter() - t0)
-    return max(0.0, (statistics.median(times["selective"]) - statistics.median(times["plain"])) / length)
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    return max(0.0, (median["selective"] - median["plain"] - median["forward"]) / max(1, counter.count))
 
 
 def split_operator_classes(entry: str) -> Tuple[str, ...]:
