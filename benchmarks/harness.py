@@ -65,9 +65,10 @@ def cpu_model() -> str:
 
 
 def git(*args: str) -> Optional[str]:
-    """``git ARGS`` in this checkout: its stripped output, or None when git fails or is missing."""
+    """``git ARGS`` at the root of this checkout (pathspecs are the repository's paths): its stripped output, or
+    None when git fails or is missing."""
     try:
-        out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", *args], cwd=HERE.parent, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -130,7 +131,7 @@ def run_record(
         memsave_version=memsave.__version__,
         memsave=memsave.build_info(),
         git_commit=git("rev-parse", "--short", "HEAD"),
-        git_dirty=[line[3:] for line in dirty.splitlines()] if dirty else [],
+        git_dirty=[line.split(maxsplit=1)[1] for line in dirty.splitlines()] if dirty else [],  # git() strips
         threads=torch.get_num_threads(),
         cpu=cpu_model(),
         cpu_count=os.cpu_count(),

@@ -1,6 +1,8 @@
 """The benchmark harness (benchmarks/): models, strategy registry, result files, and the per-block memory claims."""
 
 import json
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -193,3 +195,26 @@ def test_transformer_ops_rms_norm_has_torchs_native_variant(tmp_path):
         assert 0 <= row[f"{name}_err"] < 1e-4 and row[f"{name}_peak_bytes"] > 0, name
     if has_torch:
         assert row["torch_time_ratio"] > 0 and isinstance(row["verdict"], bool)
+
+
+def test_a_results_file_names_the_package_sources_that_differ_from_the_commit(tmp_path, monkeypatch):
+    # git ran in benchmarks/, where the pathspecs "python" and "csrc" name nothing, and the first line lost a letter.
+    from benchmarks import harness
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path / "checkout"
+    (repo / "benchmarks").mkdir(parents=True)
+    (repo / "python").mkdir()
+    source = repo / "python" / "ops.py"
+    source.write_text("x = 1\n")
+    for command in (
+        ["init", "-q"],
+        ["add", "python"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"],
+    ):
+        subprocess.run(["git", *command], cwd=repo, check=True, capture_output=True)
+    source.write_text("x = 2\n")
+    monkeypatch.setattr(harness, "HERE", repo / "benchmarks")
+    meta = harness.run_record("frontier", "cpu", [], harness.RunClock())
+    assert meta["git_dirty"] == ["python/ops.py"]
