@@ -14,6 +14,8 @@ Variants (budgets ``B(f)`` at a fraction ``f`` of the way from ``wrap``'s measur
 * ``module f``: ``memsave.plan(..., budget=B(f), selective=False)`` -- every region recomputed whole.
 * ``selective f``: ``memsave.plan(..., budget=B(f))`` -- the planner may also recompute a region selectively
   (keep its matmul / conv / attention outputs, recompute the cheap operators).
+* ``selective @ torchtitan sac``: the same, planned for a budget of exactly the peak ``torchtitan sac`` reached:
+  memsave's step time at torchtitan's peak (matched peak).
 * ``torch blocks + compile``, ``wrap + compile``: ``torch.compile`` of the ``torch blocks`` and ``wrap`` models.
 * ``plan + compile f``: ``plan.compile(model)`` for ``plan = memsave.plan(..., budget=B(f), compile=True)`` -- the
   plan made for the compiled step (its candidates measured as compile runs them, torch's partitioner among them;
@@ -97,6 +99,7 @@ FRACTIONS = (0.0, 0.25, 0.5, 0.75)
 KINDS = ("module", "selective", "compile", "plan + compile")
 COMPILED = ("torch blocks + compile", "wrap + compile")
 EAGER_ROWS = ("eager", "torch blocks", "torchtitan sac", "wrap", "sqrt")
+SAC_MATCHED = "selective @ torchtitan sac"  # memsave's plan for exactly the peak torchtitan's policy reached
 
 
 def _aten_ops(*names: str) -> frozenset:
@@ -281,6 +284,7 @@ def bench_model(
         for f, budget in budgets.items():
             add_plan(f"module {_pct(f)}", "module", budget, selective=False)
             add_plan(f"selective {_pct(f)}", "selective", budget)
+        add_plan(SAC_MATCHED, "selective", rows["torchtitan sac"]["peak_bytes"])
 
     times = interleaved_times(runners, repeats, device)
     eager_s = statistics.median(times["eager"])
