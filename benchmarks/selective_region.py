@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` package importable
@@ -38,20 +37,9 @@ import memsave
 from benchmarks.harness import cpu_model, git, load_average, load_text
 from benchmarks.real_models import build
 from memsave.common import compat
+from memsave.recompute.planning.operators import count_operators
 
 VARIANTS = ("eager", "whole", "selective")
-
-
-class _CountOps(TorchDispatchMode):
-    """Counts the aten operators dispatched while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -89,9 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with compat.count_flops() as flops:
             y.sum().backward()
         rows[v]["backward_flops"] = flops.total
-        with _CountOps() as ops:
-            out(v)
-        rows[v]["forward_ops"] = ops.count
+        rows[v]["forward_ops"] = count_operators(lambda: out(v))
     steps: Dict[str, List[float]] = {v: [] for v in VARIANTS}
     forwards: Dict[str, List[float]] = {v: [] for v in VARIANTS}
     for i in range(args.repeats):

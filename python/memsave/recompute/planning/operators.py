@@ -39,6 +39,7 @@ from .chain import Chain, StageModules
 __all__ = [
     "ClassProfile",
     "OperatorProfile",
+    "count_operators",
     "profile_operator_classes",
     "selective_overhead_per_operator",
     "selective_variants",
@@ -201,6 +202,25 @@ class _OperatorCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def count_operators(fn: Callable[[], Any]) -> int:
+    """The aten operators one call of ``fn`` dispatches (views and in-place operators included).
+
+    Args:
+        fn: the call, e.g. a module's forward on its inputs.
+
+    Returns:
+        How many operators reached the dispatcher below autograd.
+
+    Examples:
+        >>> count_operators(lambda: torch.ones(2).add(1).relu())
+        3
+    """
+    counter = _OperatorCounter()
+    with counter:
+        fn()
+    return counter.count
+
+
 def selective_overhead_per_operator(device: torch.device, sync: Callable[[], None], repeats: int = 15) -> float:
     """Seconds a selective region adds to each of its operators beyond running the operator again.
 
@@ -228,9 +248,7 @@ def selective_overhead_per_operator(device: torch.device, sync: Callable[[], Non
         block = _ProbeBlock().to(device)
         x = torch.randn(2, 4, 8, device=device, requires_grad=True)
     keep = selective("matmul", "attention")
-    counter = _OperatorCounter()
-    with counter:
-        block(x)
+    operators = count_operators(lambda: block(x))
 
     kinds: List[Tuple[str, Callable[[], Any]]] = [
         ("plain", lambda: block(x).sum().backward()),
@@ -247,7 +265,7 @@ def selective_overhead_per_operator(device: torch.device, sync: Callable[[], Non
             if i:  # the first round warms up
                 times[name].append(time.perf_counter() - t0)
     median = {name: statistics.median(ts) for name, ts in times.items()}
-    return max(0.0, (median["selective"] - median["plain"] - median["forward"]) / max(1, counter.count))
+    return max(0.0, (median["selective"] - median["plain"] - median["forward"]) / max(1, operators))
 
 
 def split_operator_classes(entry: str) -> Tuple[str, ...]:
