@@ -334,9 +334,7 @@ def is_gated_mlp(module: nn.Module) -> bool:
 
 def _experts_note(path: str, m: nn.Module) -> Optional[Note]:
     # Stacked experts hold two or more [experts, in, out] tensors (gate/up and down); a convolution's one weight
-    # of 3 or more dimensions is not that.
-    if isinstance(m, nn.modules.conv._ConvNd):
-        return None
+    # (3-D in Conv1d, more elsewhere) is not that.
     stacked = [n for n, p in m.named_parameters(recurse=False) if p.dim() == 3]
     if len(stacked) < 2:
         return None

@@ -393,20 +393,16 @@ def _traced_first_steps(stepper: _Stepper, progress: _Progress) -> Trace:
     step is the first: its log and allocator peak are the same cold or warm (byte for byte on the frontier models),
     and the timing steps after it are warm. Saves one step of the plan's handful."""
     model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
-    if _peak_from_trace(stepper):
-        progress.stage("profiling")
-        stepper.state.clear_grads()
-        loss_fn = _checking_loss(stepper.loss_fn)
-        trace = _first_step(stepper, lambda: trace_step(model, inputs, loss_fn, stepper.device, kwargs))
-        progress.tick(2)
-        return trace
-    progress.stage("warming up")
-    _first_step(stepper, stepper.step)
-    progress.tick()
-    stepper.state.clear_grads()
+    warm_up = not _peak_from_trace(stepper)
+    if warm_up:
+        progress.stage("warming up")
+        _first_step(stepper, stepper.step)
+        progress.tick()
     progress.stage("profiling")
-    trace = trace_step(model, inputs, stepper.loss_fn, stepper.device, kwargs)
-    progress.tick()
+    stepper.state.clear_grads()
+    loss_fn = _checking_loss(stepper.loss_fn)
+    trace = _first_step(stepper, lambda: trace_step(model, inputs, loss_fn, stepper.device, kwargs))
+    progress.tick(1 if warm_up else 2)  # the bar counts the warm-up step either way
     return trace
 
 
