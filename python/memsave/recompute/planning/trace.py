@@ -14,13 +14,13 @@ import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ...measurement.allocator import cpu_allocation_profiler, read_cpu_events
+from ...measurement.allocator import collector_paused, cpu_allocation_profiler, read_cpu_events
 from ...measurement.measuring import LossFn, tensors_in
 from ...measurement.tracker import LiveTensorTracker, storage_of
 
@@ -227,6 +227,7 @@ def trace_step(
                 torch.cuda.reset_peak_memory_stats(device)
                 tr.cuda_base = torch.cuda.memory_allocated(device)
             else:
+                stack_ctx.enter_context(collector_paused())  # as every CPU measurement (cpu_memory_stats)
                 prof = stack_ctx.enter_context(cpu_allocation_profiler())
             stack_ctx.enter_context(log)
             tr.marker(("start",))
@@ -260,9 +261,12 @@ def time_steps(
     steps: int,
     sync: Callable[[], None],
     kwargs: Optional[Dict[str, Any]] = None,
+    forward_context: Optional[Callable[[], ContextManager[Any]]] = None,
 ) -> List[Dict[str, Any]]:
-    """Time ``steps`` steps: start/end of every module call (in call order), forward, loss and backward."""
+    """Time ``steps`` steps: start/end of every module call (in call order), forward, loss and backward; each
+    forward inside ``forward_context()`` when given (the operator-class profiler's recording)."""
     kwargs = kwargs or {}
+    around_forward = forward_context or contextlib.nullcontext
     runs = []
     for _ in range(steps):
         t_call: List[float] = []
@@ -288,7 +292,8 @@ def time_steps(
                 p.grad = None
             sync()
             t0 = time.perf_counter()
-            out = model(*inputs, **kwargs)
+            with around_forward():
+                out = model(*inputs, **kwargs)
             sync()
             t1 = time.perf_counter()
             loss = loss_fn(out)
