@@ -169,6 +169,8 @@ def test_plan_cells_show_planning_times_and_the_cache():
     assert frontier.plan_cells(fresh) == ("2.3", "0.004")
     again = dict(plan_seconds=0.012, plan_cached=True, replan_seconds=2.5, replan_cached=False)
     assert frontier.plan_cells(again) == ("0.0 (cache)", "2.500 (not cached)")
+    # In eager steps (plan_seconds over eager's median step) once the rows are timed.
+    assert frontier.plan_cells({**fresh, "plan_steps": 5.46}) == ("2.3 (5.5 steps)", "0.004")
 
 
 def test_torchtitan_policy_saves_every_other_matmul_and_the_attention():

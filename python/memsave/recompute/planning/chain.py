@@ -31,7 +31,7 @@ from ..._C import planner_simulate, planner_solve
 from ..blocks import find_blocks
 from .trace import Trace
 
-__all__ = ["Chain", "Skip", "Stage", "StageModules", "build_chain"]
+__all__ = ["Chain", "Skip", "Stage", "StageModules", "build_chain", "split_into_stages"]
 
 
 @dataclass
@@ -416,6 +416,28 @@ def _buffer_bytes(tr: Trace, spans: List[_Span]) -> List[int]:
     return out
 
 
+def _stage_spans(tr: Trace, model: nn.Module) -> Tuple[List[_Span], List[int]]:
+    return _split_stages(tr, _frontier(tr, find_blocks(model)))
+
+
+def split_into_stages(tr: Trace, model: nn.Module) -> List[StageModules]:
+    """The stages :func:`build_chain` will make of the traced step, known before any step is timed (the planner's
+    operator-class profile, recorded in the timing steps, attributes operators to them).
+
+    Args:
+        tr: the traced step (:func:`.trace.trace_step`).
+        model: the traced model.
+
+    Returns:
+        per stage, its :class:`StageModules` (what :func:`build_chain` returns beside the chain).
+
+    Examples:
+        >>> [s.modules for s in split_into_stages(trace_step(model, (x,), loss_fn, device), model)]
+    """
+    spans, _ = _stage_spans(tr, model)
+    return _stage_modules(tr, spans)
+
+
 def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tuple[Chain, List[StageModules]]:
     """The cost model of the traced step: one :class:`Stage` per stage, the skips, and what each stage is.
 
@@ -432,7 +454,7 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
         >>> chain, stages = build_chain(trace_step(model, (x,), loss_fn, device), model, timing)
         >>> [s.modules for s in stages if s.recomputable]
     """
-    spans, owner = _split_stages(tr, _frontier(tr, find_blocks(model)))
+    spans, owner = _stage_spans(tr, model)
     n = len(spans)
     flow = _tensor_flow(tr, owner, n)
     fwd_peak = [tr.allocator_peak(sp.lo, sp.hi) for sp in spans]

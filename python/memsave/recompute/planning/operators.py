@@ -4,11 +4,11 @@ A selective region (:func:`memsave.selective`) keeps, in forward, the outputs of
 (``matmul``, ``conv``, ``attention``: :data:`memsave.recompute.selective.OPERATOR_CLASSES`) and recomputes only the
 other operators in backward. To plan with it, each stage of the chain needs, per class, the bytes of those outputs
 (held from the forward until the recompute reads them back) and the forward time of those operators (the recompute
-time a selective region saves). :func:`profile_operator_classes` measures both in a few forward passes under a
-``TorchDispatchMode`` that times every operator of a class and sums the storage bytes it returns, attributed to the
-stage whose modules are running, and counts every operator each stage dispatches; :func:`selective_variants` turns
-them into the chain's operator-class sets (``Chain.operator_classes``) and per-stage variants
-(``planner::Stage::selective_fwd_time`` / ``selective_kept_bytes``).
+time a selective region saves). :class:`OperatorClassProfiler` measures both in the forwards of the planner's timing
+steps under a ``TorchDispatchMode`` that times every operator of a class and sums the storage bytes it returns,
+attributed to the stage whose modules are running, and counts every operator each stage dispatches;
+:func:`selective_variants` turns them into the chain's operator-class sets (``Chain.operator_classes``) and
+per-stage variants (``planner::Stage::selective_fwd_time`` / ``selective_kept_bytes``).
 
 A selective region also costs what the recompute saves nothing on: torch's selective-checkpoint contexts run every
 operator of the region through a Python dispatch mode, in forward and again in the recompute, beside the region's
@@ -21,11 +21,12 @@ whose saving that overhead eats.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -38,9 +39,9 @@ from .chain import Chain, StageModules
 
 __all__ = [
     "ClassProfile",
+    "OperatorClassProfiler",
     "OperatorProfile",
     "count_operators",
-    "profile_operator_classes",
     "selective_overhead_per_operator",
     "selective_variants",
     "split_operator_classes",
@@ -52,7 +53,7 @@ ClassProfile = List[Dict[str, Tuple[int, float]]]
 
 @dataclass
 class OperatorProfile:
-    """What :func:`profile_operator_classes` measured: per stage, the classes' bytes and seconds (``classes``) and
+    """What :class:`OperatorClassProfiler` measured: per stage, the classes' bytes and seconds (``classes``) and
     the number of operators the stage dispatches in one forward (``operators``)."""
 
     classes: ClassProfile
@@ -94,81 +95,94 @@ class _ClassRecorder(TorchDispatchMode):
         return out
 
 
-def profile_operator_classes(
-    forward: Callable[[], Any],
-    model: nn.Module,
-    stage_modules: Sequence[StageModules],
-    classes: Sequence[str],
-    steps: int,
-    sync: Callable[[], None],
-) -> OperatorProfile:
-    """Bytes returned and time taken by each operator class in each recomputable stage, over ``steps`` forwards, and
-    the number of operators each such stage dispatches.
+class OperatorClassProfiler:
+    """Records, during the forwards run under :meth:`forward`, the bytes returned and time taken by each operator
+    class in each recomputable stage, and the operators each such stage dispatches.
+
+    The planner runs its timing steps' forwards under it: the recorder's dispatch mode adds a few microseconds to
+    every operator of those steps, eager's step and every stage alike, which moves the time model's ratios by far
+    less than its tolerance, and saves the separate forwards the classes took before.
 
     Args:
-        forward: runs the model's forward on the example inputs (with autograd on, as in training); its output is
-            dropped.
         model: the model; ``stage_modules`` name its modules.
-        stage_modules: the modules of the chain's stages (:func:`memsave.recompute.planning.chain.build_chain`);
+        stage_modules: the modules of the chain's stages (:func:`memsave.recompute.planning.chain.split_into_stages`);
             only recomputable module stages are profiled.
         classes: operator class names from :data:`OPERATOR_CLASSES`.
-        steps: forward passes timed (>= 1); times are medians, bytes those of the last pass.
         sync: waits for the device (``torch.cuda.synchronize`` on CUDA, a no-op on CPU).
 
-    Returns:
-        An :class:`OperatorProfile`: ``classes``, one dict per stage: class -> (bytes, seconds), classes without an
-        operator in the stage left out; ``operators``, per stage, the operators of one forward (0 for stages not
-        profiled).
-
     Raises:
-        ValueError: an unknown class or ``steps < 1``.
+        ValueError: an unknown class.
 
     Examples:
-        >>> prof = profile_operator_classes(lambda: model(x), model, stage_modules, ["matmul"], 3, lambda: None)
-        >>> prof.classes[3]["matmul"]   # (bytes of the outputs of stage 3's matrix products, their seconds)
-        >>> prof.operators[3]           # operators stage 3 dispatches in one forward
+        >>> profiler = OperatorClassProfiler(model, stage_modules, ["matmul"], lambda: None)
+        >>> with profiler.forward():
+        ...     model(x)
+        >>> profiler.result().classes[3]["matmul"]   # (bytes of stage 3's matrix products' outputs, their seconds)
     """
-    unknown = [c for c in classes if c not in OPERATOR_CLASSES]
-    if unknown or steps < 1:
-        raise ValueError(f"profile_operator_classes: unknown classes {unknown} or steps {steps} < 1")
-    op_class = {op: c for c in classes for op in operators_of(c)}
-    modules = dict(model.named_modules())
-    rec = _ClassRecorder(op_class, sync)
-    stack: List[Optional[int]] = []
-    handles = []
 
-    def enter(i: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any) -> None:
-            stack.append(rec.stage)
-            rec.stage = i
+    def __init__(
+        self,
+        model: nn.Module,
+        stage_modules: Sequence[StageModules],
+        classes: Sequence[str],
+        sync: Callable[[], None],
+    ) -> None:
+        unknown = [c for c in classes if c not in OPERATOR_CLASSES]
+        if unknown:
+            raise ValueError(f"OperatorClassProfiler: unknown operator classes {unknown}; known: {OPERATOR_CLASSES}")
+        self.rec = _ClassRecorder({op: c for c in classes for op in operators_of(c)}, sync)
+        modules = dict(model.named_modules())
+        self.stages = len(stage_modules)
+        self.watched = [
+            (i, modules[name])
+            for i, pc in enumerate(stage_modules)
+            if pc.kind == "module" and pc.recomputable
+            for name in pc.modules
+        ]
+        self.runs: List[Dict[Tuple[int, str], float]] = []
 
-        return hook
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        """Record the forward run inside the block (one run; the profile keeps the median of the runs' times)."""
+        rec, stack = self.rec, []
 
-    def leave(module: nn.Module, args: Any, output: Any) -> None:
-        if stack:
-            rec.stage = stack.pop()
+        def enter(i: int) -> Callable[..., None]:
+            def hook(module: nn.Module, args: Any) -> None:
+                stack.append(rec.stage)
+                rec.stage = i
 
-    for i, pc in enumerate(stage_modules):
-        if pc.kind != "module" or not pc.recomputable:
-            continue
-        for name in pc.modules:
-            handles.append(modules[name].register_forward_pre_hook(enter(i)))
-            handles.append(modules[name].register_forward_hook(leave, always_call=True))
-    runs: List[Dict[Tuple[int, str], float]] = []
-    try:
-        for _ in range(steps):
-            rec.bytes, rec.seconds, rec.operators = {}, {}, {}
+            return hook
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            if stack:
+                rec.stage = stack.pop()
+
+        handles = []
+        for i, module in self.watched:
+            handles.append(module.register_forward_pre_hook(enter(i)))
+            handles.append(module.register_forward_hook(leave, always_call=True))
+        rec.bytes, rec.seconds, rec.operators, rec.stage = {}, {}, {}, None
+        try:
             with rec:
-                out = forward()
-            del out
-            runs.append(rec.seconds)
-    finally:
-        for h in handles:
-            h.remove()
-    result: ClassProfile = [{} for _ in stage_modules]
-    for (i, c), b in rec.bytes.items():
-        result[i][c] = (b, statistics.median(r.get((i, c), 0.0) for r in runs))
-    return OperatorProfile(classes=result, operators=[rec.operators.get(i, 0) for i in range(len(stage_modules))])
+                yield
+            self.runs.append(rec.seconds)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def result(self) -> OperatorProfile:
+        """The profile: bytes of the last recorded run, seconds the median over runs.
+
+        Raises:
+            RuntimeError: no forward was recorded.
+        """
+        if not self.runs:
+            raise RuntimeError("OperatorClassProfiler.result: no forward was recorded (run one under .forward())")
+        rec = self.rec
+        classes: ClassProfile = [{} for _ in range(self.stages)]
+        for (i, c), b in rec.bytes.items():
+            classes[i][c] = (b, statistics.median(r.get((i, c), 0.0) for r in self.runs))
+        return OperatorProfile(classes=classes, operators=[rec.operators.get(i, 0) for i in range(self.stages)])
 
 
 class _ProbeBlock(nn.Module):
@@ -299,7 +313,7 @@ def selective_variants(
     Args:
         chain: the chain.
         stage_modules: the modules of its stages (in the same order).
-        profile: :func:`profile_operator_classes` of these stages.
+        profile: :meth:`OperatorClassProfiler.result` for these stages.
         overhead_per_operator: :func:`selective_overhead_per_operator` on the plan's device (seconds).
 
     Examples:

@@ -84,9 +84,9 @@ from .cache import (
     plan_key,
     store_plan,
 )
-from .chain import Chain, StageModules, build_chain
+from .chain import Chain, StageModules, build_chain, split_into_stages
 from .operators import (
-    profile_operator_classes,
+    OperatorClassProfiler,
     selective_overhead_per_operator,
     selective_variants,
     split_operator_classes,
@@ -417,15 +417,50 @@ def _checking_loss(loss_fn: LossFn) -> LossFn:
     return checked
 
 
+#: selective_overhead_per_operator per device, measured once per process: it times a toy block, so it says what the
+#: machine costs, not the model (0.1-0.2 s of every plan before).
+_SELECTIVE_OVERHEAD: Dict[str, float] = {}
+
+
+def _classes_in_timing_steps(stepper: _Stepper) -> bool:
+    """Whether the operator classes are recorded in the timing steps' forwards (CPU) rather than in forwards of their
+    own (CUDA: timing a class's operators synchronizes the device around each, which would stall the timed steps'
+    kernel queue; on a CPU the recorder adds a few microseconds an operator, within the timing's noise)."""
+    return stepper.device.type != "cuda"
+
+
+def _selective_overhead(stepper: _Stepper) -> float:
+    key = str(stepper.device)
+    if key not in _SELECTIVE_OVERHEAD:
+        _SELECTIVE_OVERHEAD[key] = selective_overhead_per_operator(stepper.device, stepper.sync)
+    return _SELECTIVE_OVERHEAD[key]
+
+
 def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, progress: _Progress) -> Profile:
     """Steps 1 and 2: trace and time the eager step, measure eager's peak, build the chain (see the module
     docstring)."""
     model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
     trace = _traced_first_steps(stepper, progress)
     stepper.loss_fn = _same_in_every_step(stepper.loss_fn)
+    classes_seen = OperatorClassProfiler(model, split_into_stages(trace, model), classes, stepper.sync)
+    in_timing = bool(classes) and _classes_in_timing_steps(stepper)
     progress.stage("timing stages")
-    timing = time_steps(model, inputs, stepper.loss_fn, len(trace.calls), timing_steps, stepper.sync, kwargs)
+    timing = time_steps(
+        model,
+        inputs,
+        stepper.loss_fn,
+        len(trace.calls),
+        timing_steps,
+        stepper.sync,
+        kwargs,
+        forward_context=classes_seen.forward if in_timing else None,
+    )
     progress.tick(timing_steps)
+    if classes and not in_timing:
+        progress.stage("profiling operator classes")
+        for _ in range(timing_steps):
+            with classes_seen.forward():
+                model(*inputs, **kwargs)
     if _peak_from_trace(stepper):
         eager_peak = trace.cpu_step_peak()
     else:
@@ -435,13 +470,9 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
     chain, stages = build_chain(trace, model, timing)
     met: List[Set[str]] = [set() for _ in stages]
     if classes:
-        progress.stage("profiling operator classes")
-        ops = profile_operator_classes(
-            lambda: model(*inputs, **kwargs), model, stages, classes, timing_steps, stepper.sync
-        )
-        selective_variants(chain, stages, ops, selective_overhead_per_operator(stepper.device, stepper.sync))
+        ops = classes_seen.result()
+        selective_variants(chain, stages, ops, _selective_overhead(stepper))
         met = [set(prof) for prof in ops.classes]
-        progress.tick()
     # Allocator-level memory the log cannot see (eager's); under compile the search's measurements correct it.
     none_peak = chain.simulate([(0, len(stages), False)])["peak_bytes"]
     chain.base_bytes = max(0, eager_peak - none_peak)
@@ -916,7 +947,7 @@ def _plan(
 ) -> Plan:
     """Steps 1-4 of :func:`plan` on checked arguments: profile, search, verify (the model's state put back)."""
     stepper = _stepper(model, example_inputs, args, compile)
-    steps = 4 + timing_steps + bool(args.classes) + SEARCH_ROUNDS - _peak_from_trace(stepper)
+    steps = 4 + timing_steps + SEARCH_ROUNDS - _peak_from_trace(stepper)
     stepper.progress = _Progress(progress_bar(steps, f"memsave.plan({type(model).__name__})", progress=progress))
     try:
         prof = _profile(stepper, args.classes, timing_steps, stepper.progress)
