@@ -37,7 +37,8 @@ A B C ... C B A, as a ratio to eager's median from the same interleaved block), 
 beyond eager's backward, by torch's FLOP formulas (``compat.count_flops``), as a fraction of eager's forward +
 backward FLOPs: the deterministic cost that the noisy time measures; n/a under compile, whose kernels do not
 dispatch), ``grad err`` (max |grad - eager's| / max |eager's|; 0 = bitwise), ``plan s`` (a planned row's
-``memsave.plan`` wall time, ``(cache)`` when the plan came from the plan cache), ``again s`` (the same
+``memsave.plan`` wall time and, in brackets, that time in eager steps (over eager's median step); ``(cache)`` when
+the plan came from the plan cache), ``again s`` (the same
 ``memsave.plan`` call made a second time: the plan cache's answer) and whether a plan's or compiled row's peak is
 within its budget. ``*`` marks the rows on a model's frontier: no other row has both a lower-or-equal peak and a
 lower-or-equal time. Plans are cached in a fresh temporary directory per run (``--plan-cache DIR``: that directory,
@@ -290,6 +291,8 @@ def bench_model(
     eager_s = statistics.median(times["eager"])
     for v, ts in times.items():
         rows[v].update(step_s=statistics.median(ts), times_s=ts, time_ratio=statistics.median(ts) / eager_s)
+        if "plan_seconds" in rows[v]:  # planning time in eager steps: what another machine would see, roughly
+            rows[v]["plan_steps"] = rows[v]["plan_seconds"] / eager_s
 
     if run_compile:
         compiled_rows(case, base, budgets, eager, rows, add, log, repeats, device, eager_peak, eager_acts, plan_cache)
@@ -533,17 +536,20 @@ def _cells(r: dict) -> Tuple[str, str, str, str, str]:
 
 
 def plan_cells(r: dict) -> Tuple[str, str]:
-    """A planned row's planning times: the first ``memsave.plan`` call's (``(cache)`` when its plan came from the
-    plan cache) and the second call's (``(not cached)`` when that one planned again); ``-`` for other rows and for
-    results written before these were recorded.
+    """A planned row's planning times: the first ``memsave.plan`` call's (with its eager steps, that time over eager's
+    median step; ``(cache)`` when its plan came from the plan cache) and the second call's (``(not cached)`` when
+    that one planned again); ``-`` for other rows and for results written before these were recorded.
 
     Examples:
         >>> plan_cells(dict(plan_seconds=2.31, plan_cached=False, replan_seconds=0.004, replan_cached=True))
         ('2.3', '0.004')
+        >>> plan_cells(dict(plan_seconds=2.31, plan_steps=5.43, replan_seconds=0.004, replan_cached=True))
+        ('2.3 (5.4 steps)', '0.004')
     """
     if "plan_seconds" not in r:
         return "-", "-"
-    first = f"{r['plan_seconds']:.1f}{' (cache)' if r.get('plan_cached') else ''}"
+    steps = f" ({r['plan_steps']:.1f} steps)" if "plan_steps" in r else ""
+    first = f"{r['plan_seconds']:.1f}{steps}{' (cache)' if r.get('plan_cached') else ''}"
     if "replan_seconds" not in r:
         return first, "-"
     return first, f"{r['replan_seconds']:.3f}{'' if r.get('replan_cached') else ' (not cached)'}"
@@ -556,7 +562,7 @@ def format_rows(res: dict) -> List[str]:
 
 #: The printed table's columns (a note follows them; ``*``: on the frontier); its cells are the markdown table's.
 TITLES = ("model", "variant", "peak", "ratio", "time", "recompute", "grad err", "plan s", "again s", "*")
-WIDTHS = (9, 22, 10, 6, 6, 9, 8, 11, 18, 1)
+WIDTHS = (9, 22, 10, 6, 6, 9, 8, 22, 18, 1)
 HEADER = harness.text_row(TITLES, WIDTHS)
 SKIPPED = ["-"] * 7 + [""]  # a skipped row's cells
 
@@ -584,7 +590,8 @@ def markdown(meta: dict, results: List[dict], plot_name: Optional[str]) -> str:
         "`torch.compile` under `activation_memory_budget` matched to the budget (the fraction of eager's activation "
         "bytes the budget leaves room for); `torchtitan sac`: the blocks of `torch blocks` under torchtitan's "
         "selective policy (save every other matrix product's output and every attention output, recompute the rest). "
-        "Plan s: the planned row's `memsave.plan` wall time (`(cache)`: it came from the plan cache); again s: the "
+        "Plan s: the planned row's `memsave.plan` wall time (in brackets, that time over eager's median step; "
+        "`(cache)`: it came from the plan cache); again s: the "
         "same call made again, answered by the plan cache. Peak: allocator-level, above the step's start. "
         "Time: median of "
         f"{meta['repeats']} interleaved steps as a ratio to eager's median in the same interleaved block (the "
