@@ -3,7 +3,8 @@
 - The dominance rule (:func:`memsave.recompute.planning.search.fastest`): the plan picked is never slower than
   another evaluated candidate with a lower or equal peak, and never above another of the same time; checked with
   injected costs and peaks (no live timing) in the optimal search, the minimum-memory choice and the compiled choice.
-- The progress bar's postfix names the stage (warming up, profiling, timing stages, ..., verifying candidate k/N).
+- The progress bar's postfix names the stage (warming up, profiling, timing stages, ..., verifying candidate k/N), and
+  the seconds each stage took are logged at DEBUG.
 - On CPU eager's peak is the traced step's own: the same number as a step measured without the log, on real models
   (Hugging Face GPT-2 and torchvision's ResNet-18 at small sizes).
 """
@@ -130,14 +131,15 @@ class _Bar:
 
 
 @pytest.mark.slow  # several plans of a real model (5-20 s on two loaded cores)
-def test_the_progress_bar_names_each_stage(monkeypatch):
+def test_the_progress_bar_names_each_stage(monkeypatch, caplog):
     pytest.importorskip("transformers")
     bars = []
     monkeypatch.setattr(planner, "progress_bar", lambda *a, **k: bars.append(_Bar(*a, **k)) or bars[-1])
     torch.manual_seed(0)
     model = hub.gpt2(2, 32, heads=4, vocab=128, positions=16)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
-    memsave.plan(model, input_ids=ids, labels=ids, budget=0.9, timing_steps=2, progress=True, cache=False)
+    with caplog.at_level("DEBUG", logger="memsave"):
+        p = memsave.plan(model, input_ids=ids, labels=ids, budget=0.9, timing_steps=2, progress=True, cache=False)
     (bar,) = bars
     stages = [s for i, s in enumerate(bar.stages) if i == 0 or s != bar.stages[i - 1]]
     # On CPU the traced step is the first one: no warm-up step before it.
@@ -146,6 +148,12 @@ def test_the_progress_bar_names_each_stage(monkeypatch):
     assert stages[3] == "verifying candidate 1/4"
     assert "measuring eager's peak" not in stages  # on CPU the traced step gave it
     assert bar.closed and bar.n <= bar.total
+    # The seconds of each stage, logged at DEBUG (and as a dict on the record).
+    (record,) = [r for r in caplog.records if hasattr(r, "memsave_plan_stages")]
+    spent = record.memsave_plan_stages
+    assert list(spent) == list(dict.fromkeys(stages)) and all(t >= 0 for t in spent.values())
+    assert sum(spent.values()) <= p.planning_seconds
+    assert "memsave.plan(GPT2LMHeadModel): profiling " in record.getMessage()
 
 
 # ------------------------------------------------------------------------------------ eager's peak from the trace

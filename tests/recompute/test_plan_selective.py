@@ -310,3 +310,42 @@ def test_selective_overhead_per_operator_is_measured_and_small() -> None:
 
     seconds = selective_overhead_per_operator(torch.device("cpu"), lambda: None)
     assert 0.0 < seconds < 1e-2  # dispatch modes and hooks per operator: tens of microseconds on a server CPU
+
+
+def test_operator_classes_recorded_in_the_timing_steps_match_forwards_of_their_own() -> None:
+    """The planner records the classes inside its timing steps' forwards (CPU): the same bytes per stage and class,
+    and the same operator counts, as forwards run under the profiler alone; every class time is positive."""
+    pytest.importorskip("transformers")
+    from memsave.recompute.planning.chain import split_into_stages
+    from memsave.recompute.planning.operators import OperatorClassProfiler
+    from memsave.recompute.planning.trace import time_steps, trace_step
+
+    torch.manual_seed(0)
+    model = hub.gpt2(2, 32, heads=4, vocab=128, positions=16)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    kwargs = {"input_ids": ids, "labels": ids}
+    loss_fn = lambda out: out.loss  # noqa: E731
+    trace = trace_step(model, (), loss_fn, torch.device("cpu"), kwargs)
+    stages = split_into_stages(trace, model)
+    in_timing = OperatorClassProfiler(model, stages, OPERATOR_CLASSES, lambda: None)
+    runs = time_steps(model, (), loss_fn, len(trace.calls), 2, lambda: None, kwargs, forward_context=in_timing.forward)
+    alone = OperatorClassProfiler(model, stages, OPERATOR_CLASSES, lambda: None)
+    for _ in range(2):
+        with alone.forward():
+            model(**kwargs)
+    got, want = in_timing.result(), alone.result()
+    assert len(runs) == 2 and len(in_timing.runs) == 2
+    assert got.operators == want.operators and sum(got.operators) > 0
+    bytes_of = lambda prof: [{c: b for c, (b, _) in per.items()} for per in prof.classes]  # noqa: E731
+    assert bytes_of(got) == bytes_of(want)
+    assert {"matmul", "attention"} <= set().union(*bytes_of(got))
+    assert all(t > 0 for per in got.classes for _, t in per.values())
+
+
+def test_operator_class_profiler_refuses_unknown_classes_and_an_empty_result() -> None:
+    from memsave.recompute.planning.operators import OperatorClassProfiler
+
+    with pytest.raises(ValueError, match="unknown operator classes"):
+        OperatorClassProfiler(nn.Linear(2, 2), [], ["softmax"], lambda: None)
+    with pytest.raises(RuntimeError, match="no forward was recorded"):
+        OperatorClassProfiler(nn.Linear(2, 2), [], ["matmul"], lambda: None).result()

@@ -104,14 +104,25 @@ logger = logging.getLogger(__name__)
 
 
 class _Progress:
-    """:func:`plan`'s progress bar (or none): the steps done, and the stage it is in as the bar's postfix."""
+    """:func:`plan`'s progress bar (or none): the steps done, and the stage it is in as the bar's postfix. With a
+    ``label``, closing it logs the seconds each stage took (DEBUG, docs/output.md)."""
 
-    def __init__(self, bar: Optional[Any] = None) -> None:
-        self.bar = bar
+    def __init__(self, bar: Optional[Any] = None, label: str = "") -> None:
+        self.bar, self.label = bar, label
+        self.started: List[Tuple[str, float]] = []  # (stage, when it started)
 
     def stage(self, text: str) -> None:
+        self.started.append((text, time.perf_counter()))
         if self.bar is not None:
             self.bar.set_postfix_str(text)
+
+    def seconds(self) -> Dict[str, float]:
+        """Seconds spent in each stage until now, in the order first entered (a stage entered again adds up)."""
+        ends = [t for _, t in self.started[1:]] + [time.perf_counter()]
+        spent: Dict[str, float] = {}
+        for (text, t0), t1 in zip(self.started, ends):
+            spent[text] = spent.get(text, 0.0) + t1 - t0
+        return spent
 
     def tick(self, n: int = 1) -> None:
         if self.bar is not None:
@@ -122,6 +133,10 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.label and self.started:
+            spent = self.seconds()
+            where = ", ".join(f"{text} {t:.2f} s" for text, t in spent.items())
+            logger.debug("memsave.plan(%s): %s", self.label, where, extra={"memsave_plan_stages": spent})
 
 
 class _Stepper:
@@ -948,7 +963,8 @@ def _plan(
     """Steps 1-4 of :func:`plan` on checked arguments: profile, search, verify (the model's state put back)."""
     stepper = _stepper(model, example_inputs, args, compile)
     steps = 4 + timing_steps + SEARCH_ROUNDS - _peak_from_trace(stepper)
-    stepper.progress = _Progress(progress_bar(steps, f"memsave.plan({type(model).__name__})", progress=progress))
+    bar = progress_bar(steps, f"memsave.plan({type(model).__name__})", progress=progress)
+    stepper.progress = _Progress(bar, label=type(model).__name__)
     try:
         prof = _profile(stepper, args.classes, timing_steps, stepper.progress)
         budget_bytes = parse_budget(budget, prof.eager_peak_bytes) if budget is not None else None
