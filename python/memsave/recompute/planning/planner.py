@@ -102,6 +102,12 @@ _SOLVERS = ("optimal", "sqrt", "none", "all", "min_memory")
 
 logger = logging.getLogger(__name__)
 
+#: Timed steps of a plan by default. Two, not three: the cost model's predictions move no more with 1, 2 or 3 (the
+#: spread over repeated profiles is 0.01-0.03 of eager's step on the four frontier models, far below how much a
+#: plan's measured time moves between runs; benchmarks/results/planning_time_cpu.md), and each step costs one
+#: eager step of planning time.
+TIMING_STEPS = 2
+
 
 class _Progress:
     """:func:`plan`'s progress bar (or none): the steps done, and the stage it is in as the bar's postfix. With a
@@ -361,7 +367,8 @@ def _check_arguments(model: nn.Module, timing_steps: int, everything: Tuple[Any,
     if isinstance(timing_steps, bool) or not isinstance(timing_steps, int) or timing_steps < 1:
         raise ValueError(
             f"memsave.plan: timing_steps must be an int >= 1 (the steps timed to estimate each stage's forward and "
-            f"backward time), got {timing_steps!r}; leave it at its default 3, or pass 1 for the quickest plan"
+            f"backward time), got {timing_steps!r}; leave it at its default {TIMING_STEPS}, or pass 1 for the "
+            f"quickest plan"
         )
     wrapped = [n for n, m in model.named_modules() if is_wrapped(m)]
     if wrapped:
@@ -691,7 +698,7 @@ def profile(
     *example_inputs: Any,
     loss_fn: Optional[LossFn] = None,
     selective: Union[bool, Sequence[str]] = True,
-    timing_steps: int = 3,
+    timing_steps: int = TIMING_STEPS,
     compile: bool = False,
     example_kwargs: Optional[Mapping[str, Any]] = None,
     **model_kwargs: Any,
@@ -820,7 +827,7 @@ def plan(
     verbose: bool = False,
     verify: bool = True,
     slots: int = 2000,
-    timing_steps: int = 3,
+    timing_steps: int = TIMING_STEPS,
     selective: Union[bool, Sequence[str]] = True,
     compile: bool = False,
     example_kwargs: Optional[Mapping[str, Any]] = None,
@@ -859,7 +866,8 @@ def plan(
             when the model was pessimistic, so the plan returned has a measured peak within the budget and is the
             cheapest such plan found.
         slots: memory slots of the solver's dynamic program (finer = closer to optimal, slower).
-        timing_steps: steps timed to estimate each stage's forward and backward time (an int >= 1).
+        timing_steps: steps timed to estimate each stage's forward and backward time (an int >= 1; default
+            :data:`TIMING_STEPS`, 2).
         selective: let the planner choose, per region, between recomputing it whole and *selective* recompute
             (:func:`memsave.selective`: keep the outputs of its matrix products, convolutions and attention kernels,
             recompute only the cheap operators), and which of those classes to keep, by the bytes and time each
