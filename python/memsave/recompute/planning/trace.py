@@ -161,6 +161,18 @@ def _module_names(model: nn.Module) -> Dict[int, str]:
     return {id(m): name for name, m in model.named_modules()}
 
 
+def _start_memory_readings(tr: Trace, stack: contextlib.ExitStack) -> Any:
+    """CUDA: the allocator's statistics reset, what is allocated now the base (None returned). CPU: the allocation
+    profiler entered on ``stack``, with the cyclic collector paused as in every CPU measurement (returned)."""
+    if tr.device.type == "cuda":
+        torch.cuda.synchronize(tr.device)
+        torch.cuda.reset_peak_memory_stats(tr.device)
+        tr.cuda_base = torch.cuda.memory_allocated(tr.device)
+        return None
+    stack.enter_context(collector_paused())
+    return stack.enter_context(cpu_allocation_profiler())
+
+
 def trace_step(
     model: nn.Module,
     inputs: Sequence[Any],
@@ -222,13 +234,7 @@ def trace_step(
     prof = None
     try:
         with contextlib.ExitStack() as stack_ctx:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-                tr.cuda_base = torch.cuda.memory_allocated(device)
-            else:
-                stack_ctx.enter_context(collector_paused())  # as every CPU measurement (cpu_memory_stats)
-                prof = stack_ctx.enter_context(cpu_allocation_profiler())
+            prof = _start_memory_readings(tr, stack_ctx)
             stack_ctx.enter_context(log)
             tr.marker(("start",))
             out = model(*inputs, **kwargs)
