@@ -1,5 +1,6 @@
 """The one CPU allocation-event reading rule (memsave.measurement.allocator.read_cpu_events), used by measure,
-compare, estimate's checks and the planner's trace: only frees of blocks allocated within the run count."""
+compare, estimate's checks and the planner's trace: only frees of blocks allocated within the run count; and no
+cyclic garbage collection runs inside a measured call."""
 
 from __future__ import annotations
 
@@ -58,3 +59,48 @@ def test_the_planner_trace_reads_cpu_memory_by_the_same_rule() -> None:
         tr.marker(("end",))
     tr.finish_cpu(prof)
     assert tr.allocator_peak(0, len(tr.events)) == kept.untyped_storage().nbytes()
+
+
+def test_no_cyclic_collection_runs_inside_a_measurement_and_the_collector_is_left_as_it_was() -> None:
+    import gc
+
+    import pytest
+
+    collections: list = []
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    during: list = []  # collections seen by the end of each churn call
+
+    def churn() -> torch.Tensor:
+        collections.clear()
+        for _ in range(5000):  # cyclic garbage enough to trigger generation-0 collections when enabled
+            a: list = []
+            a.append(a)
+        during.append(len(collections))
+        return torch.ones(1024)
+
+    gc.callbacks.append(note)
+    was_on = gc.isenabled()
+    try:
+        gc.enable()
+        stats = cpu_memory_stats(churn)
+        assert during[-1] == 0 and gc.isenabled()
+        assert stats.net_bytes == 4096
+        churn()
+        assert during[-1] > 0, "the collector runs in the same call outside a measurement (else this checks nothing)"
+        gc.disable()
+        cpu_memory_stats(churn)
+        assert not gc.isenabled()  # a collector the caller turned off stays off
+        gc.enable()
+        with pytest.raises(RuntimeError, match="boom"):
+            cpu_memory_stats(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+        assert gc.isenabled()  # and back on after a failing call
+    finally:
+        gc.callbacks.remove(note)
+        if was_on:
+            gc.enable()
+        else:
+            gc.disable()
