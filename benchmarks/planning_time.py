@@ -14,8 +14,11 @@ For each model of ``real_models.py`` (the frontier's sizes, float32, random weig
   eager's peak, without measuring either: the median and IQR over rounds say how much the cost model's predictions
   move with k (the measured times of a plan move by 0.05-0.1 between runs on this project's CPU machine:
   benchmarks/README.md). Profile seconds are the median over rounds.
+* **Under compile** (``--compile-models``): one ``torch.compile`` of a copy of the model and its first step, then
+  ``memsave.plan(..., budget=--compile-budget, compile=True)``: its seconds, that time in compiles, and the seconds
+  of each stage (every candidate, partitioner budget and finalist compiles the model afresh).
 
-    python3 benchmarks/planning_time.py                       # the committed CPU run
+    python3 benchmarks/planning_time.py --compile-models gpt2  # the committed CPU run
     python3 benchmarks/planning_time.py --models gpt2 --rounds 4 --no-save
 
 Writes ``benchmarks/results/planning_time_<device>.json`` and ``.md`` with the machine, versions, commit and load.
@@ -24,12 +27,14 @@ Writes ``benchmarks/results/planning_time_<device>.json`` and ``.md`` with the m
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import logging
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -72,17 +77,27 @@ def eager_step_seconds(case: Case, steps: int) -> float:
     return statistics.median(times)
 
 
-def planning_rows(name: str, plans: int, steps: int) -> Dict[str, Any]:
-    """Part one for one model: each plan's seconds, eager steps and stage seconds (see the module docstring)."""
-    case = prepare(name, torch.device("cpu"), quick=False)
-    planner._SELECTIVE_OVERHEAD.clear()  # as in a fresh process: the first plan measures the probe
+@contextlib.contextmanager
+def stage_records() -> Iterator[_StageRecords]:
+    """The ``memsave`` logger at DEBUG for the block, its plans' stage seconds kept by the handler yielded."""
     records = _StageRecords()
     log = logging.getLogger("memsave")
     level = log.level
     log.addHandler(records)
     log.setLevel(logging.DEBUG)
-    seconds, segments = [], []
     try:
+        yield records
+    finally:
+        log.removeHandler(records)
+        log.setLevel(level)
+
+
+def planning_rows(name: str, plans: int, steps: int) -> Dict[str, Any]:
+    """Part one for one model: each plan's seconds, eager steps and stage seconds (see the module docstring)."""
+    case = prepare(name, torch.device("cpu"), quick=False)
+    planner._SELECTIVE_OVERHEAD.clear()  # as in a fresh process: the first plan measures the probe
+    seconds, segments = [], []
+    with stage_records() as records:
         for _ in range(plans):
             t0 = time.perf_counter()
             p = memsave.plan(
@@ -96,9 +111,6 @@ def planning_rows(name: str, plans: int, steps: int) -> Dict[str, Any]:
             )
             seconds.append(time.perf_counter() - t0)
             segments.append(len(p.regions()))
-    finally:
-        log.removeHandler(records)
-        log.setLevel(level)
     step_s = eager_step_seconds(case, steps)
     return dict(
         eager_step_s=step_s,
@@ -106,6 +118,41 @@ def planning_rows(name: str, plans: int, steps: int) -> Dict[str, Any]:
         plan_steps=[s / step_s for s in seconds],
         stages_s=records.stages,
         regions=segments,
+    )
+
+
+def compiled_row(name: str, budget: float) -> Dict[str, Any]:
+    """Part three for one model: one ``torch.compile`` and its first step (a copy of the model), then
+    ``memsave.plan(..., budget=budget, compile=True)`` with its stage seconds."""
+    case = prepare(name, torch.device("cpu"), quick=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(case.model))
+    t0 = time.perf_counter()
+    case.loss_fn(compiled(*case.args, **case.kwargs)).backward()
+    compile_s = time.perf_counter() - t0
+    del compiled
+    torch._dynamo.reset()
+    with stage_records() as records:
+        t0 = time.perf_counter()
+        p = memsave.plan(
+            case.model,
+            *case.args,
+            budget=budget,
+            loss_fn=case.loss_fn,
+            example_kwargs=case.kwargs,
+            cache=False,
+            progress=False,
+            compile=True,
+        )
+        plan_s = time.perf_counter() - t0
+    return dict(
+        budget=budget,
+        compile_s=compile_s,
+        plan_s=plan_s,
+        plan_compiles=plan_s / compile_s,
+        stages_s=records.stages[-1],
+        regions=len(p.regions()),
+        activation_memory_budget=p.activation_memory_budget,
     )
 
 
@@ -139,9 +186,9 @@ def prediction_noise(name: str, rounds: int) -> Dict[str, Any]:
 def text_lines(results: Dict[str, Dict[str, Any]]) -> List[str]:
     """The printed tables (the markdown page's, as plain text)."""
     lines = [f"{'model':<9} {'step s':>7} {'first plan':>18} {'later plans':>18}  stages of the first plan"]
-    for name, r in results.items():
+    for name, r in _with(results, "plans"):
         first, later = r["plans"]["plan_s"][0], r["plans"]["plan_s"][1:]
-        stages = ", ".join(f"{k} {v:.2f}" for k, v in r["plans"]["stages_s"][0].items())
+        stages = _stages(r["plans"]["stages_s"][0], ", ")
         later_cell = f"{statistics.median(later):.2f} s ({statistics.median(r['plans']['plan_steps'][1:]):.1f} st)"
         lines.append(
             f"{name:<9} {r['plans']['eager_step_s']:>7.3f} {first:>7.2f} s ({r['plans']['plan_steps'][0]:.1f} st) "
@@ -154,15 +201,31 @@ def text_lines(results: Dict[str, Dict[str, Any]]) -> List[str]:
                 f"{name:<9} {k:>5} {d['profile_s']:>9.2f} {d['sqrt']['median']:>12.3f} ({d['sqrt']['iqr']:.3f}) "
                 f"{d['optimal']['median']:>8.3f} ({d['optimal']['iqr']:.3f})"
             )
+    for name, r in _with(results, "compiled"):
+        c = r["compiled"]
+        lines += [
+            "",
+            f"{name}: one torch.compile + first step {c['compile_s']:.1f} s; plan(compile=True, budget={c['budget']}) "
+            f"{c['plan_s']:.1f} s = {c['plan_compiles']:.1f} compiles: {_stages(c['stages_s'], ', ')}",
+        ]
     return lines
+
+
+def _with(results: Dict[str, Dict[str, Any]], part: str) -> List[Any]:
+    """The (model, result) pairs that have ``part`` (``plans``, ``noise``, ``compiled``)."""
+    return [(name, r) for name, r in results.items() if part in r]
+
+
+def _stages(spent: Dict[str, float], sep: str) -> str:
+    return sep.join(f"{k} {v:.2f}" for k, v in spent.items())
 
 
 def markdown(meta: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> str:
     """The results page."""
     plan_rows = []
-    for name, r in results.items():
+    for name, r in _with(results, "plans"):
         p = r["plans"]
-        stages = "; ".join(f"{k} {v:.2f}" for k, v in p["stages_s"][0].items())
+        stages = _stages(p["stages_s"][0], "; ")
         later = f"{statistics.median(p['plan_s'][1:]):.2f} ({statistics.median(p['plan_steps'][1:]):.1f})"
         plan_rows.append(
             f"| {name} | {p['eager_step_s']:.3f} | {p['plan_s'][0]:.2f} ({p['plan_steps'][0]:.1f}) | "
@@ -172,8 +235,24 @@ def markdown(meta: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> str:
         f"| {name} | {k} | {d['profile_s']:.2f} | {d['sqrt']['median']:.3f} ({d['sqrt']['iqr']:.3f}, "
         f"{d['sqrt']['max'] - d['sqrt']['min']:.3f}) | {d['optimal']['median']:.3f} ({d['optimal']['iqr']:.3f}, "
         f"{d['optimal']['max'] - d['optimal']['min']:.3f}) |"
-        for name, r in results.items()
-        for k, d in r.get("noise", {}).items()
+        for name, r in _with(results, "noise")
+        for k, d in r["noise"].items()
+    ]
+    compiled_rows = [
+        f"| {name} | {r['compiled']['budget']} | {r['compiled']['compile_s']:.1f} | {r['compiled']['plan_s']:.1f} "
+        f"({r['compiled']['plan_compiles']:.1f}) | {_stages(r['compiled']['stages_s'], '; ')} |"
+        for name, r in _with(results, "compiled")
+    ]
+    compiled_part = [
+        "## Under compile: `memsave.plan(..., compile=True)`",
+        "",
+        "One `torch.compile` of a copy of the model and its first step, then the compiled plan (in brackets: its "
+        "time over that compile's), with the seconds of each stage.",
+        "",
+        "| model | budget | one compile + first step s | plan s (compiles) | stages, s |",
+        "|---|---|---|---|---|",
+        *compiled_rows,
+        "",
     ]
     return "\n".join(
         [
@@ -203,6 +282,7 @@ def markdown(meta: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> str:
             "|---|---|---|---|---|",
             *noise_rows,
             "",
+            *(compiled_part if compiled_rows else []),
         ]
     )
 
@@ -215,6 +295,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=7, help="plain steps timed for eager's step (default 7)")
     p.add_argument("--rounds", type=int, default=6, help="interleaved rounds per timing-step count (default 6)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as the frontier's run)")
+    p.add_argument("--compile-models", nargs="*", default=[], choices=MODELS, help="also plan these with compile=True")
+    p.add_argument("--compile-budget", type=float, default=0.8, help="their budget (default 0.8 of eager's peak)")
     harness.output_arguments(p, SCRIPT, rewritten=None)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -225,6 +307,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.rounds > 0:
             results[name]["noise"] = prediction_noise(name, args.rounds)
         print(f"{name} done after {clock.minutes():.1f} min", flush=True)
+    for name in args.compile_models:
+        results.setdefault(name, {})["compiled"] = compiled_row(name, args.compile_budget)
+        print(f"{name} compiled done after {clock.minutes():.1f} min", flush=True)
     print("\n".join(text_lines(results)))
     options = dict(plans=args.plans, steps=args.steps, rounds=args.rounds)
     harness.finish_run(SCRIPT, args, argv, clock, dict(results=results), lambda m: markdown(m, results), **options)
