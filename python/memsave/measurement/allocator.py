@@ -22,9 +22,9 @@ from ..common import compat
 __all__ = [
     "CpuEvents",
     "CpuMemoryStats",
+    "collector_paused",
     "cpu_allocation_profiler",
     "cpu_memory_stats",
-    "collector_paused",
     "cpu_peak_bytes",
     "read_cpu_events",
     "step_peak_bytes",

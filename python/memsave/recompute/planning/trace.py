@@ -269,8 +269,28 @@ def time_steps(
     kwargs: Optional[Dict[str, Any]] = None,
     forward_context: Optional[Callable[[], ContextManager[Any]]] = None,
 ) -> List[Dict[str, Any]]:
-    """Time ``steps`` steps: start/end of every module call (in call order), forward, loss and backward; each
-    forward inside ``forward_context()`` when given (the operator-class profiler's recording)."""
+    """Time ``steps`` steps: start/end of every module call (in call order), forward, loss and backward.
+
+    Args:
+        model, inputs, loss_fn, kwargs: one step is ``loss_fn(model(*inputs, **kwargs)).backward()`` (gradients set
+            to None first).
+        n_calls: the module calls the traced step made; every timed step must make as many.
+        steps: how many steps to time.
+        sync: waits for the device (``torch.cuda.synchronize`` on CUDA, a no-op on CPU).
+        forward_context: when given, each forward runs inside ``forward_context()`` (the planner records the
+            operator classes there: :meth:`.operators.OperatorClassProfiler.forward`).
+
+    Returns:
+        one dict per step: ``t_call`` (start of each module call, in call order), ``t_ret`` (call index -> its end)
+        and ``t0``..``t3`` (forward start, forward end, loss end, backward end), all ``time.perf_counter()``.
+
+    Raises:
+        RuntimeError: a step made another number of module calls than ``n_calls``.
+
+    Examples:
+        >>> runs = time_steps(model, (x,), lambda y: y.sum(), len(trace.calls), 2, lambda: None)
+        >>> runs[0]["t3"] - runs[0]["t0"]   # the first timed step's seconds
+    """
     kwargs = kwargs or {}
     around_forward = forward_context or contextlib.nullcontext
     runs = []
