@@ -194,3 +194,32 @@ def test_the_faster_of_regions_and_torchs_partitioner_within_the_budget(
     for name, want in case["grads"].items():
         error = (grads[name].double() - want.double()).abs().max().item()
         assert error <= REL * want.double().abs().max().item() + 1e-7, name
+
+
+def test_finalists_are_the_programs_already_measured(case: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every plan, partitioner budget and finalist is compiled once: the finalists' interleaved timing runs the
+    compiled programs whose peaks were measured, without compiling again; the chosen plan still fits compiled."""
+    from memsave.recompute.planning import planner
+
+    model, inputs, loss_fn = case["model"], case["inputs"], case["loss_fn"]
+    budget = int(case["blocks"] + 0.75 * (case["eager"] - case["blocks"]))
+    compiled: List[int] = []  # per compile: how many finalist timings had begun
+    timings: List[int] = []
+    real_compile, real_ratios = planner.compile_at, planner._Stepper.compiled_ratios
+
+    def counting_compile(m: nn.Module, partitioner: Any) -> nn.Module:
+        compiled.append(len(timings))
+        return real_compile(m, partitioner)
+
+    def counting_ratios(self: Any, plans: Sequence[memsave.Plan], rounds: int = 5) -> List[float]:
+        timings.append(len(plans))
+        return real_ratios(self, plans, rounds=1)
+
+    monkeypatch.setattr(planner, "compile_at", counting_compile)
+    monkeypatch.setattr(planner._Stepper, "compiled_ratios", counting_ratios)
+    p = memsave.plan(model, budget=budget, loss_fn=loss_fn, compile=True, selective=False, timing_steps=1, **inputs)
+    assert timings == [2], p.summary()  # regions against torch's partitioner
+    assert compiled and not any(compiled), compiled
+    assert p.measured_peak_bytes is not None and p.measured_peak_bytes <= budget, p.summary()
+    # eager, at least one candidate and the partitioner's budgets: each compiled once
+    assert len(compiled) >= 3

@@ -118,6 +118,21 @@ def partitioner_budget(activation_memory_budget: Optional[float]) -> ContextMana
     return config.patch(activation_memory_budget=activation_memory_budget)
 
 
+def dynamo_recompile_limit(limit: int) -> ContextManager[Any]:
+    """dynamo's limit on compiled entries per code object raised to ``limit`` inside (``recompile_limit``, named
+    ``cache_size_limit`` before): past the limit dynamo runs the frame uncompiled, silently but for a warning.
+
+    Raises:
+        RuntimeError: this torch's dynamo config has neither setting.
+    """
+    import torch._dynamo.config as config
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            return config.patch(**{name: max(limit, getattr(config, name))})
+    raise _missing("several compiled programs of one model", "torch._dynamo.config.recompile_limit")
+
+
 def compile_backend(
     backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]
 ) -> Callable[..., Any]:

@@ -46,6 +46,7 @@ allocated before it: ``max_memory_allocated`` on CUDA, the profiler's allocation
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
@@ -54,11 +55,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import nn
 
+from ...common import compat
 from ...common.progress import progress_bar
 from ...errors import InfeasibleBudgetError, MemsaveWarning
 from ...measurement.allocator import step_peak_bytes
@@ -161,6 +163,7 @@ class _Stepper:
         self.model, self.inputs, self.kwargs, self.loss_fn = model, inputs, kwargs, loss_fn
         self.device, self.state, self.compiled = device, state, compiled
         self.progress = _Progress()
+        self.programs: Dict[Tuple[Any, ...], Callable[..., Any]] = {}  # compiled programs (:meth:`program`)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -173,46 +176,66 @@ class _Stepper:
         _check_loss(out, loss)
         loss.backward()
 
-    def peak(self, partitioner: Optional[float] = None) -> int:
-        """One step's peak: of the model as it is now, under a fresh ``torch.compile`` when planning for compile
-        (compiled, and its first step run, outside the measured step), torch's partitioner at its default or at
-        the ``partitioner`` budget."""
+    def peak(self, plan: Optional[Plan] = None, partitioner: Optional[float] = None) -> int:
+        """One step's peak with ``plan``'s regions (None: none). Eager: the regions installed on the model for the
+        step and removed again. Under compile: the plan's compiled program (:meth:`program`), torch's partitioner at
+        its default or at the ``partitioner`` budget."""
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"memsave.plan: device type {self.device.type!r} is not supported; use 'cpu' or 'cuda'")
-        if not self.compiled:
+        if self.compiled:
+            run = self.program(plan, partitioner)
+            self.state.clear_grads()
+            return step_peak_bytes(lambda: self.step(run), self.device)
+        changed = apply_regions(self.model, plan) if plan is not None else []
+        try:
             self.state.clear_grads()
             return step_peak_bytes(self.step, self.device)
-        torch._dynamo.reset()  # each candidate plan changes the modules' forwards: compile afresh
-        run = self.compile(self.model, partitioner)
-        self.state.clear_grads()
-        return step_peak_bytes(lambda: self.step(run), self.device)
+        finally:
+            for m in changed:
+                unwrap_module(m)
 
-    def compile(self, model: nn.Module, partitioner: Optional[float]) -> Callable[..., Any]:
-        """``torch.compile`` of ``model`` (the planned model or a copy sharing its state), torch's partitioner at
-        ``partitioner``, its first step run (which compiles)."""
-        run = compile_at(model, partitioner)
-        self.step(run)
-        return run
+    def has_program(self, plan: Optional[Plan], partitioner: Optional[float]) -> bool:
+        return _program_key(plan, partitioner) in self.programs
+
+    def program(self, plan: Optional[Plan], partitioner: Optional[float]) -> Callable[..., Any]:
+        """The compiled program of ``plan``'s regions (None: none) under torch's partitioner at ``partitioner``:
+        ``torch.compile`` of a copy of the model sharing its parameters and buffers, with the regions installed,
+        its first step run (which compiles). Compiled once per plan and partitioner budget and kept until planning
+        ends, so that the finalists timed at the end are the programs already measured, not compiled again (each
+        program is a dynamo cache entry of its own: :class:`.partitioner.PartitionerBackend`)."""
+        key = _program_key(plan, partitioner)
+        if key not in self.programs:
+            model = _sharing_copy(self.model)
+            if plan is not None:
+                apply_regions(model, plan)
+            run = compile_at(model, partitioner)
+            self.step(run)
+            self.programs[key] = run
+        return self.programs[key]
 
     def compiled_ratios(self, plans: Sequence[Plan], rounds: int = 5) -> List[float]:
-        """Each plan's compiled step time over the first plan's, the median over rounds of one interleaved block:
-        each plan applied to its own copy of the model (sharing its parameters and buffers) and compiled under its
-        own partitioner budget, so that load changing during the block hits all alike."""
-        torch._dynamo.reset()
+        """Each plan's compiled step time over the first plan's, the median over rounds of one interleaved block of
+        the plans' compiled programs (:meth:`program`, each under the plan's own partitioner budget), so that load
+        changing during the block hits all alike."""
         steps: Dict[str, Callable[[], None]] = {}
         try:
             for i, p in enumerate(plans):
-                self.progress.stage(f"compiling finalist {i + 1}/{len(plans)}")
-                model = _sharing_copy(self.model)
-                apply_regions(model, p)
-                run = self.compile(model, p.activation_memory_budget)
-                steps[str(i)] = functools.partial(self.step, run)
+                if not self.has_program(p, p.activation_memory_budget):
+                    self.progress.stage(f"compiling finalist {i + 1}/{len(plans)}")
+                steps[str(i)] = functools.partial(self.step, self.program(p, p.activation_memory_budget))
             self.progress.stage(f"timing {len(plans)} compiled finalists")
             timing = time_interleaved(steps, rounds=rounds, max_rounds=rounds)
         finally:
-            torch._dynamo.reset()
             self.state.clear_grads()
         return [timing[str(i)].ratio for i in range(len(plans))]
+
+
+def _program_key(plan: Optional[Plan], partitioner: Optional[float]) -> Tuple[Any, ...]:
+    """What makes a compiled program: the plan's regions (none for None or a plan without one), what each keeps,
+    and the partitioner budget."""
+    if plan is None or not plan.regions():
+        return ((), (), partitioner)
+    return (tuple(plan.segments), tuple(plan.selective), partitioner)
 
 
 def _sharing_copy(model: nn.Module) -> nn.Module:
@@ -464,8 +487,10 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
     model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
     trace = _traced_first_steps(stepper, progress)
     stepper.loss_fn = _same_in_every_step(stepper.loss_fn)
-    classes_seen = OperatorClassProfiler(model, split_into_stages(trace, model), classes, stepper.sync)
-    in_timing = bool(classes) and _classes_in_timing_steps(stepper)
+    classes_seen = None
+    if classes:  # selective=False records none
+        classes_seen = OperatorClassProfiler(model, split_into_stages(trace, model), classes, stepper.sync)
+    in_timing = classes_seen is not None and _classes_in_timing_steps(stepper)
     progress.stage("timing stages")
     timing = time_steps(
         model,
@@ -475,10 +500,10 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
         timing_steps,
         stepper.sync,
         kwargs,
-        forward_context=classes_seen.forward if in_timing else None,
+        forward_context=classes_seen.forward if classes_seen is not None and in_timing else None,
     )
     progress.tick(timing_steps)
-    if classes and not in_timing:
+    if classes_seen is not None and not in_timing:
         progress.stage("profiling operator classes")
         for _ in range(timing_steps):
             with classes_seen.forward():
@@ -491,7 +516,7 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
         progress.tick()
     chain, stages = build_chain(trace, model, timing)
     met: List[Set[str]] = [set() for _ in stages]
-    if classes:
+    if classes_seen is not None:
         ops = classes_seen.result()
         selective_variants(chain, stages, ops, _selective_overhead(stepper))
         met = [set(prof) for prof in ops.classes]
@@ -511,30 +536,25 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
 
 
 class _Measure:
-    """A candidate plan's measured peak: applied in place, one step measured (compiled when planning for
-    compile), removed again; each distinct plan measured once. ``expected``: how many candidates the progress bar
-    foresees (more are counted as they come)."""
+    """A candidate plan's measured peak (:meth:`_Stepper.peak`: eager, its regions installed for one step; under
+    compile, its compiled program); each distinct plan measured once, a plan without a region taken as eager.
+    ``expected``: how many candidates the progress bar foresees (more are counted as they come)."""
 
-    def __init__(self, model: nn.Module, stepper: _Stepper, eager_peak: int, expected: int = SEARCH_ROUNDS) -> None:
-        self.model, self.stepper, self.eager_peak, self.expected = model, stepper, eager_peak, expected
+    def __init__(self, stepper: _Stepper, eager_peak: int, expected: int = SEARCH_ROUNDS) -> None:
+        self.stepper, self.eager_peak, self.expected = stepper, eager_peak, expected
         self.cache: Dict[Tuple[Any, ...], int] = {}
         self.measured = 0
 
     def __call__(self, p: Plan) -> int:
-        key = (tuple(p.segments), tuple(p.selective))
+        key = _program_key(p, None)
         if key not in self.cache:
-            if not any(r for _, _, r in p.segments):
+            if not p.regions():
                 self.cache[key] = self.eager_peak
             else:
                 self.measured += 1
                 what = "compiling and measuring" if self.stepper.compiled else "verifying"
                 self.stepper.progress.stage(f"{what} candidate {self.measured}/{max(self.measured, self.expected)}")
-                changed = apply_regions(self.model, p)
-                try:
-                    self.cache[key] = self.stepper.peak()
-                finally:
-                    for m in changed:
-                        unwrap_module(m)
+                self.cache[key] = self.stepper.peak(p)
                 self.stepper.progress.tick()
         return self.cache[key]
 
@@ -542,6 +562,11 @@ class _Measure:
 #: How many partitioner budgets (``torch._functorch.config.activation_memory_budget``) ``plan(compile=True)``
 #: measures when it bisects [0, 1] for the highest one whose compiled peak fits (0.5, then 0.75 or 0.25, ...).
 PARTITIONER_PROBES = 4
+
+#: dynamo's recompile limit while ``plan(compile=True)`` runs: it keeps the compiled program of every plan it measured
+#: (eager, up to :data:`.search.SEARCH_ROUNDS` candidates per chain, the minimum-memory plans, the partitioner
+#: budgets), each a cache entry on the model's code objects, and dynamo runs a frame past its limit uncompiled.
+COMPILED_PROGRAMS = 64
 
 
 def _partitioner_plan(prof: Profile, stepper: _Stepper, budget_bytes: int, slots: int) -> Optional[Plan]:
@@ -554,14 +579,14 @@ def _partitioner_plan(prof: Profile, stepper: _Stepper, budget_bytes: int, slots
     for _ in range(PARTITIONER_PROBES):
         partitioner = (low + high) / 2
         stepper.progress.stage(f"compiling under torch's partitioner at {partitioner:g}")
-        peak = stepper.peak(partitioner)
+        peak = stepper.peak(None, partitioner)
         if peak <= budget_bytes:
             found, low = (partitioner, peak), partitioner
         else:
             high = partitioner
     if found is None:
         stepper.progress.stage("compiling under torch's partitioner at 0")
-        peak = stepper.peak(0.0)
+        peak = stepper.peak(None, 0.0)
         if peak > budget_bytes:
             return None
         found = (0.0, peak)
@@ -693,6 +718,22 @@ def _warn_if_empty(result: Plan, budget_bytes: Optional[int], eager_peak_bytes: 
     )
 
 
+@contextlib.contextmanager
+def _planning_scope(stepper: _Stepper) -> Iterator[None]:
+    """Around profiling and search: the model's state put back at the end; under compile, dynamo's recompile limit
+    raised for the programs kept meanwhile (:meth:`_Stepper.program`), which are dropped at the end (they hold the
+    model)."""
+    with contextlib.ExitStack() as scope:
+        if stepper.compiled:
+            scope.enter_context(compat.dynamo_recompile_limit(COMPILED_PROGRAMS))
+        try:
+            yield
+        finally:
+            if stepper.compiled:
+                torch._dynamo.reset()
+            stepper.state.restore()
+
+
 def profile(
     model: nn.Module,
     *example_inputs: Any,
@@ -722,10 +763,8 @@ def profile(
     """
     args = _checked(model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs)
     stepper = _stepper(model, example_inputs, args, compile)
-    try:
+    with _planning_scope(stepper):
         return _profile(stepper, args.classes, timing_steps, _Progress())
-    finally:
-        stepper.state.restore()
 
 
 @dataclass
@@ -973,16 +1012,14 @@ def _plan(
     steps = 4 + timing_steps + SEARCH_ROUNDS - _peak_from_trace(stepper)
     bar = progress_bar(steps, f"memsave.plan({type(model).__name__})", progress=progress)
     stepper.progress = _Progress(bar, label=type(model).__name__)
-    try:
-        prof = _profile(stepper, args.classes, timing_steps, stepper.progress)
-        budget_bytes = parse_budget(budget, prof.eager_peak_bytes) if budget is not None else None
-        measure = _Measure(model, stepper, prof.eager_peak_bytes, SEARCH_ROUNDS if solver == "optimal" else 1)
-        stepper.progress.stage("solving")
-        if compile:
-            return _search_compiled(prof, stepper, budget_bytes, solver, measure, slots)
-        return search(prof, budget_bytes, solver, measure, slots, verify=verify)
-    finally:
-        stepper.progress.close()
-        if compile:
-            torch._dynamo.reset()  # drop the candidates' compiled code, which holds the model
-        stepper.state.restore()
+    with _planning_scope(stepper):
+        try:
+            prof = _profile(stepper, args.classes, timing_steps, stepper.progress)
+            budget_bytes = parse_budget(budget, prof.eager_peak_bytes) if budget is not None else None
+            measure = _Measure(stepper, prof.eager_peak_bytes, SEARCH_ROUNDS if solver == "optimal" else 1)
+            stepper.progress.stage("solving")
+            if compile:
+                return _search_compiled(prof, stepper, budget_bytes, solver, measure, slots)
+            return search(prof, budget_bytes, solver, measure, slots, verify=verify)
+        finally:
+            stepper.progress.close()
