@@ -917,9 +917,10 @@ def plan(
             A selective plan is never worse placed than a module-level one: the module-level chain is searched
             too before a budget is declared infeasible, so ``True`` fits every budget ``False`` fits.
         compile: plan for the compiled step, :meth:`Plan.compile` (``torch.compile(memsave.wrap(model, plan))``):
-            eager's peak and every candidate's are measured under a fresh ``torch.compile`` (each candidate compiled
-            once: planning takes a compile per candidate, :attr:`Plan.planning_seconds`), so the budget holds for
-            the compiled step and the room compile leaves is used. When memsave's regions must recompute, torch's
+            eager's peak and every candidate's are measured under ``torch.compile`` (each candidate compiled once,
+            on a copy of the model sharing its parameters: planning takes a compile per candidate,
+            :attr:`Plan.planning_seconds`), so the budget holds for the compiled step and the room compile leaves
+            is used. When memsave's regions must recompute, torch's
             own partitioner at a lower ``activation_memory_budget`` (no region) is a candidate too, and the faster
             compiled step of the two that fit is returned (:attr:`Plan.activation_memory_budget`; timed, so the
             choice can vary from run to run). Forces ``verify``.
