@@ -21,7 +21,7 @@ from helpers import hub
 from memsave.measurement.allocator import cpu_peak_bytes
 from memsave.measurement.measuring import default_loss
 from memsave.recompute.planning import planner
-from memsave.recompute.planning.search import fastest, search_optimal, smallest_plan
+from memsave.recompute.planning.search import COMPILED_ROOM, fastest, search_optimal, smallest_plan
 
 
 def candidate(segments, predicted_peak, seconds, measured=None):
@@ -89,6 +89,56 @@ def test_the_optimal_search_takes_a_faster_plan_over_a_cheaper_slower_one():
         budget_bytes=100,
     )
     assert best.segments == [(0, 1, True)] and best.measured_peak_bytes == 97  # 1.0 s beats 2.0 s, both fit
+
+
+def _compile_like_search(anchor):
+    """search_optimal over plans predicted at 100, 102, ..., 300 bytes (the more kept, the less recompute) whose
+    peak measures as compile's does, a fraction of the prediction above a fixed part (40 + 0.46 x predicted), at a
+    budget of 135: the best plan that fits is the one predicted at 206 (measured 134)."""
+    options = list(range(100, 301, 2))
+    measured = []
+
+    def solve(budget):
+        fit = [o for o in options if o <= budget]
+        return {
+            "feasible": bool(fit),
+            "plan": candidate([(0, fit[-1], True)], fit[-1], 1000 / fit[-1]) if fit else None,
+        }
+
+    def measure(p):
+        measured.append(int(40 + 0.46 * p.predicted_peak_bytes))
+        return measured[-1]
+
+    best = search_optimal(
+        solve=solve,
+        solve_min_memory=lambda: solve(100),
+        make=lambda res: candidate(
+            res["plan"].segments, res["plan"].predicted_peak_bytes, 1000 / res["plan"].predicted_peak_bytes
+        ),
+        measure=measure,
+        budget_bytes=135,
+        anchor=anchor,
+    )
+    return best, measured
+
+
+def test_under_compile_the_search_interpolates_and_stops_near_the_budget():
+    additive, additive_measured = _compile_like_search(None)
+    interpolated, interpolated_measured = _compile_like_search((290, 173))  # eager: predicted 290, compiled 173
+    assert max(additive.measured_peak_bytes, interpolated.measured_peak_bytes) <= 135
+    # The additive correction climbs by a fraction of the distance: four rounds, and still 5 bytes below the budget.
+    assert additive_measured == [101, 117, 125, 130] and additive.predicted_peak_bytes == 196
+    # Interpolated between the first candidate and compiled eager: the best plan that fits (206) in the second round,
+    # within COMPILED_ROOM of the budget, so no third.
+    assert interpolated_measured == [101, 134] and interpolated.predicted_peak_bytes == 206
+    assert interpolated.measured_peak_bytes >= (1 - COMPILED_ROOM) * 135
+    assert interpolated.predicted_extra_seconds < additive.predicted_extra_seconds
+
+
+def test_the_compiled_search_falls_back_to_ratios_without_a_point_above_the_budget():
+    # Nothing measured above the budget, the anchor included: the next solver budget is budget x predicted / measured.
+    best, measured = _compile_like_search((290, 120))
+    assert measured[:2] == [101, 121] and best.measured_peak_bytes <= 135  # 135 x 134 / 101 = 179: the plan at 178
 
 
 def test_the_smallest_plan_of_equal_peaks_is_the_faster_one():

@@ -623,6 +623,12 @@ def _search_compiled(
     return regions if alone is None else _fastest_compiled(stepper, (regions, alone))
 
 
+def _compiled_anchor(prof: Profile) -> Tuple[int, int]:
+    """Eager's peak as the cost model predicts it and as compile measured it: where the compiled search interpolates
+    the model's error from (:func:`.search.search_optimal`)."""
+    return int(prof.chain.simulate([(0, len(prof.stages), False)])["peak_bytes"]), int(prof.eager_peak_bytes)
+
+
 def search(
     prof: Profile,
     budget_bytes: Optional[int],
@@ -665,7 +671,8 @@ def search(
         p.measured_peak_bytes = prof.eager_peak_bytes if measure is not None else None
         return p
     checked = verify or (solver != "optimal" and budget_bytes is not None) or solver == "min_memory"
-    result = search_chains(chains, solver, budget_bytes, slots, make, measure if checked else None)
+    anchor = _compiled_anchor(prof) if prof.compiled else None
+    result = search_chains(chains, solver, budget_bytes, slots, make, measure if checked else None, anchor)
     if result is not None:
         return result
     smallest = smallest_plan(chains, slots, make, measure)

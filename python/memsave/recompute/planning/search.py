@@ -10,15 +10,19 @@ driver that profiles, builds the chain and calls these is :func:`memsave.recompu
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .chain import Chain
 from .plan import Plan
 
-__all__ = ["SEARCH_ROUNDS", "fastest", "search_chains", "search_optimal", "smallest_plan"]
+__all__ = ["COMPILED_ROOM", "SEARCH_ROUNDS", "fastest", "search_chains", "search_optimal", "smallest_plan"]
 
 #: Candidates :func:`search_optimal` measures at most on one chain.
 SEARCH_ROUNDS = 4
+
+#: Under compile (a compile per round) the search stops once a plan that fits measures within this fraction of the
+#: budget: the room left holds little more to keep.
+COMPILED_ROOM = 0.02
 
 
 def _peak(p: "Plan") -> int:
@@ -62,6 +66,7 @@ def search_optimal(
     measure: Optional[Callable[["Plan"], int]],
     budget_bytes: int,
     rounds: int = SEARCH_ROUNDS,
+    anchor: Optional[Tuple[int, int]] = None,
 ) -> Optional["Plan"]:
     """The optimal plan whose *measured* peak fits ``budget_bytes``, or None.
 
@@ -72,12 +77,20 @@ def search_optimal(
     model's own minimum can sit just above the measured peak of the plan that fits). Of the plans that fit, the
     one with the least predicted recompute wins, and of equal recompute the one with the least measured peak
     (:func:`fastest`). Without ``measure`` the solver's answer is taken as it is.
+
+    With ``anchor`` (under compile: eager's predicted peak and its compiled peak) the next solver budget is
+    interpolated instead: between the highest measured peak that fits and the lowest above the budget (the anchor
+    among them), the predicted peak at which the measured one would meet the budget; with no point above or below,
+    ``budget * predicted / measured``. Compile keeps a fraction of what eager keeps, not eager's bytes less a
+    constant, so the additive correction would approach the budget by a fraction of the distance per round. Each
+    round is then a compile, so the search also stops at a plan that fits within :data:`COMPILED_ROOM` of the budget.
     """
     if measure is None:
         res = solve(budget_bytes)
         return make(res) if res["feasible"] else None
     best: Optional[Plan] = None
     seen: set = set()
+    points: List[Tuple[int, int]] = [anchor] if anchor is not None else []  # (predicted, measured) peaks
     solver_budget = budget_bytes
     for _ in range(rounds):
         res = solve(solver_budget)
@@ -91,17 +104,35 @@ def search_optimal(
             break
         seen.add(key)
         p.measured_peak_bytes = measure(p)
-        error = p.measured_peak_bytes - p.predicted_peak_bytes
+        points.append((p.predicted_peak_bytes, p.measured_peak_bytes))
+        target = _next_solver_budget(points, budget_bytes, anchor is not None)
         if p.measured_peak_bytes <= budget_bytes:
             best = p if best is None else fastest([best, p])
-            if error >= 0:
+            if p.measured_peak_bytes >= p.predicted_peak_bytes:
                 break  # the model was not pessimistic here: a larger solver budget would not fit
-            solver_budget = max(solver_budget + 1, budget_bytes - error)
+            if anchor is not None and p.measured_peak_bytes >= (1 - COMPILED_ROOM) * budget_bytes:
+                break  # under compile a round is a compile: too little room left to buy one
+            solver_budget = max(solver_budget + 1, target)
         else:
-            solver_budget = min(solver_budget - 1, budget_bytes - error)
+            solver_budget = min(solver_budget - 1, target)
             if solver_budget < 0:
                 break
     return best
+
+
+def _next_solver_budget(points: Sequence[Tuple[int, int]], budget_bytes: int, interpolate: bool) -> int:
+    """The solver budget at which a plan would measure ``budget_bytes``, from the (predicted, measured) peaks so
+    far, the last one the latest candidate's: the budget less that candidate's error; ``interpolate``: between the
+    nearest points on either side of the budget, else by the latest candidate's ratio."""
+    predicted, measured = points[-1]
+    if not interpolate:
+        return budget_bytes - (measured - predicted)
+    below = [pt for pt in points if pt[1] <= budget_bytes]
+    above = [pt for pt in points if pt[1] > budget_bytes]
+    if below and above:
+        (p0, m0), (p1, m1) = max(below, key=lambda pt: pt[1]), min(above, key=lambda pt: pt[1])
+        return int(p0 + (budget_bytes - m0) * (p1 - p0) / (m1 - m0))
+    return int(budget_bytes * predicted / max(1, measured))
 
 
 def search_chains(
@@ -111,6 +142,7 @@ def search_chains(
     slots: int,
     make: Callable[[Dict[str, Any], Chain], Plan],
     measure: Optional[Callable[[Plan], int]],
+    anchor: Optional[Tuple[int, int]] = None,
 ) -> Optional[Plan]:
     """The plan of ``solver`` within ``budget_bytes`` on the first of ``chains`` that has one, or None.
 
@@ -125,6 +157,8 @@ def search_chains(
         slots: memory slots of the solver's dynamic program.
         make: turns the solver's answer on a chain into a :class:`Plan` (not measured yet).
         measure: a plan's measured peak, or None to take the cost model's answers as they are.
+        anchor: under compile, eager's predicted peak and its compiled peak: the optimal search interpolates the
+            cost model's error (:func:`search_optimal`).
 
     Returns:
         the plan (its ``measured_peak_bytes`` set when measured), or None when none fits.
@@ -153,6 +187,7 @@ def search_chains(
             make=functools.partial(_make_on, make, ch),
             measure=measure,
             budget_bytes=budget_bytes,
+            anchor=anchor,
         )
         if result is not None:
             return result
