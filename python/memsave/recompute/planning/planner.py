@@ -910,7 +910,8 @@ def plan(
         verify: measure one step with each candidate plan applied and solve again with the solver's budget moved
             by the model's error (up to 4 plans measured): lower when the plan measured above the budget, higher
             when the model was pessimistic, so the plan returned has a measured peak within the budget and is the
-            cheapest such plan found.
+            cheapest such plan found. Under compile the error is interpolated from the compiled eager step and the
+            candidates measured, and a plan within 2% of the budget ends the search (each round is a compile).
         slots: memory slots of the solver's dynamic program (finer = closer to optimal, slower).
         timing_steps: steps timed to estimate each stage's forward and backward time (an int >= 1; default
             :data:`TIMING_STEPS`, 2).
