@@ -16,7 +16,8 @@ For each model of ``real_models.py`` (the frontier's sizes, float32, random weig
   benchmarks/README.md). Profile seconds are the median over rounds.
 * **Under compile** (``--compile-models``): one ``torch.compile`` of a copy of the model and its first step, then
   ``memsave.plan(..., budget=--compile-budget, compile=True)``: its seconds, that time in compiles, and the seconds
-  of each stage (every candidate, partitioner budget and finalist compiles the model afresh).
+  of each stage (every candidate and partitioner budget is one compile; the finalists reuse theirs). The one
+  compile runs with inductor's caches as they are, so it may hit what an earlier run cached.
 
     python3 benchmarks/planning_time.py --compile-models gpt2  # the committed CPU run
     python3 benchmarks/planning_time.py --models gpt2 --rounds 4 --no-save
