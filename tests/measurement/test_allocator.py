@@ -4,6 +4,9 @@ cyclic garbage collection runs inside a measured call."""
 
 from __future__ import annotations
 
+import gc
+
+import pytest
 import torch
 
 from memsave.measurement.allocator import cpu_allocation_profiler, cpu_memory_stats, read_cpu_events
@@ -62,10 +65,6 @@ def test_the_planner_trace_reads_cpu_memory_by_the_same_rule() -> None:
 
 
 def test_no_cyclic_collection_runs_inside_a_measurement_and_the_collector_is_left_as_it_was() -> None:
-    import gc
-
-    import pytest
-
     collections: list = []
 
     def note(phase: str, info: dict) -> None:

@@ -490,7 +490,8 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
     classes_seen = None
     if classes:  # selective=False records none
         classes_seen = OperatorClassProfiler(model, split_into_stages(trace, model), classes, stepper.sync)
-    in_timing = classes_seen is not None and _classes_in_timing_steps(stepper)
+    # CPU: the classes recorded in the timing steps' forwards; CUDA: in forwards of their own, after them.
+    record_in_timing = classes_seen.forward if classes_seen is not None and _classes_in_timing_steps(stepper) else None
     progress.stage("timing stages")
     timing = time_steps(
         model,
@@ -500,10 +501,10 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
         timing_steps,
         stepper.sync,
         kwargs,
-        forward_context=classes_seen.forward if classes_seen is not None and in_timing else None,
+        forward_context=record_in_timing,
     )
     progress.tick(timing_steps)
-    if classes_seen is not None and not in_timing:
+    if classes_seen is not None and record_in_timing is None:
         progress.stage("profiling operator classes")
         for _ in range(timing_steps):
             with classes_seen.forward():
@@ -928,9 +929,9 @@ def plan(
             eager's peak and every candidate's are measured under ``torch.compile`` (each candidate compiled once,
             on a copy of the model sharing its parameters: planning takes a compile per candidate,
             :attr:`Plan.planning_seconds`), so the budget holds for the compiled step and the room compile leaves
-            is used. When memsave's regions must recompute, torch's
-            own partitioner at a lower ``activation_memory_budget`` (no region) is a candidate too, and the faster
-            compiled step of the two that fit is returned (:attr:`Plan.activation_memory_budget`; timed, so the
+            is used. When memsave's regions must recompute, torch's own partitioner at a lower
+            ``activation_memory_budget`` (no region) is a candidate too, and the faster compiled step of the two
+            that fit is returned (:attr:`Plan.activation_memory_budget`; timed, so the
             choice can vary from run to run). Forces ``verify``.
         example_kwargs: keyword inputs of ``model`` as a dict (``memsave.plan(model, example_kwargs=batch, ...)``);
             the way to pass a model keyword named like one of this function's own parameters.
