@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 __all__ = [
+    "commit_text",
     "RESULTS",
     "RunClock",
     "cpu_model",
@@ -82,6 +83,13 @@ def load_average() -> Optional[Sequence[float]]:
 def load_text(avg: Optional[Sequence[float]]) -> str:
     """A load average triple as ``"1.00 / 0.50 / 0.25"`` (``n/a`` where the platform has none)."""
     return "n/a" if avg is None else " / ".join(f"{v:.2f}" for v in avg)
+
+
+def commit_text(meta: Mapping[str, Any]) -> str:
+    """``commit abc1234``, and the package sources modified in the working tree when there were (a run of code
+    that no commit holds), from :func:`run_record`'s fields."""
+    dirty = meta.get("git_dirty") or []
+    return f"commit {meta.get('git_commit')}" + (f", package sources modified: {', '.join(dirty)}" if dirty else "")
 
 
 def library_versions() -> Dict[str, Optional[str]]:

@@ -54,7 +54,15 @@ if str(HERE.parent) not in sys.path:  # run as a script: make the `benchmarks` p
     sys.path.insert(0, str(HERE.parent))
 
 import memsave
-from benchmarks.harness import RunClock, default_out, load_text, max_grad_diff, run_record, write_results
+from benchmarks.harness import (
+    RunClock,
+    commit_text,
+    default_out,
+    load_text,
+    max_grad_diff,
+    run_record,
+    write_results,
+)
 from benchmarks.real_models import torch_checkpoint_blocks
 from memsave.measurement.allocator import step_peak_bytes
 
@@ -282,8 +290,7 @@ def markdown(meta: Dict[str, Any], results: Dict[str, Any]) -> str:
         f"MLPs are float rounding away, torch's checkpoint is bitwise).",
         "",
         f"Machine: {meta.get('cpu')}, {meta.get('threads')} threads; torch {meta.get('torch')}, transformers "
-        f"{meta.get('transformers')}; commit {meta.get('git_commit')}"
-        f"{' (modified: ' + ', '.join(meta['git_dirty']) + ')' if meta.get('git_dirty') else ''}; "
+        f"{meta.get('transformers')}; {commit_text(meta)}; "
         f"{meta.get('minutes', 0):.1f} minutes; {load_text(meta.get('load_average_start'))} -> "
         f"{load_text(meta.get('load_average_end'))}.",
         "",

@@ -260,7 +260,7 @@ def markdown(meta: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> str:
             "# How long `memsave.plan` takes (CPU)",
             "",
             f"`{meta['command']}` on {meta['cpu']} ({meta['threads']} threads), torch {meta['torch']}, memsave "
-            f"{meta['memsave_version']} (commit {meta['git_commit']}), {meta['date']}; load average "
+            f"{meta['memsave_version']} ({harness.commit_text(meta)}), {meta['date']}; load average "
             f"{harness.load_text(meta['load_average_start'])} at the start, "
             f"{harness.load_text(meta['load_average_end'])} at the end; {meta['minutes']:.1f} minutes. What is "
             "measured: the docstring of benchmarks/planning_time.py.",

@@ -496,13 +496,11 @@ def format_rows(res: dict) -> List[str]:
 
 def provenance(meta: dict) -> str:
     """The sentence a results page opens with: the command, the machine, the versions, the commit, the load."""
-    dirty = meta.get("git_dirty") or []
     return (
         f"`{meta['command'].strip()}` on {meta['device']} ({meta['cpu']}, {meta['threads']} threads), torch "
         f"{meta['torch']}, transformers {meta['transformers']}, timm {meta['timm']}, torchvision "
-        f"{meta['torchvision']}, memsave {meta['memsave_version']} (commit {meta['git_commit']}"
-        f"{', package sources modified: ' + ', '.join(dirty) if dirty else ''}), {meta['date']}; load average "
-        f"(1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
+        f"{meta['torchvision']}, memsave {meta['memsave_version']} ({harness.commit_text(meta)}), {meta['date']}; "
+        f"load average (1 / 5 / 15 min) at the start {load_text(meta['load_average_start'])}, at the end "
         f"{load_text(meta['load_average_end'])}; {meta['minutes']:.1f} minutes."
     )
 

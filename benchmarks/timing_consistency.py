@@ -31,7 +31,7 @@ if str(HERE.parent) not in sys.path:
 import torch
 
 import memsave
-from benchmarks.harness import RunClock, default_out, load_text, run_record, write_results
+from benchmarks.harness import RunClock, commit_text, default_out, load_text, run_record, write_results
 from memsave import models
 from memsave.cli import demo
 
@@ -101,7 +101,7 @@ def to_markdown(meta: Dict[str, Any], eager: List[Dict[str, Any]], twice: Dict[s
     lines = [
         "# Timing consistency",
         "",
-        f"`{meta['command']}` on {meta['cpu']}, {meta['threads']} threads, commit {meta['git_commit']}, "
+        f"`{meta['command']}` on {meta['cpu']}, {meta['threads']} threads, {commit_text(meta)}, "
         f"load {load_text(meta['load_average_start'])} -> {load_text(meta['load_average_end'])}, "
         f"{meta['minutes']:.1f} minutes; at least {meta['rounds']} interleaved rounds "
         "(more while a median is uncertain).",

@@ -218,3 +218,6 @@ def test_a_results_file_names_the_package_sources_that_differ_from_the_commit(tm
     monkeypatch.setattr(harness, "HERE", repo / "benchmarks")
     meta = harness.run_record("frontier", "cpu", [], harness.RunClock())
     assert meta["git_dirty"] == ["python/ops.py"]
+    # ... and the page's opening line says so beside the commit.
+    assert harness.commit_text(meta) == f"commit {meta['git_commit']}, package sources modified: python/ops.py"
+    assert harness.commit_text({**meta, "git_dirty": []}) == f"commit {meta['git_commit']}"
