@@ -3,6 +3,9 @@
 - The dominance rule (:func:`memsave.recompute.planning.search.fastest`): the plan picked is never slower than
   another evaluated candidate with a lower or equal peak, and never above another of the same time; checked with
   injected costs and peaks (no live timing) in the optimal search, the minimum-memory choice and the compiled choice.
+- torch's partitioner budget under compile (:func:`memsave.recompute.planning.search.search_partitioner`): a
+  bisection that stops at a fit near the budget and keeps the highest fitting budget it measured, b = 0 last; checked
+  with injected peaks.
 - The progress bar's postfix names the stage (warming up, profiling, timing stages, ..., verifying candidate k/N), and
   the seconds each stage took are logged at DEBUG.
 - On CPU eager's peak is the traced step's own: the same number as a step measured without the log, on real models
@@ -21,7 +24,14 @@ from helpers import hub
 from memsave.measurement.allocator import cpu_peak_bytes
 from memsave.measurement.measuring import default_loss
 from memsave.recompute.planning import planner
-from memsave.recompute.planning.search import COMPILED_ROOM, fastest, search_optimal, smallest_plan
+from memsave.recompute.planning.search import (
+    COMPILED_ROOM,
+    PARTITIONER_PROBES,
+    fastest,
+    search_optimal,
+    search_partitioner,
+    smallest_plan,
+)
 
 
 def candidate(segments, predicted_peak, seconds, measured=None):
@@ -161,6 +171,44 @@ def test_the_compiled_choice_takes_the_lower_peak_on_a_tie():
     assert planner._fastest_compiled(stepper, [regions, partitioner]) is partitioner
     stepper = SimpleNamespace(compiled_ratios=lambda plans: [0.95, 1.0])
     assert planner._fastest_compiled(stepper, [regions, partitioner]) is regions  # faster, above a slower one
+
+
+# ------------------------------------------------------------------------------------- torch's partitioner budget
+def _probing(peaks):
+    """(the budgets probed, in order; a peak_at that records them)."""
+    probed = []
+
+    def peak_at(b):
+        probed.append(b)
+        return peaks(b)
+
+    return probed, peak_at
+
+
+def test_the_partitioner_search_bisects_for_the_highest_fitting_budget():
+    probed, peak_at = _probing(lambda b: int(100 + 50 * b))
+    assert search_partitioner(peak_at, 130) == (0.5, 125)
+    assert probed == [0.5, 0.75, 0.625]  # 125 fits, 137.5 and 131.25 do not: three compiles, the last step 1/8
+
+
+def test_the_partitioner_search_stops_at_a_fit_near_the_budget():
+    probed, peak_at = _probing(lambda b: int(100 + 50 * b))
+    assert search_partitioner(peak_at, 126) == (0.5, 125)
+    assert probed == [0.5]  # within COMPILED_ROOM of 126: no room left worth a compile
+
+
+def test_the_partitioner_search_tries_zero_last_and_keeps_what_it_measured():
+    # torch's peak is not monotonic in its budget: here 0.25 fits and 0.125 does not; the higher fitting one is kept.
+    peaks = {0.5: 150, 0.25: 118, 0.375: 130, 0.3125: 121, 0.125: 125}
+    probed, peak_at = _probing(peaks.__getitem__)
+    assert search_partitioner(peak_at, 120, probes=2) == (0.25, 118)
+    assert probed == [0.5, 0.25]
+    # Nothing in the bisection fits: b = 0 is the last probe, and None when it does not fit either.
+    probed, peak_at = _probing(lambda b: 119 if b == 0.0 else 150)
+    assert search_partitioner(peak_at, 120) == (0.0, 119)
+    assert probed == [0.5, 0.25, 0.125, 0.0]
+    probed, peak_at = _probing(lambda b: 150)
+    assert search_partitioner(peak_at, 120) is None and len(probed) == PARTITIONER_PROBES + 1
 
 
 # ------------------------------------------------------------------------------------------------------- progress

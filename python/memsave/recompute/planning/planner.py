@@ -95,7 +95,7 @@ from .operators import (
 )
 from .partitioner import compile_at
 from .plan import Plan, apply_regions, fingerprint
-from .search import SEARCH_ROUNDS, fastest, search_chains, smallest_plan
+from .search import SEARCH_ROUNDS, fastest, search_chains, search_partitioner, smallest_plan
 from .trace import Trace, time_steps, trace_step
 
 __all__ = ["Profile", "plan", "profile", "search"]
@@ -213,10 +213,13 @@ class _Stepper:
             self.programs[key] = run
         return self.programs[key]
 
-    def compiled_ratios(self, plans: Sequence[Plan], rounds: int = 5) -> List[float]:
+    def compiled_ratios(self, plans: Sequence[Plan], rounds: int = 6) -> List[float]:
         """Each plan's compiled step time over the first plan's, the median over rounds of one interleaved block of
         the plans' compiled programs (:meth:`program`, each under the plan's own partitioner budget), so that load
-        changing during the block hits all alike."""
+        changing during the block hits all alike. The programs ran when they were measured, so one untimed step
+        each is warm-up enough, and a round is one window (several only for steps shorter than ``time_interleaved``'s
+        round length): the median over rounds steadies the ratio, and three windows a round tripled the steps
+        (14 s of GPT-2's compiled plan on a CPU)."""
         steps: Dict[str, Callable[[], None]] = {}
         try:
             for i, p in enumerate(plans):
@@ -224,7 +227,7 @@ class _Stepper:
                     self.progress.stage(f"compiling finalist {i + 1}/{len(plans)}")
                 steps[str(i)] = functools.partial(self.step, self.program(p, p.activation_memory_budget))
             self.progress.stage(f"timing {len(plans)} compiled finalists")
-            timing = time_interleaved(steps, rounds=rounds, max_rounds=rounds)
+            timing = time_interleaved(steps, rounds=rounds, max_rounds=rounds, warmup=0, min_windows=1)
         finally:
             self.state.clear_grads()
         return [timing[str(i)].ratio for i in range(len(plans))]
@@ -434,11 +437,12 @@ def _peak_from_trace(stepper: _Stepper) -> bool:
 
 
 def _traced_first_steps(stepper: _Stepper, progress: _Progress) -> Trace:
-    """The traced step, after a warm-up step unless eager's peak comes from the trace (CPU, eager). There the traced
-    step is the first: its log and allocator peak are the same cold or warm (byte for byte on the frontier models),
-    and the timing steps after it are warm. Saves one step of the plan's handful."""
+    """The traced step, after a warm-up step on CUDA (a first step there sets up library workspaces and allocator
+    blocks the log would see). On a CPU the traced step is the first: its log and allocator peak are the same cold
+    or warm (byte for byte on the frontier models), and the timing steps after it are warm; under compile the
+    eager step is compiled and measured in steps of its own. Saves one step of the plan's handful."""
     model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
-    warm_up = not _peak_from_trace(stepper)
+    warm_up = stepper.device.type != "cpu"
     if warm_up:
         progress.stage("warming up")
         _first_step(stepper, stepper.step)
@@ -560,37 +564,24 @@ class _Measure:
         return self.cache[key]
 
 
-#: How many partitioner budgets (``torch._functorch.config.activation_memory_budget``) ``plan(compile=True)``
-#: measures when it bisects [0, 1] for the highest one whose compiled peak fits (0.5, then 0.75 or 0.25, ...).
-PARTITIONER_PROBES = 4
-
 #: dynamo's recompile limit while ``plan(compile=True)`` runs: it keeps the compiled program of every plan it measured
-#: (eager, up to :data:`.search.SEARCH_ROUNDS` candidates per chain, the minimum-memory plans, the partitioner
-#: budgets), each a cache entry on the model's code objects, and dynamo runs a frame past its limit uncompiled.
+#: (eager, up to :data:`.search.SEARCH_ROUNDS` candidates per chain, the minimum-memory plans, up to
+#: :data:`.search.PARTITIONER_PROBES` partitioner budgets), each a cache entry on the model's code objects, and
+#: dynamo runs a frame past its limit uncompiled.
 COMPILED_PROGRAMS = 64
 
 
 def _partitioner_plan(prof: Profile, stepper: _Stepper, budget_bytes: int, slots: int) -> Optional[Plan]:
-    """No memsave region, torch's partitioner at the highest budget found to fit ``budget_bytes``: a bisection of
-    [0, 1] over :data:`PARTITIONER_PROBES` measured compiled peaks, then 0.0 when none of them fitted. torch's peak
-    is not monotonic in its budget, so this is the highest fitting budget among those measured. None when none fits.
-    """
-    found: Optional[Tuple[float, int]] = None
-    low, high = 0.0, 1.0
-    for _ in range(PARTITIONER_PROBES):
-        partitioner = (low + high) / 2
+    """No memsave region, torch's partitioner at the highest budget found to fit ``budget_bytes``
+    (:func:`.search.search_partitioner`); None when none fits."""
+
+    def peak_at(partitioner: float) -> int:
         stepper.progress.stage(f"compiling under torch's partitioner at {partitioner:g}")
-        peak = stepper.peak(None, partitioner)
-        if peak <= budget_bytes:
-            found, low = (partitioner, peak), partitioner
-        else:
-            high = partitioner
+        return stepper.peak(None, partitioner)
+
+    found = search_partitioner(peak_at, budget_bytes)
     if found is None:
-        stepper.progress.stage("compiling under torch's partitioner at 0")
-        peak = stepper.peak(None, 0.0)
-        if peak > budget_bytes:
-            return None
-        found = (0.0, peak)
+        return None
     p = prof.make_plan(prof.chain.solve(None, "none", slots), prof.chain, "optimal", budget_bytes)
     p.activation_memory_budget, p.measured_peak_bytes = found
     return p

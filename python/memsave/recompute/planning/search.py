@@ -15,7 +15,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .chain import Chain
 from .plan import Plan
 
-__all__ = ["COMPILED_ROOM", "SEARCH_ROUNDS", "fastest", "search_chains", "search_optimal", "smallest_plan"]
+__all__ = [
+    "COMPILED_ROOM",
+    "PARTITIONER_PROBES",
+    "SEARCH_ROUNDS",
+    "fastest",
+    "search_chains",
+    "search_optimal",
+    "search_partitioner",
+    "smallest_plan",
+]
 
 #: Candidates :func:`search_optimal` measures at most on one chain.
 SEARCH_ROUNDS = 4
@@ -23,6 +32,9 @@ SEARCH_ROUNDS = 4
 #: Under compile (a compile per round) the search stops once a plan that fits measures within this fraction of the
 #: budget: the room left holds little more to keep.
 COMPILED_ROOM = 0.02
+
+#: Partitioner budgets :func:`search_partitioner`'s bisection measures at most (each a compile): the last step is 1/8.
+PARTITIONER_PROBES = 3
 
 
 def _peak(p: "Plan") -> int:
@@ -133,6 +145,48 @@ def _next_solver_budget(points: Sequence[Tuple[int, int]], budget_bytes: int, in
         (p0, m0), (p1, m1) = max(below, key=lambda pt: pt[1]), min(above, key=lambda pt: pt[1])
         return int(p0 + (budget_bytes - m0) * (p1 - p0) / (m1 - m0))
     return int(budget_bytes * predicted / max(1, measured))
+
+
+def search_partitioner(
+    peak_at: Callable[[float], int], budget_bytes: int, probes: int = PARTITIONER_PROBES
+) -> Optional[Tuple[float, int]]:
+    """The highest partitioner budget found whose measured compiled peak fits ``budget_bytes``, with that peak.
+
+    A bisection of torch's ``activation_memory_budget`` b over [0, 1]: 0.5, then 0.75 when it fitted or 0.25 when
+    not, ..., ``probes`` budgets at most; a fit within :data:`COMPILED_ROOM` of the budget ends it (each probe is a
+    compile). When none fitted, b = 0 (recompute all torch can) is the last probe. torch's peak is not monotonic in
+    b, so this is the highest fitting budget among those measured, and b = 0 is not where it is lowest: on a 4-layer
+    GPT-2 (tests/recompute/test_plan_compile.py) b = 0 peaked at 5.78 MiB, above torch's default 1.0 (4.79 MiB),
+    and budgets from 1/16 to 3/4 at 3.50-4.00 MiB in no order, so neither a line nor b = 0 first would guide the
+    search better.
+
+    Args:
+        peak_at: the compiled peak of the model at a partitioner budget (a compile and a step).
+        budget_bytes: the budget.
+        probes: the most budgets the bisection measures (>= 1).
+
+    Returns:
+        (partitioner budget, its measured peak), or None when nothing measured fits.
+
+    Examples:
+        >>> search_partitioner(lambda b: int(100 + 50 * b), 130)
+        (0.5, 125)
+    """
+    found: Optional[Tuple[float, int]] = None
+    low, high = 0.0, 1.0
+    for _ in range(probes):
+        b = (low + high) / 2
+        peak = peak_at(b)
+        if peak > budget_bytes:
+            high = b
+            continue
+        found, low = (b, peak), b
+        if peak >= (1 - COMPILED_ROOM) * budget_bytes:
+            break
+    if found is None:
+        peak = peak_at(0.0)
+        found = (0.0, peak) if peak <= budget_bytes else None
+    return found
 
 
 def search_chains(
