@@ -3,8 +3,10 @@
 :func:`search_optimal` solves the chain for a solver budget, measures the plan, and moves the solver budget by the
 cost model's error until a plan measures within the budget; :func:`search_chains` runs it (or a fixed solver such
 as ``sqrt``) over the selective chain and then the module-level one, and :func:`smallest_plan` gives each chain's
-minimum-memory plan with the smallest measured peak (the smallest budget that fits, when nothing else does). The
-driver that profiles, builds the chain and calls these is :func:`memsave.recompute.planning.planner.plan`.
+minimum-memory plan with the smallest measured peak (the smallest budget that fits, when nothing else does);
+:func:`search_partitioner` finds torch's own partitioner budget that fits, the candidate beside memsave's regions
+under compile. The driver that profiles, builds the chain and calls these is
+:func:`memsave.recompute.planning.planner.plan`.
 """
 
 from __future__ import annotations
