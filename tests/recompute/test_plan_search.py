@@ -2,7 +2,8 @@
 
 - The dominance rule (:func:`memsave.recompute.planning.search.fastest`): the plan picked is never slower than
   another evaluated candidate with a lower or equal peak, and never above another of the same time; checked with
-  injected costs and peaks (no live timing) in the optimal search, the minimum-memory choice and the compiled choice.
+  injected costs and peaks (no live timing) in the optimal search, the minimum-memory choice and the compiled choice,
+  whose finalists are timed one step a round (counted calls, not times).
 - torch's partitioner budget under compile (:func:`memsave.recompute.planning.search.search_partitioner`): a
   bisection that stops at a fit near the budget and keeps the highest fitting budget it measured, b = 0 last; checked
   with injected peaks.
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -171,6 +173,31 @@ def test_the_compiled_choice_takes_the_lower_peak_on_a_tie():
     assert planner._fastest_compiled(stepper, [regions, partitioner]) is partitioner
     stepper = SimpleNamespace(compiled_ratios=lambda plans: [0.95, 1.0])
     assert planner._fastest_compiled(stepper, [regions, partitioner]) is regions  # faster, above a slower one
+
+
+def test_the_finalists_are_timed_one_step_a_round():
+    # Compiled programs warm from their measurement and slower than a round's minimum (0.05 s; a sleep is never
+    # shorter, however loaded the machine): one sizing call each, then six rounds of one step, not three windows.
+    calls = {"regions": 0, "partitioner": 0}
+
+    def program(p, partitioner):
+        def run():
+            calls[p.name] += 1
+            time.sleep(0.06)
+
+        return run
+
+    stepper = SimpleNamespace(
+        has_program=lambda p, partitioner: True,
+        program=program,
+        step=lambda run: run(),
+        progress=SimpleNamespace(stage=lambda text: None),
+        state=SimpleNamespace(clear_grads=lambda: None),
+    )
+    plans = [SimpleNamespace(name=n, activation_memory_budget=None) for n in calls]
+    ratios = planner._Stepper.compiled_ratios(stepper, plans)
+    assert calls == {"regions": 7, "partitioner": 7}
+    assert ratios[0] == 1.0 and ratios[1] > 0
 
 
 # ------------------------------------------------------------------------------------- torch's partitioner budget
