@@ -170,6 +170,9 @@ def search_partitioner(
     Returns:
         (partitioner budget, its measured peak), or None when nothing measured fits.
 
+    Raises:
+        whatever ``peak_at`` raises (a compile or a step that failed), before any later budget is measured.
+
     Examples:
         >>> search_partitioner(lambda b: int(100 + 50 * b), 130)
         (0.5, 125)
