@@ -124,7 +124,7 @@ def search_optimal(
             best = p if best is None else fastest([best, p])
             if p.measured_peak_bytes >= p.predicted_peak_bytes:
                 break  # the model was not pessimistic here: a larger solver budget would not fit
-            if anchor is not None and p.measured_peak_bytes >= (1 - COMPILED_ROOM) * budget_bytes:
+            if anchor is not None and _within_room(p.measured_peak_bytes, budget_bytes):
                 break  # under compile a round is a compile: too little room left to buy one
             solver_budget = max(solver_budget + 1, target)
         else:
@@ -132,6 +132,11 @@ def search_optimal(
             if solver_budget < 0:
                 break
     return best
+
+
+def _within_room(peak: int, budget_bytes: int) -> bool:
+    """Whether a fitting compiled peak is within :data:`COMPILED_ROOM` of the budget: not worth another compile."""
+    return peak >= (1 - COMPILED_ROOM) * budget_bytes
 
 
 def _next_solver_budget(points: Sequence[Tuple[int, int]], budget_bytes: int, interpolate: bool) -> int:
@@ -186,7 +191,7 @@ def search_partitioner(
             high = b
             continue
         found, low = (b, peak), b
-        if peak >= (1 - COMPILED_ROOM) * budget_bytes:
+        if _within_room(peak, budget_bytes):
             break
     if found is None:
         peak = peak_at(0.0)
