@@ -63,6 +63,22 @@ py::object required(const py::dict& d, const char* key, const std::string& where
   return d[key];
 }
 
+// d[key] read element by element with `as` (an empty list when absent).
+template <typename Read>
+auto optional_list(const py::dict& d, const char* key, const std::string& where, Read as)
+    -> std::vector<decltype(as(py::handle(), std::string()))> {
+  std::vector<decltype(as(py::handle(), std::string()))> out;
+  if (!d.contains(key)) return out;
+  const std::string field = where + "['" + key + "']";
+  const py::object v = d[key];
+  if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) throw py::type_error(field + " must be a list");
+  int k = 0;
+  for (const py::handle& item : py::reinterpret_borrow<py::sequence>(v)) {
+    out.push_back(as(item, field + "[" + std::to_string(k++) + "]"));
+  }
+  return out;
+}
+
 Stage parse_stage(const py::handle& obj, int i) {
   const std::string where = "chain['stages'][" + std::to_string(i) + "]";
   if (!py::isinstance<py::dict>(obj)) throw py::type_error(where + " must be a dict");
@@ -86,6 +102,8 @@ Stage parse_stage(const py::handle& obj, int i) {
               "checkpoint_kept_bytes",
               "selective_fwd_time",
               "selective_kept_bytes",
+              "tail_time",
+              "selective_tail_time",
               "recomputable",
               "joins_previous"},
              where);
@@ -108,25 +126,10 @@ Stage parse_stage(const py::handle& obj, int i) {
   s.param_grad_bytes = opt_int("param_grad_bytes", 0);
   s.checkpoint_bytes = opt_int("checkpoint_bytes", 0);
   s.checkpoint_kept_bytes = opt_int("checkpoint_kept_bytes", 0);
-  auto list = [&](const char* k) {
-    const py::object v = d[k];
-    if (!py::isinstance<py::sequence>(v) || py::isinstance<py::str>(v)) {
-      throw py::type_error(field(k) + " must be a list");
-    }
-    return py::reinterpret_borrow<py::sequence>(v);
-  };
-  if (d.contains("selective_fwd_time")) {
-    int k = 0;
-    for (const py::handle& v : list("selective_fwd_time")) {
-      s.selective_fwd_time.push_back(as_float(v, field("selective_fwd_time") + "[" + std::to_string(k++) + "]"));
-    }
-  }
-  if (d.contains("selective_kept_bytes")) {
-    int k = 0;
-    for (const py::handle& v : list("selective_kept_bytes")) {
-      s.selective_kept_bytes.push_back(as_int(v, field("selective_kept_bytes") + "[" + std::to_string(k++) + "]"));
-    }
-  }
+  if (d.contains("tail_time")) s.tail_time = as_float(d["tail_time"], field("tail_time"));
+  s.selective_fwd_time = optional_list(d, "selective_fwd_time", where, as_float);
+  s.selective_kept_bytes = optional_list(d, "selective_kept_bytes", where, as_int);
+  s.selective_tail_time = optional_list(d, "selective_tail_time", where, as_float);
   if (d.contains("recomputable")) s.recomputable = as_bool(d["recomputable"], field("recomputable"));
   if (d.contains("joins_previous")) s.joins_previous = as_bool(d["joins_previous"], field("joins_previous"));
   return s;

@@ -32,6 +32,38 @@ void check_time(const Chain& chain, int i, const char* field, double v) {
   }
 }
 
+// A tail is part of the forward it ends: at most that forward's time.
+void check_tail(const Chain& chain, int i, const char* field, double tail, double fwd) {
+  check_time(chain, i, field, tail);
+  if (tail > fwd) {
+    std::ostringstream os;
+    os << stage_label(chain, i) << ": " << field << " is " << tail << ", more than the forward time " << fwd
+       << " it is part of";
+    throw std::invalid_argument(os.str());
+  }
+}
+
+void check_variants(const Chain& chain, int i) {
+  const Stage& s = chain.stages[i];
+  const std::size_t nv = s.selective_fwd_time.size();
+  if (nv != s.selective_kept_bytes.size() || (nv != 0 && nv != chain.operator_classes.size()) ||
+      (!s.selective_tail_time.empty() && s.selective_tail_time.size() != nv)) {
+    std::ostringstream os;
+    os << stage_label(chain, i) << " has " << nv << " selective_fwd_time, " << s.selective_kept_bytes.size()
+       << " selective_kept_bytes and " << s.selective_tail_time.size()
+       << " selective_tail_time entries; give none, or one of each per operator_classes entry ("
+       << chain.operator_classes.size() << "; selective_tail_time may be left empty)";
+    throw std::invalid_argument(os.str());
+  }
+  for (std::size_t k = 0; k < nv; ++k) {
+    check_time(chain, i, "selective_fwd_time", s.selective_fwd_time[k]);
+    check_bytes(chain, i, "selective_kept_bytes", s.selective_kept_bytes[k]);
+    if (!s.selective_tail_time.empty()) {
+      check_tail(chain, i, "selective_tail_time", s.selective_tail_time[k], s.selective_fwd_time[k]);
+    }
+  }
+}
+
 }  // namespace
 
 void Chain::validate() const {
@@ -56,18 +88,8 @@ void Chain::validate() const {
     check_bytes(*this, i, "param_grad_bytes", s.param_grad_bytes);
     check_bytes(*this, i, "checkpoint_bytes", s.checkpoint_bytes);
     check_bytes(*this, i, "checkpoint_kept_bytes", s.checkpoint_kept_bytes);
-    const std::size_t nv = s.selective_fwd_time.size();
-    if (nv != s.selective_kept_bytes.size() || (nv != 0 && nv != operator_classes.size())) {
-      std::ostringstream os;
-      os << stage_label(*this, i) << " has " << nv << " selective_fwd_time and " << s.selective_kept_bytes.size()
-         << " selective_kept_bytes entries; give none, or one of each per operator_classes entry ("
-         << operator_classes.size() << ")";
-      throw std::invalid_argument(os.str());
-    }
-    for (std::size_t k = 0; k < nv; ++k) {
-      check_time(*this, i, "selective_fwd_time", s.selective_fwd_time[k]);
-      check_bytes(*this, i, "selective_kept_bytes", s.selective_kept_bytes[k]);
-    }
+    check_tail(*this, i, "tail_time", s.tail_time, s.fwd_time);
+    check_variants(*this, i);
     if (i + 1 < L) {
       const Stage& n = stages[i + 1];
       if (s.output_bytes != n.input_bytes || s.output_grad_bytes != n.input_grad_bytes ||
@@ -201,6 +223,7 @@ namespace {
 void use_variant(Stage& s, int k) {
   s.fwd_time = s.selective_fwd_time[k];
   s.checkpoint_kept_bytes += s.selective_kept_bytes[k];
+  s.tail_time = s.selective_tail_time.empty() ? 0.0 : s.selective_tail_time[k];
 }
 
 }  // namespace
@@ -225,18 +248,19 @@ Chain selective_chain(const Chain& chain, int k) {
     }
     s.selective_fwd_time.clear();
     s.selective_kept_bytes.clear();
+    s.selective_tail_time.clear();
   }
   out.operator_classes.clear();
   return out;
 }
 
 double extra_time(const Chain& chain, const Schedule& schedule) {
+  const Chain run = materialize(chain, schedule);
   double t = 0.0;
   for (const Segment& seg : schedule) {
     if (!seg.recompute) continue;
-    for (int i = seg.begin; i < seg.end; ++i) {
-      t += seg.kept_classes >= 0 ? chain.stages[i].selective_fwd_time[seg.kept_classes] : chain.stages[i].fwd_time;
-    }
+    for (int i = seg.begin; i < seg.end; ++i) t += run.stages[i].fwd_time;
+    t -= run.stages[seg.end - 1].tail_time;  // the recompute stops before the last stage's tail
   }
   return t;
 }

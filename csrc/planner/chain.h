@@ -60,10 +60,15 @@ struct Stage {
   std::int64_t param_grad_bytes = 0;
   std::int64_t checkpoint_bytes = 0;       // extra bytes while the stage is in a checkpointed segment
   std::int64_t checkpoint_kept_bytes = 0;  // held from its forward until its recompute (see above)
+  // Of fwd_time, the seconds after the last tensor the stage saves for backward: a recompute ending in this stage
+  // stops before them (torch's early stop), so a segment's recompute is its stages' fwd_time less its last one's
+  // tail_time.
+  double tail_time = 0.0;
   // Selective variants, one per Chain::operator_classes entry, or none (the stage then cannot be in a selective
-  // segment).
+  // segment); selective_tail_time: each variant's tail_time, or none (no tail).
   std::vector<double> selective_fwd_time;
   std::vector<std::int64_t> selective_kept_bytes;
+  std::vector<double> selective_tail_time;
   bool recomputable = true;    // may be placed in a checkpointed segment
   bool joins_previous = true;  // may share a checkpointed segment with the stage before it
 };
@@ -132,8 +137,8 @@ void validate_schedule(const Chain& chain, const Schedule& schedule);
 bool has_selective(const Schedule& schedule);
 
 // The chain as the schedule runs it: the stages of each selective segment replaced by their variants (fwd_time =
-// selective_fwd_time[k], checkpoint_kept_bytes += selective_kept_bytes[k]), so that the segment is an ordinary
-// checkpointed one. Call validate_schedule first.
+// selective_fwd_time[k], tail_time = selective_tail_time[k], checkpoint_kept_bytes += selective_kept_bytes[k]), so
+// that the segment is an ordinary checkpointed one. Call validate_schedule first.
 Chain materialize(const Chain& chain, const Schedule& schedule);
 
 // Every stage replaced by its variant for operator-class set k (stages without one become not recomputable), without
@@ -153,8 +158,8 @@ struct StageAssignment {
 };
 StageAssignment assign_stages(const Chain& chain, const Schedule& schedule);
 
-// Sum of fwd_time over the stages in checkpointed segments (selective_fwd_time in selective ones): the extra compute
-// of one step.
+// Sum of fwd_time over the stages in checkpointed segments (selective_fwd_time in selective ones), less each
+// segment's last stage's tail_time: the extra compute of one step.
 double extra_time(const Chain& chain, const Schedule& schedule);
 
 }  // namespace planner

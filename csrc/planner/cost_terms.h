@@ -148,7 +148,7 @@ void CostTerms::for_each_whole(int b, Fn&& fn) const {
     t.peak_offset =
         base + overhead + std::max(fwd_max, std::max(rec_const_[j] + rec_state + rec_inner_max + kept, bwd_max));
     t.held_delta = A_[b] + T_[b] + esc + overhead + kept;
-    t.cost = cost;
+    t.cost = cost - s.tail_time;  // a segment ending here is recomputed up to this stage's tail
     if (!fn(j + 1, static_cast<const SegmentTerms&>(t))) return;
   }
 }

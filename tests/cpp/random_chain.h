@@ -56,10 +56,16 @@ inline Chain random_chain(std::mt19937& rng, int L, const RandomChainOptions& o 
     s.param_grad_bytes = bytes(o.max_bytes / 2);
     s.checkpoint_bytes = coin(0.5) ? 0 : bytes(6);
     s.checkpoint_kept_bytes = coin(0.7) ? 0 : bytes(6);
+    const bool tails = coin(0.5);  // a recompute ending in this stage may stop before its forward's end
+    auto tail_of = [&](double fwd) {
+      return tails ? std::uniform_int_distribution<int>(0, static_cast<int>(fwd))(rng) : 0;
+    };
+    s.tail_time = tail_of(s.fwd_time);
     if (n_sets > 0 && !coin(o.no_variant_p)) {
       for (int k = 0; k < n_sets; ++k) {
         s.selective_fwd_time.push_back(std::uniform_int_distribution<int>(0, static_cast<int>(s.fwd_time))(rng));
         s.selective_kept_bytes.push_back(bytes(o.max_bytes));
+        if (tails) s.selective_tail_time.push_back(tail_of(s.selective_fwd_time.back()));
       }
     }
     s.recomputable = !coin(o.not_recomputable_p);

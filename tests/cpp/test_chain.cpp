@@ -73,6 +73,25 @@ TEST(Chain, NegativeOrNonFiniteValuesAreRejected) {
   EXPECT_THROW(c.validate(), std::invalid_argument);
 }
 
+TEST(Chain, TailsArePartOfTheirForwardAndOnePerSetOrNone) {
+  Chain c = three_stages();
+  c.operator_classes = {"matmul", "matmul+attention"};
+  c.stages[1].selective_fwd_time = {0.5, 0.1};
+  c.stages[1].selective_kept_bytes = {4, 1};
+  c.stages[1].selective_tail_time = {0.5};  // tails: none, or one per set
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c.stages[1].selective_tail_time = {0.5, 0.2};  // more than the variant's forward (0.1)
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c.stages[1].selective_tail_time = {0.5, 0.1};
+  EXPECT_NO_THROW(c.validate());
+  c.stages[1].tail_time = c.stages[1].fwd_time + 1.0;  // a tail is part of the stage's forward
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c.stages[1].tail_time = -1.0;
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c.stages[1].tail_time = c.stages[1].fwd_time;
+  EXPECT_NO_THROW(c.validate());
+}
+
 TEST(Chain, SelectiveVariantsAreOnePerOperatorClassSetOrNone) {
   Chain c = three_stages();
   c.operator_classes = {"matmul", "matmul+attention"};

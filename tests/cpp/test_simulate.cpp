@@ -188,6 +188,22 @@ TEST(Simulate, SelectiveSegmentByHand) {
   EXPECT_EQ(simulate(m, {{0, 2, true}, {2, 3, false}}).peak_bytes, sel.peak_bytes);
 }
 
+// A recompute stops after the last tensor its segment saves: only the tail of the segment's last stage is not run.
+TEST(Simulate, TailTimeIsLeftOutAtASegmentsEndOnly) {
+  Chain c = uniform3_selective();
+  c.stages[0].tail_time = 0.5;
+  c.stages[1].tail_time = 0.25;
+  c.stages[1].selective_tail_time = {0.125};
+  EXPECT_DOUBLE_EQ(simulate(c, {{0, 2, true}, {2, 3, false}}).extra_time, 2.0 - 0.25);
+  EXPECT_DOUBLE_EQ(simulate(c, {{0, 1, true}, {1, 2, true}, {2, 3, false}}).extra_time, 2.0 - 0.5 - 0.25);
+  EXPECT_DOUBLE_EQ(simulate(c, {{0, 2, true, 0}, {2, 3, false}}).extra_time, 0.75 - 0.125);
+  // Stage 0's variant has no tail (its selective_tail_time is empty): a selective segment ending there saves none.
+  EXPECT_DOUBLE_EQ(simulate(c, {{0, 1, true, 0}, {1, 3, false}}).extra_time, 0.25);
+  // The peak does not depend on tails.
+  EXPECT_EQ(simulate(c, {{0, 2, true}, {2, 3, false}}).peak_bytes,
+            simulate(uniform3_selective(), {{0, 2, true}, {2, 3, false}}).peak_bytes);
+}
+
 TEST(Simulate, InvalidSelectiveScheduleThrows) {
   const Chain c = uniform3_selective();
   EXPECT_THROW(simulate(c, {{0, 2, false, 0}, {2, 3, false}}), std::invalid_argument);  // kept, not selective

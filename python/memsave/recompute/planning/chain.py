@@ -55,11 +55,15 @@ class Stage:
     checkpoint_kept_bytes: int = 0
     recomputable: bool = True
     joins_previous: bool = True
+    # Of fwd_time, the seconds after the last tensor the stage saves for backward: a recompute ending in this stage
+    # stops before them (torch's early stop; planner::Stage::tail_time).
+    tail_time: float = 0.0
     # Selective variants, one per Chain.operator_classes entry (or none): the forward time of the operators a
-    # selective region keeping those classes recomputes, and the bytes of the operator outputs it keeps from forward
-    # until the recompute.
+    # selective region keeping those classes recomputes, the bytes of the operator outputs it keeps from forward
+    # until the recompute, and (or none) the variant's tail_time.
     selective_fwd_time: List[float] = field(default_factory=list)
     selective_kept_bytes: List[int] = field(default_factory=list)
+    selective_tail_time: List[float] = field(default_factory=list)
 
 
 @dataclass
@@ -129,7 +133,9 @@ class Chain:
 
     def module_level(self) -> "Chain":
         """This chain without its operator classes and selective variants: the cost model of module-level plans."""
-        stages = [replace(s, selective_fwd_time=[], selective_kept_bytes=[]) for s in self.stages]
+        stages = [
+            replace(s, selective_fwd_time=[], selective_kept_bytes=[], selective_tail_time=[]) for s in self.stages
+        ]
         return replace(self, stages=stages, operator_classes=[])
 
 
