@@ -11,7 +11,7 @@ not eager's, with or without memsave.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import pytest
 import torch
@@ -102,8 +102,8 @@ def test_compiled_wrap_batchnorm_cnn_updates_statistics_once() -> None:
     assert int(wrapped.layer1[0].bn1.num_batches_tracked) == 1
 
 
-@pytest.mark.parametrize("selective", [False, True], ids=["whole", "selective"])
-def test_checkpoint_inside_compiled_function_passes_keywords_through(selective: bool) -> None:
+@pytest.mark.parametrize("selective", [(), ("matmul",), ("alternate_matmul",)], ids=["whole", "selective", "alternate"])
+def test_checkpoint_inside_compiled_function_passes_keywords_through(selective: Tuple[str, ...]) -> None:
     torch.manual_seed(0)
     block = nn.Sequential(nn.Linear(16, 32, bias=False), nn.BatchNorm1d(32), nn.GELU(), nn.Linear(32, 16))
     copied = copy.deepcopy(block)
@@ -113,7 +113,7 @@ def test_checkpoint_inside_compiled_function_passes_keywords_through(selective: 
         return block(x) * scale
 
     def step(x: torch.Tensor) -> torch.Tensor:
-        context_fn = memsave.selective("matmul") if selective else None  # torch's SAC under compile
+        context_fn = memsave.selective(*selective) if selective else None  # torch's SAC under compile
         return memsave.checkpoint(
             region, x, use_reentrant=False, context_fn=context_fn, name="caller's", scale=0.5
         ).sum()

@@ -129,7 +129,7 @@ def test_selective_plan_under_compile(case: Dict[str, Any]) -> None:
     prof = profile(model, loss_fn=loss_fn, compile=True, timing_steps=1, **inputs)
     k = prof.chain.operator_classes.index("matmul") if "matmul" in prof.chain.operator_classes else 0
     for st in prof.chain.stages:  # injected costs: selective recompute nearly free, so every region is selective
-        st.fwd_time, st.bwd_time = 1.0, 2.0
+        st.fwd_time, st.bwd_time, st.tail_time, st.selective_tail_time = 1.0, 2.0, 0.0, []
         st.selective_fwd_time = [0.01 if i == k else 1.0 for i in range(len(st.selective_fwd_time))]
     predicted_eager = prof.chain.simulate([(0, len(prof.stages), False)])["peak_bytes"]
     # Any recompute fits this budget; the search's eager shortcut is keyed to the (lower) compiled eager peak.

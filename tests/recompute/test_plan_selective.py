@@ -80,7 +80,8 @@ def _backward_flops(model: nn.Module, x: torch.Tensor, loss_fn: Callable[[Any], 
 
 # Injected costs: the share of a stage's forward work in each operator class (matrix products and attention are
 # nearly all of a transformer block's FLOPs); what a selective variant keeps is not recomputed.
-_SHARE = {"matmul": 0.8, "attention": 0.15, "conv": 0.8}
+# Every other product keeps the larger half of a block's matmul work (GPT-2: 7 of 12 units, QKV and the MLP's first).
+_SHARE = {"matmul": 0.8, "alternate_matmul": 0.45, "attention": 0.15, "conv": 0.8}
 
 
 def _inject_costs(prof: Any) -> None:
@@ -91,6 +92,7 @@ def _inject_costs(prof: Any) -> None:
     for st, met in zip(chain.stages, prof.classes_met):
         st.fwd_time = 1e-9 * (st.saved_bytes + st.output_bytes) + 1e-6
         st.bwd_time = 2 * st.fwd_time
+        st.tail_time, st.selective_tail_time = 0.0, []  # no early stop in the injected costs
         for k, variant in enumerate(chain.operator_classes[: len(st.selective_fwd_time)]):
             kept = sum(_SHARE[c] for c in split_operator_classes(variant) if c in met)
             st.selective_fwd_time[k] = st.fwd_time * max(0.05, 1.0 - kept)
@@ -185,7 +187,9 @@ def test_summary_and_json_show_what_each_region_keeps(planned: Dict[str, Any]) -
     del d["selective"]
     del d["chain"]["policies"]
     for st in d["chain"]["stages"]:
-        for key in ("selective_fwd_time", "selective_kept_bytes", "checkpoint_kept_bytes"):
+        for key in ("selective_fwd_time", "selective_kept_bytes", "checkpoint_kept_bytes", "tail_time"):
+            del st[key]
+        for key in ("selective_tail_time",):
             del st[key]
     old = memsave.Plan.from_json(json.dumps(d))
     assert old.selective == [] and old.keeps(0) == () and old.segments == p.segments
@@ -349,3 +353,121 @@ def test_operator_class_profiler_refuses_unknown_classes_and_an_empty_result() -
         OperatorClassProfiler(nn.Linear(2, 2), [], ["softmax"], lambda: None)
     with pytest.raises(RuntimeError, match="no forward was recorded"):
         OperatorClassProfiler(nn.Linear(2, 2), [], ["matmul"], lambda: None).result()
+
+
+def _module_stages(n: int) -> List[Any]:
+    return _module_stages_named([f"m{i}" for i in range(n)])
+
+
+def test_alternation_is_offered_only_where_every_region_counts_from_an_even_start() -> None:
+    """The profile counts each stage's products from 1; a region counts from its start. They agree unless a stage
+    with an odd count is followed, in a run of recomputable stages, by one with products."""
+    from memsave.recompute.planning.chain import StageModules
+    from memsave.recompute.planning.operators import alternation_aligned
+
+    assert alternation_aligned(_module_stages(5), [0, 4, 4, 4, 1])  # GPT-2 / ViT blocks, then a head
+    assert not alternation_aligned(_module_stages(4), [0, 7, 7, 1])  # Llama's decoder layers: 7 products
+    assert alternation_aligned(_module_stages(3), [3, 0, 0])
+    glue = StageModules(kind="glue", modules=[])
+    assert alternation_aligned([*_module_stages(1), glue, *_module_stages(1)], [3, 0, 2])  # no region spans glue
+    assert not alternation_aligned(_module_stages(3), [3, 0, 2])
+
+
+def test_selective_variants_never_keep_both_matmul_classes_and_drop_a_misaligned_alternation() -> None:
+    from memsave.recompute.planning.chain import Chain, Stage
+    from memsave.recompute.planning.operators import OperatorProfile, selective_variants
+
+    def variants(alternating: List[int]) -> List[str]:
+        stages = [Stage(name=f"s{i}", fwd_time=1.0, bwd_time=2.0, input_bytes=8, output_bytes=8) for i in range(2)]
+        chain = Chain(stages=stages)
+        per_stage = {"matmul": (100, 0.4), "alternate_matmul": (70, 0.2), "attention": (10, 0.1)}
+        selective_variants(chain, _module_stages(2), OperatorProfile([per_stage, per_stage], [5, 5], alternating))
+        return chain.operator_classes
+
+    assert variants([4, 4]) == [
+        "matmul+attention",
+        "alternate_matmul+attention",
+        "matmul",
+        "alternate_matmul",
+        "attention",
+    ]
+    assert variants([3, 4]) == ["matmul+attention", "matmul", "attention"]
+
+
+def test_variant_tails_leave_out_the_kept_operators() -> None:
+    """A stage's tail (its forward after its last saved tensor) is what a recompute ending there skips; a selective
+    variant's tail is that less the kept operators' time in it, at most the variant's own forward."""
+    from memsave.recompute.planning.chain import Chain, Stage
+    from memsave.recompute.planning.operators import OperatorProfile, selective_variants, stage_tails
+
+    stages = [Stage(name="s", fwd_time=1.0, bwd_time=2.0, input_bytes=8, output_bytes=8)]
+    chain = Chain(stages=stages)
+    profile = OperatorProfile(
+        classes=[{"matmul": (100, 0.5), "attention": (10, 0.45)}],
+        operators=[0],
+        tails=[0.3],
+        class_tails=[{"matmul": 0.2}],
+    )
+    stage_tails(chain, _module_stages(1), profile)
+    selective_variants(chain, _module_stages(1), profile)
+    assert chain.operator_classes == ["matmul+attention", "matmul", "attention"]
+    assert stages[0].tail_time == 0.3
+    assert stages[0].selective_fwd_time == pytest.approx([0.05, 0.5, 0.55])
+    assert stages[0].selective_tail_time == pytest.approx([0.05, 0.1, 0.3])  # the first capped at its forward
+    # The binding subtracts a segment's last stage's tail from its recompute.
+    assert chain.simulate([(0, 1, True)])["extra_time"] == pytest.approx(1.0 - 0.3)
+    assert chain.simulate([(0, 1, True, 1)])["extra_time"] == pytest.approx(0.5 - 0.1)
+
+
+def test_profiler_finds_each_stage_s_tail_and_every_other_product() -> None:
+    """Which operators run after a stage's last saved tensor depends on their order, not on this machine's speed:
+    a stage ending in a Linear (its input saved before the product runs) has that product in its tail; one ending in
+    Tanh (its output saved after it runs) has none. The alternate class records the 1st, 3rd, ... product only."""
+    from memsave.recompute.planning.operators import OperatorClassProfiler
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 16)),
+        nn.Sequential(nn.Linear(16, 24), nn.Tanh()),
+    )
+    x = torch.randn(4, 8, requires_grad=True)
+    profiler = OperatorClassProfiler(model, _module_stages_named(["0", "1"]), OPERATOR_CLASSES, lambda: None)
+    for _ in range(3):
+        with profiler.forward():
+            model(x).sum().backward()
+    got = profiler.result()
+    assert got.alternating == [2, 1]
+    assert got.classes[0]["matmul"][0] == 4 * (32 + 16) * 4 and got.classes[0]["alternate_matmul"][0] == 4 * 32 * 4
+    assert got.class_tails[0]["matmul"] > 0 and got.tails[0] >= got.class_tails[0]["matmul"]
+    assert got.class_tails[0]["alternate_matmul"] == 0  # the kept (1st) product runs before the last save
+    assert got.class_tails[1].get("matmul", 0.0) == 0  # Tanh saves its output after the product
+
+
+def _module_stages_named(names: List[str]) -> List[Any]:
+    from memsave.recompute.planning.chain import StageModules
+
+    return [StageModules(kind="module", modules=[n], recomputable=True) for n in names]
+
+
+def test_plans_offer_the_alternate_class_on_gpt2_but_not_on_llama() -> None:
+    pytest.importorskip("transformers")
+    from memsave.recompute.planning import profile
+
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    gpt2 = profile(
+        hub.gpt2(2, 32, heads=4, vocab=128, positions=16),
+        input_ids=ids,
+        labels=ids,
+        timing_steps=1,
+        loss_fn=lambda out: out.loss,
+    )
+    assert "alternate_matmul+attention" in gpt2.chain.operator_classes
+    llama = profile(
+        hub.llama(2, 32, 64, heads=4, kv_heads=4, vocab=128, positions=16),
+        input_ids=ids,
+        labels=ids,
+        timing_steps=1,
+        loss_fn=lambda out: out.loss,
+    )
+    assert "matmul+attention" in llama.chain.operator_classes
+    assert not any("alternate_matmul" in s for s in llama.chain.operator_classes)  # 7 products a decoder layer

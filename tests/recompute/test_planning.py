@@ -443,7 +443,7 @@ def test_search_takes_injected_costs() -> None:
     for cheap in (1, 2):
         inside = [i for i, st in enumerate(prof.stages) if st.modules and st.modules[0].startswith(f"{cheap}.")]
         for i, st in enumerate(prof.chain.stages):
-            st.fwd_time, st.bwd_time = (0.001 if i in inside else 1.0), 2.0
+            st.fwd_time, st.bwd_time, st.tail_time = (0.001 if i in inside else 1.0), 2.0, 0.0
         p = search(prof, budget_bytes=full - 1, verify=False)
         assert [(b, e) for b, e, r in p.segments if r] == [(inside[0], inside[-1] + 1)], p.summary()
         assert p.predicted_extra_seconds == pytest.approx(0.001 * len(inside))

@@ -97,6 +97,25 @@ def test_selective_checkpoint_is_exact_and_skips_saved_operators(context_fn: Cal
     assert ops.counts[aten.gelu] == 1 and ops.counts[aten.bernoulli_] == 1  # the cheap operators are recomputed
 
 
+def test_alternate_matmul_keeps_the_first_product_and_recomputes_the_second() -> None:
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    want = _eager(x)
+    block = _block()
+    xs = x.detach().requires_grad_()
+    torch.manual_seed(7)
+    y = memsave.checkpoint(block, xs, use_reentrant=False, context_fn=memsave.selective("alternate_matmul"))
+    with _CountOps() as ops:
+        y.square().sum().backward()
+    _assert_bitwise(_state(block, xs), want)
+    # The second Linear's output is BatchNorm's saved input: the recompute runs it; the first is read back.
+    assert ops.counts[aten.addmm] == 1 and ops.counts[aten.gelu] == 1
+
+
+def test_selective_rejects_both_matmul_classes() -> None:
+    with pytest.raises(ValueError, match="name one of them"):
+        memsave.selective("matmul", "alternate_matmul")
+
+
 def test_whole_region_recomputes_what_selective_keeps() -> None:
     x = torch.randn(8, 16, requires_grad=True)
     y = memsave.checkpoint(_block(), x, use_reentrant=False)
@@ -169,6 +188,19 @@ def test_wrap_with_selective_context_on_gpt2_is_exact_and_recomputes_less() -> N
     assert got_whole["addmm"] == want["addmm"] + 8 and got["addmm"] == want["addmm"]
     # count_flops counts matrix products, convolutions and attention: the selective recompute runs none of them.
     assert want["flops"] == got["flops"] < got_whole["flops"]
+
+
+def test_alternate_matmul_on_gpt2_is_exact_and_recomputes_every_other_product() -> None:
+    ids = torch.randint(0, 96, (2, 32), generator=torch.Generator().manual_seed(1))
+    eager = _gpt2()
+    alternate = memsave.wrap(copy.deepcopy(eager), context_fn=memsave.selective("alternate_matmul", "attention"))
+    want, got = _gpt2_step(eager, ids), _gpt2_step(alternate, ids)
+    assert torch.equal(got["loss"], want["loss"])
+    for name, grad in want["grads"].items():
+        assert torch.equal(got["grads"][name], grad), name
+    # A block's products are QKV, attention's output projection, the MLP's two: the 1st and 3rd are kept, the 2nd
+    # and 4th run again in each of the 2 blocks (the 4th feeds the residual dropout, whose mask the block saves).
+    assert got["addmm"] == want["addmm"] + 4
 
 
 def test_selective_memory_lies_between_whole_regions_and_eager() -> None:

@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -34,17 +34,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..region import checkpoint
-from ..selective import OPERATOR_CLASSES, operators_of, selective
+from ..selective import ALTERNATE, OPERATOR_CLASSES, operators_of, selective
 from .chain import Chain, StageModules
 
 __all__ = [
     "ClassProfile",
     "OperatorClassProfiler",
     "OperatorProfile",
+    "alternation_aligned",
     "count_operators",
     "selective_overhead_per_operator",
     "selective_variants",
     "split_operator_classes",
+    "stage_tails",
 ]
 
 # Per stage: operator class -> (bytes of the outputs its operators return, median seconds of those operators).
@@ -53,31 +55,86 @@ ClassProfile = List[Dict[str, Tuple[int, float]]]
 
 @dataclass
 class OperatorProfile:
-    """What :class:`OperatorClassProfiler` measured: per stage, the classes' bytes and seconds (``classes``) and
-    the number of operators the stage dispatches in one forward (``operators``)."""
+    """What :class:`OperatorClassProfiler` measured: per stage, the classes' bytes and seconds (``classes``), the
+    number of operators the stage dispatches in one forward (``operators``), of the operators :data:`ALTERNATE`
+    counts (``alternating``; empty when that class was not profiled), and its tail (``tails``, ``class_tails``)."""
 
     classes: ClassProfile
     operators: List[int]
+    alternating: List[int] = field(default_factory=list)
+    #: Per stage: the seconds of its forward after the last tensor it saves for backward (0 when it saved none),
+    #: and of them, each class's operators' seconds (medians over the recorded forwards).
+    tails: List[float] = field(default_factory=list)
+    class_tails: List[Dict[str, float]] = field(default_factory=list)
 
 
 class _ClassRecorder(TorchDispatchMode):
-    """Times the operators of the given classes and sums the bytes of the storages they return, per stage."""
+    """Times the operators of the given classes and sums the bytes of the storages they return, per stage; the
+    operators of :data:`ALTERNATE` are counted per stage and every other one (the 1st, 3rd, ...) recorded for it."""
 
-    def __init__(self, op_class: Dict[Any, str], sync: Callable[[], None]) -> None:
+    def __init__(self, op_class: Dict[Any, str], alternating: Sequence[Any], sync: Callable[[], None]) -> None:
         super().__init__()
         self.op_class = op_class
+        self.alternating = frozenset(alternating)
         self.sync = sync
         self.stage: Optional[int] = None
         self.bytes: Dict[Tuple[int, str], int] = {}
         self.seconds: Dict[Tuple[int, str], float] = {}
         self.operators: Dict[int, int] = {}
+        self.alternates: Dict[int, int] = {}
+        # The tail: when each stage last saved a tensor for backward and last ended, and each class's seconds since.
+        self.last_save: Dict[int, float] = {}
+        self.ends: Dict[int, float] = {}
+        self.since_save: Dict[Tuple[int, str], float] = {}
+
+    def reset(self) -> None:
+        """Start a forward: nothing recorded, no stage running."""
+        self.bytes, self.seconds, self.operators, self.alternates, self.stage = {}, {}, {}, {}, None
+        self.last_save, self.ends, self.since_save = {}, {}, {}
+
+    def saved(self, t: torch.Tensor) -> torch.Tensor:
+        """The pack hook of the recorded forward: the running stage saved ``t`` for backward (a recompute that ends
+        in this stage runs at least up to here)."""
+        if self.stage is not None:
+            self.sync()
+            self.last_save[self.stage] = time.perf_counter()
+            for key in [k for k in self.since_save if k[0] == self.stage]:
+                del self.since_save[key]
+        return t
+
+    def ended(self) -> None:
+        """A module of the running stage returned."""
+        if self.stage is not None:
+            self.sync()
+            self.ends[self.stage] = time.perf_counter()
+
+    def tails(self, stages: int) -> Tuple[List[float], List[Dict[str, float]]]:
+        """Per stage, this forward's tail and each class's seconds in it (a stage that saved nothing: none)."""
+        saved = [i in self.last_save and i in self.ends for i in range(stages)]
+        tails = [max(0.0, self.ends[i] - self.last_save[i]) if saved[i] else 0.0 for i in range(stages)]
+        by_class: List[Dict[str, float]] = [{} for _ in range(stages)]
+        for (i, c), sec in self.since_save.items():
+            if saved[i]:
+                by_class[i][c] = sec
+        return tails, by_class
+
+    def _classes_of(self, func: Any) -> List[str]:
+        """The classes this call of ``func`` counts for (advancing the stage's count of alternating operators)."""
+        if self.stage is None:
+            return []
+        found = [self.op_class[func]] if func in self.op_class else []
+        if func in self.alternating:
+            self.alternates[self.stage] = self.alternates.get(self.stage, 0) + 1
+            if self.alternates[self.stage] % 2 == 1:
+                found.append(ALTERNATE)
+        return found
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if self.stage is not None:
             self.operators[self.stage] = self.operators.get(self.stage, 0) + 1
-        cls = self.op_class.get(func) if self.stage is not None else None
-        if cls is None:
+        found = self._classes_of(func)
+        if not found:
             return func(*args, **kwargs)
         self.sync()
         t0 = time.perf_counter()
@@ -89,10 +146,16 @@ class _ClassRecorder(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
                 storages[(s.data_ptr(), t.device)] = s.nbytes()
-        key = (int(self.stage or 0), cls)
-        self.bytes[key] = self.bytes.get(key, 0) + sum(storages.values())
-        self.seconds[key] = self.seconds.get(key, 0.0) + dt
+        for cls in found:
+            key = (int(self.stage or 0), cls)
+            self.bytes[key] = self.bytes.get(key, 0) + sum(storages.values())
+            self.seconds[key] = self.seconds.get(key, 0.0) + dt
+            self.since_save[key] = self.since_save.get(key, 0.0) + dt
         return out
+
+
+def _unpacked(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 class OperatorClassProfiler:
@@ -130,7 +193,8 @@ class OperatorClassProfiler:
         unknown = [c for c in classes if c not in OPERATOR_CLASSES]
         if unknown:
             raise ValueError(f"OperatorClassProfiler: unknown operator classes {unknown}; known: {OPERATOR_CLASSES}")
-        self.rec = _ClassRecorder({op: c for c in classes for op in operators_of(c)}, sync)
+        op_class = {op: c for c in classes if c != ALTERNATE for op in operators_of(c)}
+        self.rec = _ClassRecorder(op_class, operators_of(ALTERNATE) if ALTERNATE in classes else (), sync)
         modules = dict(model.named_modules())
         self.stages = len(stage_modules)
         self.watched = [
@@ -140,6 +204,7 @@ class OperatorClassProfiler:
             for name in pc.modules
         ]
         self.runs: List[Dict[Tuple[int, str], float]] = []
+        self.tail_runs: List[Tuple[List[float], List[Dict[str, float]]]] = []
 
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
@@ -154,6 +219,7 @@ class OperatorClassProfiler:
             return hook
 
         def leave(module: nn.Module, args: Any, output: Any) -> None:
+            rec.ended()
             if stack:
                 rec.stage = stack.pop()
 
@@ -161,17 +227,19 @@ class OperatorClassProfiler:
         for i, module in self.watched:
             handles.append(module.register_forward_pre_hook(enter(i)))
             handles.append(module.register_forward_hook(leave, always_call=True))
-        rec.bytes, rec.seconds, rec.operators, rec.stage = {}, {}, {}, None
+        rec.reset()
         try:
-            with rec:
+            # The pack hook sees what autograd saves; it returns the tensor itself (nothing changes for backward).
+            with rec, torch.autograd.graph.saved_tensors_hooks(rec.saved, _unpacked):
                 yield
             self.runs.append(rec.seconds)
+            self.tail_runs.append(rec.tails(self.stages))
         finally:
             for h in handles:
                 h.remove()
 
     def result(self) -> OperatorProfile:
-        """The profile: bytes of the last recorded run, seconds the median over runs.
+        """The profile: bytes of the last recorded run, seconds and tails the medians over runs.
 
         Raises:
             RuntimeError: no forward was recorded.
@@ -182,7 +250,18 @@ class OperatorClassProfiler:
         classes: ClassProfile = [{} for _ in range(self.stages)]
         for (i, c), b in rec.bytes.items():
             classes[i][c] = (b, statistics.median(r.get((i, c), 0.0) for r in self.runs))
-        return OperatorProfile(classes=classes, operators=[rec.operators.get(i, 0) for i in range(self.stages)])
+        tails = [statistics.median(run[0][i] for run in self.tail_runs) for i in range(self.stages)]
+        class_tails = [
+            {c: statistics.median(run[1][i].get(c, 0.0) for run in self.tail_runs) for c in classes[i]}
+            for i in range(self.stages)
+        ]
+        return OperatorProfile(
+            classes=classes,
+            operators=[rec.operators.get(i, 0) for i in range(self.stages)],
+            alternating=[rec.alternates.get(i, 0) for i in range(self.stages)],
+            tails=tails,
+            class_tails=class_tails,
+        )
 
 
 class _ProbeBlock(nn.Module):
@@ -305,10 +384,12 @@ def selective_variants(
 
     The sets (``chain.operator_classes``) are the non-empty sets of the operator classes found in some recomputable
     stage, largest first (``"matmul+attention"``, ``"matmul"``, ``"attention"``): a selective region may keep every
-    class or only some. A stage's variant for a set keeps the bytes of its classes' outputs and costs its forward
-    time less their time, plus ``overhead_per_operator`` for every operator the stage dispatches (the selective
-    contexts' dispatch mode, in forward and recompute). Stages that cannot be recomputed get no variant. A chain
-    without any such operator gets no set.
+    class or only some. ``matmul`` and :data:`ALTERNATE` are never in one set, and :data:`ALTERNATE` is left out
+    unless :func:`alternation_aligned` (its per-stage numbers assume each stage starts an even count). A stage's
+    variant for a set keeps the bytes of its classes' outputs and costs its forward time less their time, plus
+    ``overhead_per_operator`` for every operator the stage dispatches (the selective contexts' dispatch mode, in
+    forward and recompute); its tail is the stage's less the kept operators in it (:func:`stage_tails`). Stages
+    that cannot be recomputed get no variant. A chain without any such operator gets no set.
 
     Args:
         chain: the chain.
@@ -322,14 +403,80 @@ def selective_variants(
     """
     classes = profile.classes
     present = [c for c in OPERATOR_CLASSES if any(c in p for p in classes)]
-    class_sets = [combo for n in range(len(present), 0, -1) for combo in itertools.combinations(present, n)]
+    if ALTERNATE in present and not alternation_aligned(stage_modules, profile.alternating):
+        present.remove(ALTERNATE)
+    class_sets = [
+        combo
+        for n in range(len(present), 0, -1)
+        for combo in itertools.combinations(present, n)
+        if not ("matmul" in combo and ALTERNATE in combo)
+    ]
     chain.operator_classes = ["+".join(p) for p in class_sets]
-    for st, pc, prof, n in zip(chain.stages, stage_modules, classes, profile.operators):
+    tails = profile.tails or [0.0] * len(classes)
+    class_tails = profile.class_tails or [{} for _ in classes]
+    per_stage = zip(chain.stages, stage_modules, classes, profile.operators, tails, class_tails)
+    for st, pc, prof, n, tail, in_tail in per_stage:
         if not (pc.kind == "module" and pc.recomputable) or not class_sets:
-            st.selective_fwd_time, st.selective_kept_bytes = [], []
+            st.selective_fwd_time, st.selective_kept_bytes, st.selective_tail_time = [], [], []
             continue
         overhead = n * overhead_per_operator
         st.selective_kept_bytes = [sum(prof.get(c, (0, 0.0))[0] for c in p) for p in class_sets]
         st.selective_fwd_time = [
             max(0.0, st.fwd_time - sum(prof.get(c, (0, 0.0))[1] for c in p)) + overhead for p in class_sets
         ]
+        # The variant's tail: the stage's, less the kept operators in it (those are not run again either way).
+        st.selective_tail_time = [
+            min(fwd, max(0.0, tail - sum(in_tail.get(c, 0.0) for c in p)))
+            for p, fwd in zip(class_sets, st.selective_fwd_time)
+        ]
+
+
+def stage_tails(chain: Chain, stage_modules: Sequence[StageModules], profile: OperatorProfile) -> None:
+    """Give each recomputable stage of ``chain`` its ``tail_time`` from ``profile``, in place.
+
+    torch's checkpoint stops a recompute once it has rebuilt the last tensor its region saved for backward (early
+    stop): the operators after it in the region's last stage (in a transformer block, the last projection and the
+    residual sum; in a classifier, the head) are not run again. A segment's recompute costs its stages' forward
+    time less its last stage's tail (``planner::Stage::tail_time``).
+
+    Args:
+        chain: the chain.
+        stage_modules: the modules of its stages (in the same order).
+        profile: :meth:`OperatorClassProfiler.result` for these stages (``tails``).
+
+    Examples:
+        >>> stage_tails(chain, stage_modules, profiler.result()); chain.stages[5].tail_time   # seconds
+    """
+    for st, pc, tail in zip(chain.stages, stage_modules, profile.tails):
+        recomputable = pc.kind == "module" and pc.recomputable
+        st.tail_time = min(st.fwd_time, tail) if recomputable else 0.0
+
+
+def alternation_aligned(stage_modules: Sequence[StageModules], alternating: Sequence[int]) -> bool:
+    """Whether a region keeping :data:`ALTERNATE` keeps, in every stage, the products the profile recorded for it.
+
+    The profile counts each stage's matrix products from 1 and records the odd-numbered ones; a region counts from
+    its own start. The two agree in every region the planner can form (a run of recomputable stages) unless a
+    stage with an odd count is followed, in such a run, by a stage that runs any: its count would start odd there.
+    (A Llama decoder layer runs 7 products, a GPT-2 or ViT block 4.)
+
+    Args:
+        stage_modules: the chain's stages.
+        alternating: per stage, the products :data:`ALTERNATE` counts (:attr:`OperatorProfile.alternating`).
+
+    Returns:
+        True when every region's count starts even at each of its stages (or nothing was counted).
+
+    Examples:
+        >>> alternation_aligned(stages, [0, 4, 4, 4, 1])   # embeddings, three blocks, an output head
+        True
+    """
+    odd_before = False
+    for pc, n in zip(stage_modules, alternating):
+        if not (pc.kind == "module" and pc.recomputable):
+            odd_before = False  # no region spans a stage that cannot be recomputed
+            continue
+        if n and odd_before:
+            return False
+        odd_before = odd_before or n % 2 == 1
+    return True

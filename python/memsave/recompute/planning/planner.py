@@ -92,6 +92,7 @@ from .operators import (
     selective_overhead_per_operator,
     selective_variants,
     split_operator_classes,
+    stage_tails,
 )
 from .partitioner import compile_at
 from .plan import Plan, apply_regions, fingerprint
@@ -491,11 +492,10 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
     model, inputs, kwargs = stepper.model, stepper.inputs, stepper.kwargs
     trace = _traced_first_steps(stepper, progress)
     stepper.loss_fn = _same_in_every_step(stepper.loss_fn)
-    classes_seen = None
-    if classes:  # selective=False records none
-        classes_seen = OperatorClassProfiler(model, split_into_stages(trace, model), classes, stepper.sync)
-    # CPU: the classes recorded in the timing steps' forwards; CUDA: in forwards of their own, after them.
-    record_in_timing = classes_seen.forward if classes_seen is not None and _classes_in_timing_steps(stepper) else None
+    # The classes (none with selective=False) and every stage's tail, recorded in the timing steps' forwards on a
+    # CPU and in forwards of their own, after them, on CUDA.
+    classes_seen = OperatorClassProfiler(model, split_into_stages(trace, model), classes, stepper.sync)
+    record_in_timing = classes_seen.forward if _classes_in_timing_steps(stepper) else None
     progress.stage("timing stages")
     timing = time_steps(
         model,
@@ -508,7 +508,7 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
         forward_context=record_in_timing,
     )
     progress.tick(timing_steps)
-    if classes_seen is not None and record_in_timing is None:
+    if record_in_timing is None:
         progress.stage("profiling operator classes")
         for _ in range(timing_steps):
             with classes_seen.forward():
@@ -521,8 +521,9 @@ def _profile(stepper: _Stepper, classes: Tuple[str, ...], timing_steps: int, pro
         progress.tick()
     chain, stages = build_chain(trace, model, timing)
     met: List[Set[str]] = [set() for _ in stages]
-    if classes_seen is not None:
-        ops = classes_seen.result()
+    ops = classes_seen.result()
+    stage_tails(chain, stages, ops)
+    if classes:
         selective_variants(chain, stages, ops, _selective_overhead(stepper))
         met = [set(prof) for prof in ops.classes]
     # Allocator-level memory the log cannot see (eager's); under compile the search's measurements correct it.
@@ -757,7 +758,7 @@ def profile(
 
     Examples:
         >>> prof = profile(model, x)
-        >>> for st in prof.chain.stages: st.fwd_time, st.bwd_time = 1.0, 2.0    # injected costs
+        >>> for st in prof.chain.stages: st.fwd_time, st.bwd_time, st.tail_time = 1.0, 2.0, 0.0  # injected costs
         >>> search(prof, budget_bytes=prof.eager_peak_bytes // 2)
     """
     args = _checked(model, example_inputs, loss_fn, selective, timing_steps, compile, example_kwargs, model_kwargs)
