@@ -13,7 +13,7 @@ Variants (budgets ``B(f)`` at a fraction ``f`` of the way from ``wrap``'s measur
   (``memsave.plan(..., solver="sqrt")``, Chen et al.'s sqrt(N) segments of the planner's stages).
 * ``module f``: ``memsave.plan(..., budget=B(f), selective=False)`` -- every region recomputed whole.
 * ``selective f``: ``memsave.plan(..., budget=B(f))`` -- the planner may also recompute a region selectively
-  (keep its matmul / conv / attention outputs, recompute the cheap operators).
+  (keep its matmul -- all or every other one -- / conv / attention outputs, recompute the cheap operators).
 * ``selective @ torchtitan sac``: the same, planned for a budget of exactly the peak ``torchtitan sac`` reached:
   memsave's step time at torchtitan's peak (matched peak).
 * ``torch blocks + compile``, ``wrap + compile``: ``torch.compile`` of the ``torch blocks`` and ``wrap`` models.

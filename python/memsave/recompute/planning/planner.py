@@ -22,10 +22,12 @@ How a plan is made:
    allocator-level peak (the log neither allocates nor keeps tensors alive: the same number as a step without it);
    on CUDA, and of the compiled step, it is measured in a step of its own. What a checkpointed
    region itself holds (the saved RNG state, snapshots of module buffers) is part of the model. With
-   ``selective`` (default), a few more forwards measure, per stage and operator class (matmul, conv, attention), the
-   bytes of the outputs a selective region would keep and the time of the operators it would not recompute, and a
-   few tiny runs measure what torch's selective-checkpoint dispatch mode costs per operator on the device, charged
-   to each selective variant for every operator of its stage (:mod:`.operators`).
+   ``selective`` (default), a few more forwards measure, per stage and operator class (matmul, every other matmul,
+   conv, attention), the bytes of the outputs a selective region would keep and the time of the operators it would
+   not recompute, and a few tiny runs measure what torch's selective-checkpoint dispatch mode costs per operator on
+   the device, charged to each selective variant for every operator of its stage (:mod:`.operators`). The same
+   forwards note when autograd last saves a tensor in each stage: the stage's *tail* after it is what a recompute
+   ending there skips (torch's early stop), subtracted from a segment's recompute time.
 3. **Search** with the C++ planner (``memsave._C.planner_solve``): the least recompute time whose predicted peak
    fits the budget (or a fixed solver such as ``sqrt``), each region recomputed whole or selectively. Several
    consecutive stages can share one checkpointed region only when they are consecutive children of one plain
@@ -913,7 +915,8 @@ def plan(
             recompute only the cheap operators), and which of those classes to keep, by the bytes and time each
             class takes in each stage (profiled in a few extra forwards) and the per-operator cost of the selective
             contexts' dispatch mode (measured on the device). ``True`` (default): all classes
-            (``"matmul"``, ``"conv"``, ``"attention"``); a sequence of class names: only those; ``False``:
+            (``"matmul"``, ``"alternate_matmul"``, ``"conv"``, ``"attention"``); a sequence of class names: only
+            those; ``False``:
             module-level plans (every region recomputed whole). :meth:`Plan.summary` shows what each region keeps.
             A selective plan is never worse placed than a module-level one: the module-level chain is searched
             too before a budget is declared infeasible, so ``True`` fits every budget ``False`` fits.
