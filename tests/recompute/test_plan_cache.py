@@ -177,7 +177,7 @@ def _key(model, *inputs, loss_fn=None, budget=0.5, **kwargs):
     return plan_cache.plan_key(model, inputs, kwargs, loss_fn, settings, torch.device("cpu"))
 
 
-def test_the_key_covers_structure_inputs_loss_and_arguments():
+def test_the_key_covers_structure_inputs_loss_and_arguments(monkeypatch):
     model, ids = gpt2()
     base = _key(model, input_ids=ids)
     assert _key(model, input_ids=ids) == base
@@ -193,6 +193,10 @@ def test_the_key_covers_structure_inputs_loss_and_arguments():
     model.train()
     model.transformer.wte.weight.requires_grad_(False)
     assert _key(model, input_ids=ids) != base  # a frozen parameter: no gradient to hold
+    model.transformer.wte.weight.requires_grad_(True)
+    assert _key(model, input_ids=ids) == base
+    monkeypatch.setattr(plan_cache, "COST_MODEL", plan_cache.COST_MODEL + 1)
+    assert _key(model, input_ids=ids) != base  # plans of another cost model are not returned
     with pytest.raises(plan_cache.NotKeyable, match="closure"):
         _key(model, input_ids=ids, loss_fn=_closure_loss(ids))
     with pytest.raises(plan_cache.NotKeyable, match="object"):

@@ -13,8 +13,9 @@ An entry is found by a key of everything a plan depends on that is known before 
   reliably (what it computes depends on state the key does not see): then the cache is not used, and the reason is
   logged at DEBUG level on the ``memsave`` logger;
 - every argument of :func:`memsave.plan` that changes its result (budget, solver, verify, slots, timing steps,
-  selective classes, compile), torch's and memsave's versions (and memsave's build), Python's, the device (CUDA: its
-  name and capability; CPU: its model name and torch's thread count) and the autocast state.
+  selective classes, compile), torch's and memsave's versions (and memsave's build), the planner's cost model
+  (:data:`COST_MODEL`), Python's, the device (CUDA: its name and capability; CPU: its model name and torch's thread
+  count) and the autocast state.
 
 Tensor *values* are not keyed: a model whose memory depends on its inputs' values (data-dependent shapes) should plan
 with ``cache=False``. An entry is one JSON file, ``<model class>-<hash of the key>.json``, holding the key and the
@@ -68,6 +69,10 @@ PLAN_CACHE_ENV = "MEMSAVE_PLAN_CACHE"
 CACHE_DIR_ENV = "MEMSAVE_CACHE_DIR"
 #: The layout of an entry (its ``"format"``); entries of another layout are ignored and replaced.
 ENTRY_FORMAT = 1
+#: The planner's cost model, part of the key: raised when a change would plan differently from the same profile
+#: (2: operator class ``alternate_matmul`` and the stages' tails), so that plans of the older model are not
+#: returned (their entries stay where they are, unread).
+COST_MODEL = 2
 
 CacheArg = Union[None, bool, str, "os.PathLike[str]"]
 
@@ -305,6 +310,7 @@ def plan_key(
         "loss_fn": _loss_key(loss_fn),
         "settings": settings,
         "versions": {"torch": torch.__version__, "python": platform.python_version(), "memsave": build_info()},
+        "cost_model": COST_MODEL,
         "device": _device_key(device),
         "autocast": [torch.is_autocast_enabled(device.type), str(torch.get_autocast_dtype(device.type))],
         "grad_enabled": torch.is_grad_enabled(),
