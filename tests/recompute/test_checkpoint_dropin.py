@@ -542,6 +542,19 @@ def test_set_checkpoint_early_stop_overrides_the_keyword() -> None:
     assert tail.calls == 2
 
 
+def test_set_checkpoint_early_stop_is_read_when_a_wrapped_region_runs() -> None:
+    """As torch reads its switch at each checkpoint call: a module wrapped outside the switch honours it inside."""
+    block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), _Tail())
+    memsave.wrap(block, nn.Sequential)
+    x = _leaf(3, 4)
+    block(x).sum().backward()
+    assert block[2].calls == 1  # tanh's saved output is the last saved tensor: early stop skips the tail
+    with torch_ckpt.set_checkpoint_early_stop(False):
+        y = block(x)
+    y.sum().backward()
+    assert block[2].calls == 3  # the forward, and the whole recompute
+
+
 def test_early_stop_recomputes_only_up_to_the_tensor_asked_for() -> None:
     # Reading a saved tensor from Python (outside any backward) recomputes just up to it.
     steps: List[str] = []

@@ -176,6 +176,24 @@ class RegionOptions:
             options["context_fn"] = check_context_fn(where, options["context_fn"])
         return cls(**options)
 
+    def under_global_switches(self) -> "RegionOptions":
+        """These options with torch's global checkpoint switches applied where set (``set_checkpoint_early_stop``,
+        ``set_checkpoint_debug_enabled``): read at each region call, as torch reads them at each ``checkpoint``.
+
+        Examples:
+            >>> with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+            ...     DEFAULT_OPTIONS.under_global_switches().early_stop
+            False
+        """
+        early_stop, debug = compat.checkpoint_global_switches()
+        if (early_stop is None or early_stop == self.early_stop) and (debug is None or debug == self.debug):
+            return self
+        return dataclasses.replace(
+            self,
+            early_stop=self.early_stop if early_stop is None else early_stop,
+            debug=self.debug if debug is None else debug,
+        )
+
 
 #: The options of a region nobody configured (frozen, so one value serves every default).
 DEFAULT_OPTIONS = RegionOptions()
@@ -784,6 +802,7 @@ def run_region(
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
         return _compiled_region(fn, args, kwargs, options)
+    options = options.under_global_switches()  # as torch, at each call: a wrapped module's region too
     forward_context, recompute_context = _open_contexts(name, options.context_fn)
     compat.route_selective_saves(forward_context, options.respect_saved_tensors_hooks)
     frame = _Frame(fn, args, kwargs, name, options, recompute_context)
@@ -892,8 +911,7 @@ def _torch_options(
     """Check torch.utils.checkpoint's keyword arguments as :func:`checkpoint` takes them (see its docstring).
 
     Returns:
-        The region's options, torch's global switches (``set_checkpoint_early_stop``,
-        ``set_checkpoint_debug_enabled``) applied.
+        The region's options (torch's global switches are applied at each call, by :func:`run_region`).
     """
     check_region_options(
         where, preserve_rng_state=preserve_rng_state, respect_saved_tensors_hooks=respect_saved_tensors_hooks
@@ -915,9 +933,6 @@ def _torch_options(
         )
     if not isinstance(debug, bool) or not isinstance(early_stop, bool):
         raise TypeError(f"memsave.{where}: debug and early_stop must be bools, got {debug!r} and {early_stop!r}")
-    global_early_stop, global_debug = compat.checkpoint_global_switches()
-    early_stop = early_stop if global_early_stop is None else global_early_stop
-    debug = debug if global_debug is None else global_debug
     return RegionOptions(
         preserve_rng_state=preserve_rng_state,
         early_stop=early_stop,
