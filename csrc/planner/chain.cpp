@@ -255,12 +255,16 @@ Chain selective_chain(const Chain& chain, int k) {
 }
 
 double extra_time(const Chain& chain, const Schedule& schedule) {
-  const Chain run = materialize(chain, schedule);
   double t = 0.0;
   for (const Segment& seg : schedule) {
     if (!seg.recompute) continue;
-    for (int i = seg.begin; i < seg.end; ++i) t += run.stages[i].fwd_time;
-    t -= run.stages[seg.end - 1].tail_time;  // the recompute stops before the last stage's tail
+    const int k = seg.kept_classes;
+    for (int i = seg.begin; i < seg.end; ++i) {
+      t += k >= 0 ? chain.stages[i].selective_fwd_time[k] : chain.stages[i].fwd_time;
+    }
+    // The recompute stops before the last stage's tail (use_variant's choice of tail, without copying the chain).
+    const Stage& last = chain.stages[seg.end - 1];
+    t -= k < 0 ? last.tail_time : (last.selective_tail_time.empty() ? 0.0 : last.selective_tail_time[k]);
   }
   return t;
 }

@@ -85,7 +85,7 @@ class _ClassRecorder(TorchDispatchMode):
         # The tail: when each stage last saved a tensor for backward and last ended, and each class's seconds since.
         self.last_save: Dict[int, float] = {}
         self.ends: Dict[int, float] = {}
-        self.since_save: Dict[Tuple[int, str], float] = {}
+        self.since_save: Dict[int, Dict[str, float]] = {}  # per stage, per class
 
     def reset(self) -> None:
         """Start a forward: nothing recorded, no stage running."""
@@ -98,8 +98,7 @@ class _ClassRecorder(TorchDispatchMode):
         if self.stage is not None:
             self.sync()
             self.last_save[self.stage] = time.perf_counter()
-            for key in [k for k in self.since_save if k[0] == self.stage]:
-                del self.since_save[key]
+            self.since_save.pop(self.stage, None)
         return t
 
     def ended(self) -> None:
@@ -113,9 +112,9 @@ class _ClassRecorder(TorchDispatchMode):
         saved = [i in self.last_save and i in self.ends for i in range(stages)]
         tails = [max(0.0, self.ends[i] - self.last_save[i]) if saved[i] else 0.0 for i in range(stages)]
         by_class: List[Dict[str, float]] = [{} for _ in range(stages)]
-        for (i, c), sec in self.since_save.items():
+        for i, per_class in self.since_save.items():
             if saved[i]:
-                by_class[i][c] = sec
+                by_class[i] = dict(per_class)
         return tails, by_class
 
     def _classes_of(self, func: Any) -> List[str]:
@@ -150,7 +149,8 @@ class _ClassRecorder(TorchDispatchMode):
             key = (int(self.stage or 0), cls)
             self.bytes[key] = self.bytes.get(key, 0) + sum(storages.values())
             self.seconds[key] = self.seconds.get(key, 0.0) + dt
-            self.since_save[key] = self.since_save.get(key, 0.0) + dt
+            since = self.since_save.setdefault(key[0], {})
+            since[cls] = since.get(cls, 0.0) + dt
         return out
 
 
