@@ -31,7 +31,7 @@ from ..._C import planner_simulate, planner_solve
 from ..blocks import find_blocks
 from .trace import Trace
 
-__all__ = ["Chain", "Skip", "Stage", "StageModules", "build_chain", "split_into_stages"]
+__all__ = ["Chain", "Skip", "Stage", "StageModules", "build_chain", "pooled_medians", "split_into_stages"]
 
 
 @dataclass
@@ -161,6 +161,10 @@ class StageModules:
     child_index: List[int] = field(default_factory=list)
     recomputable: bool = False
     joins_previous: bool = False
+    #: The first stage that computes what this one does (the same module types and parameter shapes, storages of the
+    #: same sizes allocated in the same order: a transformer's blocks after the first name the first); None when no
+    #: stage before it does. The time model pools the timings of such twins (:func:`pooled_medians`).
+    twin: Optional[int] = None
 
 
 def _is_plain_sequential(m: nn.Module) -> bool:
@@ -340,9 +344,37 @@ def _backward_peaks(tr: Trace, creator: Dict[int, int], n: int) -> Tuple[List[in
     return bwd_peak, param_grad
 
 
-def _stage_times(spans: List[_Span], timing: List[Dict[str, Any]]) -> Tuple[List[float], List[float]]:
-    """Per stage: forward and backward seconds, medians over the timed steps (the glue shares forward's remainder;
-    backward is split in proportion to forward)."""
+def pooled_medians(samples: Sequence[Sequence[float]], stage_modules: Sequence[StageModules]) -> List[float]:
+    """Per stage, the median of its own samples and those of its twins (:attr:`StageModules.twin`).
+
+    Twins do the same work, so their timings are samples of one number: pooled, a stall of the machine during one
+    stage of one timed step (tens of milliseconds on a shared CPU, several times a block's forward) moves the
+    median of a dozen blocks' samples by nothing rather than that stage's by half the stall.
+
+    Args:
+        samples: per stage, its samples (one per timed step; empty: 0.0).
+        stage_modules: the stages, in the same order.
+
+    Returns:
+        per stage, the median over its twin group's samples.
+
+    Examples:
+        >>> a, b = StageModules("module", ["h.0"]), StageModules("module", ["h.1"], twin=0)
+        >>> pooled_medians([[1.0, 1.1], [9.0, 1.2]], [a, b])
+        [1.15, 1.15]
+    """
+    groups: Dict[int, List[float]] = {}
+    for i, (xs, sm) in enumerate(zip(samples, stage_modules)):
+        groups.setdefault(i if sm.twin is None else sm.twin, []).extend(xs)
+    keys = [i if sm.twin is None else sm.twin for i, sm in enumerate(stage_modules)]
+    return [statistics.median(groups[k]) if groups[k] else 0.0 for k in keys]
+
+
+def _stage_times(
+    spans: List[_Span], timing: List[Dict[str, Any]], info: List[StageModules]
+) -> Tuple[List[float], List[float]]:
+    """Per stage: forward and backward seconds, medians over the timed steps and the stage's twins (the glue
+    shares forward's remainder; backward is split in proportion to forward)."""
     n = len(spans)
     per_run: List[List[float]] = []
     bwd_total: List[float] = []
@@ -358,7 +390,7 @@ def _stage_times(spans: List[_Span], timing: List[Dict[str, Any]]) -> Tuple[List
             ts[i] = glue_total / len(glue)
         per_run.append(ts)
         bwd_total.append(run["t3"] - run["t2"])
-    fwd_time = [statistics.median(r[i] for r in per_run) if per_run else 0.0 for i in range(n)]
+    fwd_time = pooled_medians([[r[i] for r in per_run] for i in range(n)], info)
     total_fwd = sum(fwd_time)
     bwd_sum = statistics.median(bwd_total) if bwd_total else 0.0
     bwd_time = [bwd_sum * (t / total_fwd) if total_fwd > 0 else 0.0 for t in fwd_time]
@@ -404,7 +436,28 @@ def _stage_modules(tr: Trace, spans: List[_Span]) -> List[StageModules]:
             and parent_calls[i] == parent_calls[i - 1]
             and si.child_index[0] == prev.child_index[-1] + 1
         )
+    _find_twins(tr, spans, info)
     return info
+
+
+def _signature(tr: Trace, sp: _Span) -> Tuple[Any, ...]:
+    """What a module stage computes, as far as its time goes: its modules' types and parameter shapes and dtypes,
+    and the sizes of the storages it allocates, in order."""
+    modules = tuple(
+        (type(m).__name__, tuple((tuple(p.shape), p.dtype) for p in m.parameters(recurse=False)))
+        for ci in sp.calls
+        for m in tr.calls[ci].module.modules()
+    )
+    return modules, tuple(e[2] for e in tr.events[sp.lo : sp.hi] if e[0] == "alloc")
+
+
+def _find_twins(tr: Trace, spans: List[_Span], info: List[StageModules]) -> None:
+    """Set each module stage's :attr:`StageModules.twin` (glue stages have none: each is a remainder)."""
+    first: Dict[Tuple[Any, ...], int] = {}
+    for i, (sp, si) in enumerate(zip(spans, info)):
+        if sp.kind == "module":
+            twin = first.setdefault(_signature(tr, sp), i)
+            si.twin = twin if twin != i else None
 
 
 def _buffer_bytes(tr: Trace, spans: List[_Span]) -> List[int]:
@@ -465,8 +518,8 @@ def build_chain(tr: Trace, model: nn.Module, timing: List[Dict[str, Any]]) -> Tu
     flow = _tensor_flow(tr, owner, n)
     fwd_peak = [tr.allocator_peak(sp.lo, sp.hi) for sp in spans]
     bwd_peak, param_grad = _backward_peaks(tr, flow.creator, n)
-    fwd_time, bwd_time = _stage_times(spans, timing)
     info = _stage_modules(tr, spans)
+    fwd_time, bwd_time = _stage_times(spans, timing, info)
     buffers = _buffer_bytes(tr, spans)
     stages = [
         Stage(

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..region import checkpoint
 from ..selective import ALTERNATE, OPERATOR_CLASSES, operators_of, selective
-from .chain import Chain, StageModules
+from .chain import Chain, StageModules, pooled_medians
 
 __all__ = [
     "ClassProfile",
@@ -197,6 +197,7 @@ class OperatorClassProfiler:
         self.rec = _ClassRecorder(op_class, operators_of(ALTERNATE) if ALTERNATE in classes else (), sync)
         modules = dict(model.named_modules())
         self.stages = len(stage_modules)
+        self.stage_modules = list(stage_modules)
         self.watched = [
             (i, modules[name])
             for i, pc in enumerate(stage_modules)
@@ -238,23 +239,33 @@ class OperatorClassProfiler:
             for h in handles:
                 h.remove()
 
+    def _pooled(self, sample: Callable[[Any, int], Optional[float]], runs: Sequence[Any]) -> List[float]:
+        """Per stage, the median of ``sample(run, stage)`` over the runs and the stage's twins (None: no sample)."""
+        per_stage = [[x for x in (sample(run, i) for run in runs) if x is not None] for i in range(self.stages)]
+        return pooled_medians(per_stage, self.stage_modules)
+
     def result(self) -> OperatorProfile:
-        """The profile: bytes of the last recorded run, seconds and tails the medians over runs.
+        """The profile: bytes of the last recorded run, seconds and tails the medians over runs and twin stages
+        (:func:`.chain.pooled_medians`).
 
         Raises:
             RuntimeError: no forward was recorded.
         """
         if not self.runs:
             raise RuntimeError("OperatorClassProfiler.result: no forward was recorded (run one under .forward())")
-        rec = self.rec
-        classes: ClassProfile = [{} for _ in range(self.stages)]
-        for (i, c), b in rec.bytes.items():
-            classes[i][c] = (b, statistics.median(r.get((i, c), 0.0) for r in self.runs))
-        tails = [statistics.median(run[0][i] for run in self.tail_runs) for i in range(self.stages)]
-        class_tails = [
-            {c: statistics.median(run[1][i].get(c, 0.0) for run in self.tail_runs) for c in classes[i]}
-            for i in range(self.stages)
-        ]
+        rec, n = self.rec, self.stages
+        classes: ClassProfile = [{} for _ in range(n)]
+        for c in {c for _, c in rec.bytes}:
+            has = [(i, c) in rec.bytes for i in range(n)]
+            seconds = self._pooled(lambda run, i: run.get((i, c), 0.0) if has[i] else None, self.runs)
+            for i in (i for i in range(n) if has[i]):
+                classes[i][c] = (rec.bytes[(i, c)], seconds[i])
+        tails = self._pooled(lambda run, i: run[0][i], self.tail_runs)
+        class_tails: List[Dict[str, float]] = [{} for _ in range(n)]
+        for c in {c for per_stage in classes for c in per_stage}:
+            in_tail = self._pooled(lambda run, i: run[1][i].get(c, 0.0) if c in classes[i] else None, self.tail_runs)
+            for i in (i for i in range(n) if c in classes[i]):
+                class_tails[i][c] = in_tail[i]
         return OperatorProfile(
             classes=classes,
             operators=[rec.operators.get(i, 0) for i in range(self.stages)],
