@@ -70,9 +70,9 @@ CACHE_DIR_ENV = "MEMSAVE_CACHE_DIR"
 #: The layout of an entry (its ``"format"``); entries of another layout are ignored and replaced.
 ENTRY_FORMAT = 1
 #: The planner's cost model, part of the key: raised when a change would plan differently from the same profile
-#: (2: operator class ``alternate_matmul`` and the stages' tails), so that plans of the older model are not
-#: returned (their entries stay where they are, unread).
-COST_MODEL = 2
+#: (2: operator class ``alternate_matmul`` and the stages' tails; 3: twin stages' timings pooled), so that plans of
+#: the older model are not returned (their entries stay where they are, unread).
+COST_MODEL = 3
 
 CacheArg = Union[None, bool, str, "os.PathLike[str]"]
 
