@@ -255,17 +255,15 @@ class OperatorClassProfiler:
             raise RuntimeError("OperatorClassProfiler.result: no forward was recorded (run one under .forward())")
         rec, n = self.rec, self.stages
         classes: ClassProfile = [{} for _ in range(n)]
-        for c in {c for _, c in rec.bytes}:
-            has = [(i, c) in rec.bytes for i in range(n)]
-            seconds = self._pooled(lambda run, i: run.get((i, c), 0.0) if has[i] else None, self.runs)
-            for i in (i for i in range(n) if has[i]):
-                classes[i][c] = (rec.bytes[(i, c)], seconds[i])
-        tails = self._pooled(lambda run, i: run[0][i], self.tail_runs)
         class_tails: List[Dict[str, float]] = [{} for _ in range(n)]
-        for c in {c for per_stage in classes for c in per_stage}:
-            in_tail = self._pooled(lambda run, i: run[1][i].get(c, 0.0) if c in classes[i] else None, self.tail_runs)
-            for i in (i for i in range(n) if c in classes[i]):
+        for c in sorted({c for _, c in rec.bytes}):
+            at = [i for i in range(n) if (i, c) in rec.bytes]
+            seconds = self._pooled(lambda run, i: run.get((i, c), 0.0) if i in at else None, self.runs)
+            in_tail = self._pooled(lambda run, i: run[1][i].get(c, 0.0) if i in at else None, self.tail_runs)
+            for i in at:
+                classes[i][c] = (rec.bytes[(i, c)], seconds[i])
                 class_tails[i][c] = in_tail[i]
+        tails = self._pooled(lambda run, i: run[0][i], self.tail_runs)
         return OperatorProfile(
             classes=classes,
             operators=[rec.operators.get(i, 0) for i in range(self.stages)],
