@@ -360,8 +360,8 @@ def pooled_medians(samples: Sequence[Sequence[float]], stage_modules: Sequence[S
 
     Examples:
         >>> a, b = StageModules("module", ["h.0"]), StageModules("module", ["h.1"], twin=0)
-        >>> pooled_medians([[1.0, 1.1], [9.0, 1.2]], [a, b])
-        [1.15, 1.15]
+        >>> pooled_medians([[1.0, 2.0], [9.0, 3.0]], [a, b])   # the stall (9.0) is one sample of four
+        [2.5, 2.5]
     """
     groups: Dict[int, List[float]] = {}
     for i, (xs, sm) in enumerate(zip(samples, stage_modules)):
