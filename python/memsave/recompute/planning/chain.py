@@ -363,10 +363,10 @@ def pooled_medians(samples: Sequence[Sequence[float]], stage_modules: Sequence[S
         >>> pooled_medians([[1.0, 2.0], [9.0, 3.0]], [a, b])   # the stall (9.0) is one sample of four
         [2.5, 2.5]
     """
-    groups: Dict[int, List[float]] = {}
-    for i, (xs, sm) in enumerate(zip(samples, stage_modules)):
-        groups.setdefault(i if sm.twin is None else sm.twin, []).extend(xs)
     keys = [i if sm.twin is None else sm.twin for i, sm in enumerate(stage_modules)]
+    groups: Dict[int, List[float]] = {}
+    for k, xs in zip(keys, samples):
+        groups.setdefault(k, []).extend(xs)
     return [statistics.median(groups[k]) if groups[k] else 0.0 for k in keys]
 
 

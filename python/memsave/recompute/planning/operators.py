@@ -196,7 +196,6 @@ class OperatorClassProfiler:
         op_class = {op: c for c in classes if c != ALTERNATE for op in operators_of(c)}
         self.rec = _ClassRecorder(op_class, operators_of(ALTERNATE) if ALTERNATE in classes else (), sync)
         modules = dict(model.named_modules())
-        self.stages = len(stage_modules)
         self.stage_modules = list(stage_modules)
         self.watched = [
             (i, modules[name])
@@ -234,14 +233,16 @@ class OperatorClassProfiler:
             with rec, torch.autograd.graph.saved_tensors_hooks(rec.saved, _unpacked):
                 yield
             self.runs.append(rec.seconds)
-            self.tail_runs.append(rec.tails(self.stages))
+            self.tail_runs.append(rec.tails(len(self.stage_modules)))
         finally:
             for h in handles:
                 h.remove()
 
     def _pooled(self, sample: Callable[[Any, int], Optional[float]], runs: Sequence[Any]) -> List[float]:
         """Per stage, the median of ``sample(run, stage)`` over the runs and the stage's twins (None: no sample)."""
-        per_stage = [[x for x in (sample(run, i) for run in runs) if x is not None] for i in range(self.stages)]
+        per_stage = [
+            [x for x in (sample(run, i) for run in runs) if x is not None] for i in range(len(self.stage_modules))
+        ]
         return pooled_medians(per_stage, self.stage_modules)
 
     def result(self) -> OperatorProfile:
@@ -253,21 +254,22 @@ class OperatorClassProfiler:
         """
         if not self.runs:
             raise RuntimeError("OperatorClassProfiler.result: no forward was recorded (run one under .forward())")
-        rec, n = self.rec, self.stages
+        rec, n = self.rec, len(self.stage_modules)
         classes: ClassProfile = [{} for _ in range(n)]
         class_tails: List[Dict[str, float]] = [{} for _ in range(n)]
         for c in sorted({c for _, c in rec.bytes}):
-            at = [i for i in range(n) if (i, c) in rec.bytes]
-            seconds = self._pooled(lambda run, i: run.get((i, c), 0.0) if i in at else None, self.runs)
-            in_tail = self._pooled(lambda run, i: run[1][i].get(c, 0.0) if i in at else None, self.tail_runs)
-            for i in at:
+            seconds = self._pooled(lambda run, i: run.get((i, c), 0.0) if (i, c) in rec.bytes else None, self.runs)
+            in_tail = self._pooled(
+                lambda run, i: run[1][i].get(c, 0.0) if (i, c) in rec.bytes else None, self.tail_runs
+            )
+            for i in (i for i in range(n) if (i, c) in rec.bytes):
                 classes[i][c] = (rec.bytes[(i, c)], seconds[i])
                 class_tails[i][c] = in_tail[i]
         tails = self._pooled(lambda run, i: run[0][i], self.tail_runs)
         return OperatorProfile(
             classes=classes,
-            operators=[rec.operators.get(i, 0) for i in range(self.stages)],
-            alternating=[rec.alternates.get(i, 0) for i in range(self.stages)],
+            operators=[rec.operators.get(i, 0) for i in range(n)],
+            alternating=[rec.alternates.get(i, 0) for i in range(n)],
             tails=tails,
             class_tails=class_tails,
         )
