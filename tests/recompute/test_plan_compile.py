@@ -198,28 +198,34 @@ def test_the_faster_of_regions_and_torchs_partitioner_within_the_budget(
 
 
 def test_finalists_are_the_programs_already_measured(case: Dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every plan, partitioner budget and finalist is compiled once: the finalists' interleaved timing runs the
-    compiled programs whose peaks were measured, without compiling again; the chosen plan still fits compiled."""
-    from memsave.recompute.planning import planner
+    """Dynamo captures the model once and every plan, partitioner budget and finalist is compiled once from that
+    capture: no candidate is traced again (``compile_at``, the fallback), and the finalists' interleaved timing
+    runs the compiled programs whose peaks were measured, without compiling again; the chosen plan still fits
+    compiled."""
+    from memsave.recompute.planning import capture, planner
 
     model, inputs, loss_fn = case["model"], case["inputs"], case["loss_fn"]
     budget = int(case["blocks"] + 0.75 * (case["eager"] - case["blocks"]))
-    compiled: List[int] = []  # per compile: how many finalist timings had begun
+    compiled: List[int] = []  # per program: how many finalist timings had begun
+    traced: List[int] = []
     timings: List[int] = []
-    real_compile, real_ratios = planner.compile_at, planner._Stepper.compiled_ratios
+    real_compile, real_ratios = capture.CapturedStep._compile, planner._Stepper.compiled_ratios
 
-    def counting_compile(m: nn.Module, partitioner: Any) -> nn.Module:
-        compiled.append(len(timings))
-        return real_compile(m, partitioner)
+    def counting_compile(self: Any, index: int, example_inputs: List[Any]) -> Any:
+        if index == 0:
+            compiled.append(len(timings))
+        return real_compile(self, index, example_inputs)
 
     def counting_ratios(self: Any, plans: Sequence[memsave.Plan], rounds: int = 6) -> List[float]:
         timings.append(len(plans))
         return real_ratios(self, plans, rounds=1)
 
-    monkeypatch.setattr(planner, "compile_at", counting_compile)
+    monkeypatch.setattr(capture.CapturedStep, "_compile", counting_compile)
+    monkeypatch.setattr(planner, "compile_at", lambda *a, **k: traced.append(1))
     monkeypatch.setattr(planner._Stepper, "compiled_ratios", counting_ratios)
     p = memsave.plan(model, budget=budget, loss_fn=loss_fn, compile=True, selective=False, timing_steps=1, **inputs)
     assert timings == [2], p.summary()  # regions against torch's partitioner
+    assert not traced  # every candidate's regions ran inside the one capture
     assert compiled and not any(compiled), compiled
     assert p.measured_peak_bytes is not None and p.measured_peak_bytes <= budget, p.summary()
     # eager, at least one candidate and the partitioner's budgets: each compiled once

@@ -30,13 +30,17 @@ __all__ = [
     "SUPPORTED_PYTHON",
     "SUPPORTED_TORCH",
     "TORCH_FLOOR",
+    "CheckpointPolicy",
+    "CustomGraphPass",
     "FlopCount",
     "checkpoint_exec_group",
     "checkpoint_global_switches",
     "compile_backend",
     "count_flops",
     "custom_op_autograd_kernel",
+    "joint_graph_pass",
     "cuda_memory_history",
+    "graph_breaks",
     "native_linear_cross_entropy",
     "native_rms_norm",
     "noop_context_fn",
@@ -150,6 +154,39 @@ def compile_backend(
     if wrapper is None:
         raise _missing("PartitionerBackend", "torch._TorchCompileWrapper")
     return wrapper(backend, mode, options, dynamic)
+
+
+#: torch's per-operator recompute decision (``torch.utils.checkpoint.CheckpointPolicy``), as compiled graphs carry it.
+CheckpointPolicy = torch_checkpoint.CheckpointPolicy
+
+try:  # inductor's base class of a graph pass it may cache around (its uuid() goes into the cache key)
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+except ImportError:  # pragma: no cover - torch without it cannot run joint_graph_pass
+
+    class CustomGraphPass:  # type: ignore[no-redef]
+        """Stand-in on a torch without inductor's custom graph passes (:func:`joint_graph_pass` then raises)."""
+
+
+def graph_breaks() -> int:
+    """How many graph breaks dynamo has counted in this process (0 on a torch without the counter)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters.get("graph_break", {}).values())
+
+
+def joint_graph_pass(graph_pass: Optional[Callable[[Any], None]]) -> ContextManager[Any]:
+    """Inductor running ``graph_pass`` on each joint forward-backward graph it partitions inside (None: none).
+
+    Raises:
+        RuntimeError: this torch's inductor config has no ``joint_custom_pre_pass``.
+    """
+    if graph_pass is None:
+        return contextlib.nullcontext()
+    import torch._inductor.config as config
+
+    if not hasattr(config, "joint_custom_pre_pass"):
+        raise _missing("selective regions in a captured step", "torch._inductor.config.joint_custom_pre_pass")
+    return config.patch(joint_custom_pre_pass=graph_pass)
 
 
 def checkpoint_exec_group() -> Optional[Any]:

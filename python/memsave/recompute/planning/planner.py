@@ -88,6 +88,7 @@ from .cache import (
     plan_key,
     store_plan,
 )
+from .capture import CapturedStep, region_tags
 from .chain import Chain, StageModules, build_chain, split_into_stages
 from .operators import (
     OperatorClassProfiler,
@@ -167,6 +168,7 @@ class _Stepper:
         self.device, self.state, self.compiled = device, state, compiled
         self.progress = _Progress()
         self.programs: Dict[Tuple[Any, ...], Callable[..., Any]] = {}  # compiled programs (:meth:`program`)
+        self.capture: Optional[CapturedStep] = None  # the programs' one dynamo capture (.capture)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -201,17 +203,23 @@ class _Stepper:
         return _program_key(plan, partitioner) in self.programs
 
     def program(self, plan: Optional[Plan], partitioner: Optional[float]) -> Callable[..., Any]:
-        """The compiled program of ``plan``'s regions (None: none) under torch's partitioner at ``partitioner``:
-        ``torch.compile`` of a copy of the model sharing its parameters and buffers, with the regions installed,
-        its first step run (which compiles). Compiled once per plan and partitioner budget and kept until planning
-        ends, so that the finalists timed at the end are the programs already measured, not compiled again (each
-        program is a dynamo cache entry of its own: :class:`.partitioner.PartitionerBackend`)."""
+        """The compiled program of ``plan``'s regions (None: none) under torch's partitioner at ``partitioner``,
+        its first step run (which compiles): the graphs dynamo captured once of a copy of the model sharing its
+        parameters and buffers, compiled by inductor with the regions as recompute tags (:mod:`.capture`); for a
+        region outside those graphs, ``torch.compile`` of a copy with the regions installed (a dynamo cache entry
+        of its own: :class:`.partitioner.PartitionerBackend`). Compiled once per plan and partitioner budget and
+        kept until planning ends, so that the finalists timed at the end are the programs already measured."""
         key = _program_key(plan, partitioner)
         if key not in self.programs:
-            model = _sharing_copy(self.model)
-            if plan is not None:
-                apply_regions(model, plan)
-            run = compile_at(model, partitioner)
+            tags = region_tags(plan)
+            if self.capture is None:  # the first program: dynamo captures the model's graphs in its step, once
+                self.capture = CapturedStep(_sharing_copy(self.model))
+            if self.capture.covers(tags) or not tags:
+                run = self.capture.program(tags, partitioner)
+            else:  # a region outside the captured graphs: compiled from its own trace, as torch.compile would
+                model = _sharing_copy(self.model)
+                apply_regions(model, plan)  # type: ignore[arg-type]
+                run = compile_at(model, partitioner)
             self.step(run)
             self.programs[key] = run
         return self.programs[key]
