@@ -14,10 +14,12 @@ For each model of ``real_models.py`` (the frontier's sizes, float32, random weig
   eager's peak, without measuring either: the median and IQR over rounds say how much the cost model's predictions
   move with k (the measured times of a plan move by 0.05-0.1 between runs on this project's CPU machine:
   benchmarks/README.md). Profile seconds are the median over rounds.
-* **Under compile** (``--compile-models``): one ``torch.compile`` of a copy of the model and its first step, then
+* **Under compile** (``--compile-models``): one ``torch.compile`` of a copy of the model and its first step, and
   ``memsave.plan(..., budget=--compile-budget, compile=True)``: its seconds, that time in compiles, and the seconds
-  of each stage (every candidate and partitioner budget is one compile; the finalists reuse theirs). The one
-  compile runs with inductor's caches as they are, so it may hit what an earlier run cached.
+  of each stage (dynamo captures the model once; every candidate and partitioner budget is one inductor compile of
+  that capture; the finalists reuse theirs). Each runs in a fresh process with inductor's cache in a directory of
+  its own: empty (``cold``: what a first run pays), then again as the cold run left it (``warm``: a script run
+  again, its plan cache off).
 
     python3 benchmarks/planning_time.py --compile-models gpt2  # the committed CPU run
     python3 benchmarks/planning_time.py --models gpt2 --rounds 4 --no-save
@@ -30,9 +32,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import json
 import logging
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
@@ -122,17 +128,15 @@ def planning_rows(name: str, plans: int, steps: int) -> Dict[str, Any]:
     )
 
 
-def compiled_row(name: str, budget: float) -> Dict[str, Any]:
-    """Part three for one model: one ``torch.compile`` and its first step (a copy of the model), then
-    ``memsave.plan(..., budget=budget, compile=True)`` with its stage seconds."""
+def compiled_child(name: str, what: str, budget: float) -> Dict[str, Any]:
+    """In a process of its own: one ``torch.compile`` of a copy of the model and its first step (``what="compile"``),
+    or ``memsave.plan(..., budget=budget, compile=True)`` with its stage seconds (``"plan"``)."""
     case = prepare(name, torch.device("cpu"), quick=False)
-    torch._dynamo.reset()
-    compiled = torch.compile(copy.deepcopy(case.model))
-    t0 = time.perf_counter()
-    case.loss_fn(compiled(*case.args, **case.kwargs)).backward()
-    compile_s = time.perf_counter() - t0
-    del compiled
-    torch._dynamo.reset()
+    if what == "compile":
+        compiled = torch.compile(copy.deepcopy(case.model))
+        t0 = time.perf_counter()
+        case.loss_fn(compiled(*case.args, **case.kwargs)).backward()
+        return dict(seconds=time.perf_counter() - t0)
     with stage_records() as records:
         t0 = time.perf_counter()
         p = memsave.plan(
@@ -145,16 +149,39 @@ def compiled_row(name: str, budget: float) -> Dict[str, Any]:
             progress=False,
             compile=True,
         )
-        plan_s = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
     return dict(
-        budget=budget,
-        compile_s=compile_s,
-        plan_s=plan_s,
-        plan_compiles=plan_s / compile_s,
+        seconds=seconds,
         stages_s=records.stages[-1],
         regions=len(p.regions()),
         activation_memory_budget=p.activation_memory_budget,
     )
+
+
+def _child(name: str, what: str, budget: float, threads: int, cache_dir: str) -> Dict[str, Any]:
+    """:func:`compiled_child` in a fresh Python process with inductor's cache at ``cache_dir`` (nothing kept in
+    memory from an earlier compile)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--compiled-child", name, what]
+    command += ["--compile-budget", str(budget), "--threads", str(threads)]
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"planning_time: {what} of {name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compiled_row(name: str, budget: float, threads: int) -> Dict[str, Any]:
+    """Part three for one model: one compile and the compiled plan, each in a process of its own with inductor's
+    cache of its own, first empty (``cold``), then as that first run left it (``warm``)."""
+    row: Dict[str, Any] = dict(budget=budget)
+    with tempfile.TemporaryDirectory() as compile_dir, tempfile.TemporaryDirectory() as plan_dir:
+        for caches in ("cold", "warm"):
+            compile_s = _child(name, "compile", budget, threads, compile_dir)["seconds"]
+            planned = _child(name, "plan", budget, threads, plan_dir)
+            row[caches] = dict(compile_s=compile_s, plan_s=planned["seconds"], **planned)
+            row[caches]["plan_compiles"] = planned["seconds"] / compile_s
+            del row[caches]["seconds"]
+    return row
 
 
 def _spread(values: Sequence[float]) -> Dict[str, float]:
@@ -203,12 +230,14 @@ def text_lines(results: Dict[str, Dict[str, Any]]) -> List[str]:
                 f"{d['optimal']['median']:>8.3f} ({d['optimal']['iqr']:.3f})"
             )
     for name, r in _with(results, "compiled"):
-        c = r["compiled"]
-        lines += [
-            "",
-            f"{name}: one torch.compile + first step {c['compile_s']:.1f} s; plan(compile=True, budget={c['budget']}) "
-            f"{c['plan_s']:.1f} s = {c['plan_compiles']:.1f} compiles: {_stages(c['stages_s'], ', ')}",
-        ]
+        for caches in ("cold", "warm"):
+            c = r["compiled"][caches]
+            lines += [
+                "",
+                f"{name}, {caches} caches: one torch.compile + first step {c['compile_s']:.1f} s; plan(compile=True, "
+                f"budget={r['compiled']['budget']}) {c['plan_s']:.1f} s = {c['plan_compiles']:.1f} compiles: "
+                f"{_stages(c['stages_s'], ', ')}",
+            ]
     return lines
 
 
@@ -240,18 +269,20 @@ def markdown(meta: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> str:
         for k, d in r["noise"].items()
     ]
     compiled_rows = [
-        f"| {name} | {r['compiled']['budget']} | {r['compiled']['compile_s']:.1f} | {r['compiled']['plan_s']:.1f} "
-        f"({r['compiled']['plan_compiles']:.1f}) | {_stages(r['compiled']['stages_s'], '; ')} |"
+        f"| {name} | {r['compiled']['budget']} | {caches} | {c['compile_s']:.1f} | {c['plan_s']:.1f} "
+        f"({c['plan_compiles']:.1f}) | {_stages(c['stages_s'], '; ')} |"
         for name, r in _with(results, "compiled")
+        for caches, c in ((k, r["compiled"][k]) for k in ("cold", "warm"))
     ]
     compiled_part = [
         "## Under compile: `memsave.plan(..., compile=True)`",
         "",
-        "One `torch.compile` of a copy of the model and its first step, then the compiled plan (in brackets: its "
-        "time over that compile's), with the seconds of each stage.",
+        "One `torch.compile` of a copy of the model and its first step, and the compiled plan (in brackets: its "
+        "time over that compile's), with the seconds of each stage; each in a fresh process with inductor's cache "
+        "of its own, empty (cold), then as the cold run left it (warm).",
         "",
-        "| model | budget | one compile + first step s | plan s (compiles) | stages, s |",
-        "|---|---|---|---|---|",
+        "| model | budget | caches | one compile + first step s | plan s (compiles) | stages, s |",
+        "|---|---|---|---|---|---|",
         *compiled_rows,
         "",
     ]
@@ -298,9 +329,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2, as the frontier's run)")
     p.add_argument("--compile-models", nargs="*", default=[], choices=MODELS, help="also plan these with compile=True")
     p.add_argument("--compile-budget", type=float, default=0.8, help="their budget (default 0.8 of eager's peak)")
+    p.add_argument("--compiled-child", nargs=2, metavar=("MODEL", "WHAT"), help=argparse.SUPPRESS)
     harness.output_arguments(p, SCRIPT, rewritten=None)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.compiled_child:
+        print(json.dumps(compiled_child(*args.compiled_child, args.compile_budget)))
+        return 0
     clock = harness.RunClock()
     results: Dict[str, Dict[str, Any]] = {}
     for name in args.models:
@@ -309,7 +344,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results[name]["noise"] = prediction_noise(name, args.rounds)
         print(f"{name} done after {clock.minutes():.1f} min", flush=True)
     for name in args.compile_models:
-        results.setdefault(name, {})["compiled"] = compiled_row(name, args.compile_budget)
+        results.setdefault(name, {})["compiled"] = compiled_row(name, args.compile_budget, args.threads)
         print(f"{name} compiled done after {clock.minutes():.1f} min", flush=True)
     print("\n".join(text_lines(results)))
     options = dict(plans=args.plans, steps=args.steps, rounds=args.rounds)

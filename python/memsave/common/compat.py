@@ -36,6 +36,7 @@ __all__ = [
     "checkpoint_exec_group",
     "checkpoint_global_switches",
     "compile_backend",
+    "compiling_in",
     "count_flops",
     "custom_op_autograd_kernel",
     "joint_graph_pass",
@@ -51,6 +52,7 @@ __all__ = [
     "route_selective_saves",
     "selective_saves_can_use_hooks",
     "torch_version",
+    "tracing_context",
 ]
 
 #: The oldest torch memsave builds and is tested against (major, minor).
@@ -172,6 +174,30 @@ def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return sum(counters.get("graph_break", {}).values())
+
+
+def tracing_context() -> Optional[Any]:
+    """The tracing context dynamo gave the backend it is calling now (None outside one, or on a torch without)."""
+    guards = getattr(torch, "_guards", None)
+    context = getattr(guards, "TracingContext", None)
+    return None if context is None else context.try_get()
+
+
+def compiling_in(context: Optional[Any]) -> ContextManager[Any]:
+    """What a backend compiles inside runs in ``context`` (:func:`tracing_context`, kept from dynamo's call) with
+    AOT autograd's cache off: compiled later, outside dynamo, a graph is compiled as in dynamo's call (its fake
+    tensors and shape environment; inductor's FX graph cache, which bypasses a compile without one). AOT autograd's
+    cache keys the graph before partitioning, blind to recompute tags on its nodes: a tagged graph could be handed
+    another tagging's program. Inductor's own cache keys the partitioned graphs.
+    """
+    import torch._functorch.config as functorch_config
+
+    stack = contextlib.ExitStack()
+    if context is not None:
+        stack.enter_context(torch._guards.tracing(context))
+    if hasattr(functorch_config, "enable_autograd_cache"):
+        stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack
 
 
 def joint_graph_pass(graph_pass: Optional[Callable[[Any], None]]) -> ContextManager[Any]:

@@ -171,6 +171,7 @@ class CapturedStep:
         self.names = {str(id(m)): name for name, m in model.named_modules()}
         self.compiled = torch.compile(model, backend=self)
         self.graphs: List[fx.GraphModule] = []
+        self.contexts: List[Any] = []  # per graph, dynamo's tracing context, to compile it in later
         self.programs: Dict[Tuple[int, RegionTags, Optional[float]], Callable[..., Any]] = {}
         self.active: Tuple[RegionTags, Optional[float]] = ((), None)
         self.whole = False  # the capture ran without a graph break (:meth:`covers`)
@@ -179,6 +180,7 @@ class CapturedStep:
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         index = len(self.graphs)
         self.graphs.append(gm)
+        self.contexts.append(compat.tracing_context())
 
         def run(*args: Any) -> Any:
             key = (index, *self.active)
@@ -219,5 +221,6 @@ class CapturedStep:
     def _compile(self, index: int, inputs: List[Any]) -> Callable[..., Any]:
         tags, partitioner = self.active
         gm, keeps = _tag(self.graphs[index], tags, self.names)
-        with partitioner_context(partitioner), compat.joint_graph_pass(_KeptOperators(keeps) if keeps else None):
+        kept = _KeptOperators(keeps) if keeps else None
+        with compat.compiling_in(self.contexts[index]), partitioner_context(partitioner), compat.joint_graph_pass(kept):
             return self._inductor(gm, inputs)
