@@ -6,6 +6,7 @@
 ``operators.py``  2b. per stage and operator class, what a selective region keeps and skips: selective variants
 ``search.py``     3. the search: solve with the C++ planner (``csrc/planner``), verify candidates by measuring
 ``plan.py``       4. the :class:`Plan`: summary, JSON, and how it is applied in place
+``capture.py``    4b. under compile: one dynamo capture, compiled per candidate with its regions as recompute tags
 ``cache.py``      the plan cache: a plan's key (model structure, inputs, loss, arguments, versions), entries on disk
 ``planner.py``    the driver, :func:`plan`: profile, chain, search, verify (also :func:`profile` and :func:`search`)
 ================  ==============================================================================================

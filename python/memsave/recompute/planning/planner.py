@@ -34,10 +34,12 @@ How a plan is made:
    ``nn.Sequential``.
 4. **Verify** (default): apply each candidate plan, measure one step's peak with the allocator-level measure, and
    move the solver's budget by the cost model's error (:func:`.search.search_optimal`). With ``compile=True`` the
-   step measured is ``torch.compile`` of the model with the plan applied, and eager's peak is the compiled plain
-   model's: the budget is a promise for the compiled step, and where compile's peak is below the cost model's the
-   search moves up into that room (less recompute). Where regions are still needed, torch's partitioner under a
-   lower ``activation_memory_budget`` (no region) is measured too, and the faster compiled step that fits wins.
+   step measured is the compiled step with the plan's regions (dynamo captures the model once; each candidate is an
+   inductor compile of that capture with the regions as recompute tags, :mod:`.capture`: the peak of
+   ``torch.compile(memsave.wrap(model, plan))``), and eager's peak is the compiled plain model's: the budget is a
+   promise for the compiled step, and where compile's peak is below the cost model's the search moves up into that
+   room (less recompute). Where regions are still needed, torch's partitioner under a lower
+   ``activation_memory_budget`` (no region) is measured too, and the faster compiled step that fits wins.
 
 A plan found in the plan cache (:mod:`.cache`: keyed by the model's structure, the inputs' shapes, the loss, the
 arguments, the versions and the device) is returned without any of this.
@@ -575,10 +577,10 @@ class _Measure:
         return self.cache[key]
 
 
-#: dynamo's recompile limit while ``plan(compile=True)`` runs: it keeps the compiled program of every plan it measured
-#: (eager, up to :data:`.search.SEARCH_ROUNDS` candidates per chain, the minimum-memory plans, up to
-#: :data:`.search.PARTITIONER_PROBES` partitioner budgets), each a cache entry on the model's code objects, and
-#: dynamo runs a frame past its limit uncompiled.
+#: dynamo's recompile limit while ``plan(compile=True)`` runs: a candidate whose regions the captured step does not
+#: cover is compiled from its own trace, a cache entry on the model's code objects kept until planning ends (eager,
+#: up to :data:`.search.SEARCH_ROUNDS` candidates per chain, the minimum-memory plans, up to
+#: :data:`.search.PARTITIONER_PROBES` partitioner budgets), and dynamo runs a frame past its limit uncompiled.
 COMPILED_PROGRAMS = 64
 
 
@@ -929,8 +931,8 @@ def plan(
             A selective plan is never worse placed than a module-level one: the module-level chain is searched
             too before a budget is declared infeasible, so ``True`` fits every budget ``False`` fits.
         compile: plan for the compiled step, :meth:`Plan.compile` (``torch.compile(memsave.wrap(model, plan))``):
-            eager's peak and every candidate's are measured under ``torch.compile`` (each candidate compiled once,
-            on a copy of the model sharing its parameters: planning takes a compile per candidate,
+            eager's peak and every candidate's are measured under ``torch.compile`` (dynamo traces a copy of the
+            model sharing its parameters once; each candidate is an inductor compile of that capture,
             :attr:`Plan.planning_seconds`), so the budget holds for the compiled step and the room compile leaves
             is used. When memsave's regions must recompute, torch's own partitioner at a lower
             ``activation_memory_budget`` (no region) is a candidate too, and the faster compiled step of the two

@@ -31,11 +31,12 @@ __all__ = [
 #: Candidates :func:`search_optimal` measures at most on one chain.
 SEARCH_ROUNDS = 4
 
-#: Under compile (a compile per round) the search stops once a plan that fits measures within this fraction of the
-#: budget: the room left holds little more to keep.
+#: Under compile (an inductor compile per round) the search stops once a plan that fits measures within this
+#: fraction of the budget: the room left holds little more to keep.
 COMPILED_ROOM = 0.02
 
-#: Partitioner budgets :func:`search_partitioner`'s bisection measures at most (each a compile): the last step is 1/8.
+#: Partitioner budgets :func:`search_partitioner`'s bisection measures at most (each an inductor compile): the last
+#: step is 1/8.
 PARTITIONER_PROBES = 3
 
 
