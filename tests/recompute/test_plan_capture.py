@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import memsave
+from helpers import hub
 from memsave.measurement.allocator import step_peak_bytes
 from memsave.recompute.planning.capture import CapturedStep, module_path, region_tags
 from memsave.recompute.planning.plan import apply_regions
@@ -29,14 +30,11 @@ Case = Tuple[nn.Module, Dict[str, Any], Callable[[Any], torch.Tensor]]
 
 
 def _gpt2() -> Case:
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        n_layer=3, n_embd=64, n_head=4, n_positions=64, vocab_size=256, resid_pdrop=0.0, embd_pdrop=0.0,
-        attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+    model = hub.gpt2(layers=3, hidden=64, heads=4, vocab=256, positions=64, bos_token_id=0, eos_token_id=0)
     ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
-    return transformers.GPT2LMHeadModel(cfg).train(), {"input_ids": ids}, lambda out: out.logits.float().sum()
+    return model, {"input_ids": ids}, lambda out: out.logits.float().sum()
 
 
 def _vit() -> Case:

@@ -115,13 +115,22 @@ def partitioner_budget(activation_memory_budget: Optional[float]) -> ContextMana
     Raises:
         RuntimeError: this torch's functorch config has no ``activation_memory_budget``.
     """
-    if activation_memory_budget is None:
-        return contextlib.nullcontext()
     import torch._functorch.config as config  # not an attribute of torch._functorch until imported
 
-    if not hasattr(config, "activation_memory_budget"):
-        raise _missing("a partitioner budget", "torch._functorch.config.activation_memory_budget")
-    return config.patch(activation_memory_budget=activation_memory_budget)
+    return _patched(config, "activation_memory_budget", activation_memory_budget, "a partitioner budget")
+
+
+def _patched(config: Any, name: str, value: Any, feature: str) -> ContextManager[Any]:
+    """``config.patch(name=value)`` (None: nothing patched).
+
+    Raises:
+        RuntimeError: this torch's ``config`` has no setting ``name``.
+    """
+    if value is None:
+        return contextlib.nullcontext()
+    if not hasattr(config, name):
+        raise _missing(feature, f"{config.__name__}.{name}")
+    return config.patch(**{name: value})
 
 
 def dynamo_recompile_limit(limit: int) -> ContextManager[Any]:
@@ -206,13 +215,9 @@ def joint_graph_pass(graph_pass: Optional[Callable[[Any], None]]) -> ContextMana
     Raises:
         RuntimeError: this torch's inductor config has no ``joint_custom_pre_pass``.
     """
-    if graph_pass is None:
-        return contextlib.nullcontext()
     import torch._inductor.config as config
 
-    if not hasattr(config, "joint_custom_pre_pass"):
-        raise _missing("selective regions in a captured step", "torch._inductor.config.joint_custom_pre_pass")
-    return config.patch(joint_custom_pre_pass=graph_pass)
+    return _patched(config, "joint_custom_pre_pass", graph_pass, "selective regions in a captured step")
 
 
 def checkpoint_exec_group() -> Optional[Any]:
