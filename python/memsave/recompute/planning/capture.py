@@ -28,7 +28,7 @@ from torch import fx, nn
 
 from ...common import compat
 from ..selective import ALTERNATE, operators_of
-from .partitioner import partitioner_context
+from .partitioner import PartitionerBackend
 from .plan import Plan
 
 __all__ = ["CapturedStep", "RegionTags", "module_path", "region_tags"]
@@ -175,12 +175,13 @@ class CapturedStep:
         self.programs: Dict[Tuple[int, RegionTags, Optional[float]], Callable[..., Any]] = {}
         self.active: Tuple[RegionTags, Optional[float]] = ((), None)
         self.whole = False  # the capture ran without a graph break (:meth:`covers`)
-        self._inductor = compat.compile_backend("inductor", None, None, None)
+        self.seen: Set[str] = set()  # the modules some captured node ran in (:meth:`covers`)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         index = len(self.graphs)
         self.graphs.append(gm)
         self.contexts.append(compat.tracing_context())
+        self.seen.update(m for node in gm.graph.nodes for m in _node_modules(node, self.names))
 
         def run(*args: Any) -> Any:
             key = (index, *self.active)
@@ -215,12 +216,11 @@ class CapturedStep:
         each region ran some node of the graphs."""
         if not self.graphs:
             return False
-        seen = {m for gm in self.graphs for node in gm.graph.nodes for m in _node_modules(node, self.names)}
-        return all(self.whole or any(m in seen for m in names) for names, _ in tags)
+        return all(self.whole or any(m in self.seen for m in names) for names, _ in tags)
 
     def _compile(self, index: int, inputs: List[Any]) -> Callable[..., Any]:
         tags, partitioner = self.active
         gm, keeps = _tag(self.graphs[index], tags, self.names)
         kept = _KeptOperators(keeps) if keeps else None
-        with compat.compiling_in(self.contexts[index]), partitioner_context(partitioner), compat.joint_graph_pass(kept):
-            return self._inductor(gm, inputs)
+        with compat.compiling_in(self.contexts[index]), compat.joint_graph_pass(kept):
+            return PartitionerBackend(partitioner)(gm, inputs)

@@ -216,7 +216,7 @@ class _Stepper:
             tags = region_tags(plan)
             if self.capture is None:  # the first program: dynamo captures the model's graphs in its step, once
                 self.capture = CapturedStep(_sharing_copy(self.model))
-            if self.capture.covers(tags) or not tags:
+            if not tags or self.capture.covers(tags):
                 run = self.capture.program(tags, partitioner)
             else:  # a region outside the captured graphs: compiled from its own trace, as torch.compile would
                 model = _sharing_copy(self.model)
