@@ -148,6 +148,23 @@ def test_a_graph_break_leaves_unseen_regions_uncovered() -> None:
     assert {key[0] for key in capture.programs} == set(range(graphs))
 
 
+def test_another_backend_sees_the_tagged_graphs_under_the_budget() -> None:
+    seen = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        tagged = {n.meta["ac_graph_id"] for n in gm.graph.nodes if "recompute" in n.meta}
+        seen.append((tagged, torch._functorch.config.activation_memory_budget))
+        return gm.forward
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    torch._dynamo.reset()
+    capture = CapturedStep(model, backend)
+    capture.program((), None)(torch.randn(2, 8)).sum().backward()
+    default = torch._functorch.config.activation_memory_budget
+    capture.program(((("0", "1"), ()), (("2",), ())), 0.5)(torch.randn(2, 8)).sum().backward()
+    assert seen == [(set(), default), ({1, 2}, 0.5)]
+
+
 @pytest.mark.parametrize(
     "source, name",
     [

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import fx, nn
@@ -158,6 +158,8 @@ class CapturedStep:
 
     Args:
         model: the module to capture (the planner's copy sharing the model's parameters).
+        backend: what compiles each program's graphs, as ``torch.compile`` takes it (a name or a callable; the
+            planner's: inductor). Another backend sees the same tagged graphs under the same partitioner budget.
 
     Examples:
         >>> capture = CapturedStep(model)
@@ -167,7 +169,8 @@ class CapturedStep:
         >>> loss_fn(capture.program((), 0.5)(x)).backward()       # no region, torch's partitioner at 0.5
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, backend: Union[str, Callable[..., Any]] = "inductor") -> None:
+        self.backend = backend
         self.names = {str(id(m)): name for name, m in model.named_modules()}
         self.compiled = torch.compile(model, backend=self)
         self.graphs: List[fx.GraphModule] = []
@@ -223,4 +226,4 @@ class CapturedStep:
         gm, keeps = _tag(self.graphs[index], tags, self.names)
         kept = _KeptOperators(keeps) if keeps else None
         with compat.compiling_in(self.contexts[index]), compat.joint_graph_pass(kept):
-            return PartitionerBackend(partitioner)(gm, inputs)
+            return PartitionerBackend(partitioner, self.backend)(gm, inputs)
